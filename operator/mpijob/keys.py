@@ -39,6 +39,12 @@ VOLCANO_GROUP_NAME_ANNOTATION: Final = "scheduling.k8s.io/group-name"
 VOLCANO_QUEUE_NAME_ANNOTATION: Final = "scheduling.volcano.sh/queue-name"
 VOLCANO_SCHEDULER_NAME: Final = "volcano"
 SCHED_PLUGINS_POD_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+VOLCANO_POD_GROUP_API_VERSION: Final = "scheduling.volcano.sh/v1beta1"
+SCHED_PLUGINS_POD_GROUP_API_VERSION: Final = "scheduling.x-k8s.io/v1alpha1"
+POD_GROUP_KIND: Final = "PodGroup"
+POD_GROUP_PLURAL: Final = "podgroups"
+#: What the Volcano API server defaults an empty ``spec.queue`` to.
+VOLCANO_DEFAULT_QUEUE: Final = "default"
 
 # --- Child names (upstream) ------------------------------------------------------------------
 CONFIG_SUFFIX: Final = "-config"
@@ -64,6 +70,29 @@ REASON_EVICTED: Final = "MPIJobEvicted"
 REASON_VALIDATION_ERROR: Final = "ValidationError"
 REASON_RESOURCE_EXISTS: Final = "ErrResourceExists"
 REASON_SET_RESTART_POLICY: Final = "SetPodTemplateRestartPolicy"
+
+# --- Upstream spec values --------------------------------------------------------------------
+#: Keys of ``spec.mpiReplicaSpecs`` and ``status.replicaStatuses``.
+REPLICA_LAUNCHER: Final = "Launcher"
+REPLICA_WORKER: Final = "Worker"
+
+IMPL_OPENMPI: Final = "OpenMPI"
+IMPL_INTEL: Final = "Intel"
+IMPL_MPICH: Final = "MPICH"
+
+CLEAN_POD_NONE: Final = "None"
+CLEAN_POD_RUNNING: Final = "Running"
+CLEAN_POD_ALL: Final = "All"
+
+LAUNCHER_AT_STARTUP: Final = "AtStartup"
+LAUNCHER_WAIT_FOR_WORKERS_READY: Final = "WaitForWorkersReady"
+
+RESTART_ALWAYS: Final = "Always"
+RESTART_ON_FAILURE: Final = "OnFailure"
+RESTART_NEVER: Final = "Never"
+RESTART_EXIT_CODE: Final = "ExitCode"
+
+DEFAULT_SSH_AUTH_MOUNT_PATH: Final = "/root/.ssh"
 
 # --- Our extensions: one prefix --------------------------------------------------------------
 PREFIX: Final = "mpijob.io/"
@@ -94,3 +123,15 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 SIM_SUCCEED_AFTER: Final = PREFIX + "sim-succeed-after"
 #: On a pod: a Go duration; kwok moves the Running pod to Failed (exit code 1) after it.
 SIM_FAIL_AFTER: Final = PREFIX + "sim-fail-after"
+
+# --- Our gang admission (clusters without a gang scheduler) ----------------------------------
+#: Condition type: False while the job waits for its whole gang to fit, True once admitted.
+#: Upstream's condition types are untouched; this one sits beside them.
+COND_GANG_ADMITTED: Final = "GangAdmitted"
+#: ``GangAdmitted=False``: the job does not fit yet; the message says what is missing.
+REASON_GANG_WAITING: Final = "GangWaiting"
+#: ``GangAdmitted=True`` and the Normal Event posted at admission.
+REASON_GANG_ADMITTED: Final = "GangAdmitted"
+#: ``Failed=True`` (and ``GangAdmitted=False``) when ``scheduleTimeoutSeconds`` passed while
+#: waiting; also the Warning Event's reason.
+REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
