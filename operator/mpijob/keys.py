@@ -123,6 +123,10 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 SIM_SUCCEED_AFTER: Final = PREFIX + "sim-succeed-after"
 #: On a pod: a Go duration; kwok moves the Running pod to Failed (exit code 1) after it.
 SIM_FAIL_AFTER: Final = PREFIX + "sim-fail-after"
+#: On a pod with SIM_FAIL_AFTER: the pod's ``status.reason`` when it fails (e.g. ``Evicted``).
+SIM_FAIL_REASON: Final = PREFIX + "sim-fail-reason"
+#: On a pod: a Go duration; the pod runs unready for that long, then becomes Ready.
+SIM_READY_AFTER: Final = PREFIX + "sim-ready-after"
 
 # --- Our gang admission (clusters without a gang scheduler) ----------------------------------
 #: Condition type: False while the job waits for its whole gang to fit, True once admitted.

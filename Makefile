@@ -1,0 +1,79 @@
+# mpijob-operator. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+NODES ?= 4
+TOPOLOGY ?= dgx1-v100
+KUBECONFIG ?= $(CURDIR)/.cluster/kubeconfig
+export KUBECONFIG
+
+CACHE := $(or $(MPIJOB_CACHE),$(HOME)/.cache/mpijob-operator)
+KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
+KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
+
+.PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
+        lint demo run crds bench bench-placement kind-e2e clean
+
+help: ## Show this help
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "Python >= 3.11 is required (found $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed ## Create .venv with the project and its test extra
+
+bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~/.cache)
+	hack/build-bins.sh
+
+cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100); harmless if running
+	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY)
+
+cluster-down: ## Stop the local cluster; leaves no process behind
+	@if [ -x $(PY) ]; then $(PY) hack/cluster.py down; else python3 hack/cluster.py down; fi
+
+cluster-status: install ## Show the local cluster's processes and memory
+	$(PY) hack/cluster.py status
+
+test: install ## Run unit and integration tests (starts the local cluster if needed)
+	$(PY) -m pytest
+
+test-unit: install ## Run the unit tests only (no cluster)
+	$(PY) -m pytest -m unit
+
+test-integration: install ## Run the integration tests only
+	$(PY) -m pytest -m integration
+
+lint: install ## ruff, mypy and the import-layer contracts
+	$(VENV)/bin/ruff check operator tests bench hack
+	$(VENV)/bin/ruff format --check operator tests bench hack
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+crds: cluster ## Install the MPIJob CRD into the cluster
+	$(KUBECTL) apply --server-side -f crds/
+
+run: install ## Run the operator in the foreground against $$KUBECONFIG (default .cluster/kubeconfig)
+	$(PY) -m mpijob run
+
+demo: cluster crds ## Local cluster + operator + a sample MPIJob going to Succeeded
+	$(PY) hack/demo.py
+
+bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream Go mpi-operator
+	$(PY) bench/reconcile.py
+
+bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
+	$(PY) bench/placement.py
+
+kind-e2e: install ## For users with Docker: the integration suite against a kind cluster
+	hack/kind-e2e.sh
+
+clean: cluster-down ## Stop the cluster and remove local state (keeps the binary cache)
+	rm -rf .cluster .bench .pytest_cache .mypy_cache .ruff_cache

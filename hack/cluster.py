@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""A real local Kubernetes control plane with simulated GPU nodes, bound to 127.0.0.1 only.
+
+Runs etcd, kube-apiserver, kube-controller-manager, the scheduler-plugins scheduler (Coscheduling
+as the default scheduler), the scheduler-plugins PodGroup controller and the kwok controller as
+plain processes, from binaries that ``hack/build-bins.sh`` builds into a cache outside the repo.
+State lives in ``.cluster/`` (kubeconfig, logs, pids); ``up`` twice is harmless, ``down`` leaves
+no process behind.
+
+Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fixtures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HACK = Path(__file__).resolve().parent
+ROOT = HACK.parent
+TOKEN = "mpijob-local-admin"  # loopback-only cluster; the token never leaves this machine
+DEFAULT_TOPOLOGY = "dgx1-v100"
+NODE_PREFIX = "gpu-node-"
+OPT_IN_LABEL = "ack.node.gpu.schedule"
+TOPOLOGY_ANNOTATION = "mpijob.io/gpu-topology"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "sched-plugins-controller", "kwok")
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in (HACK / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            out[key] = value
+    return out
+
+
+def cache_dir() -> Path:
+    if os.environ.get("MPIJOB_CACHE"):
+        return Path(os.environ["MPIJOB_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "mpijob-operator"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("MPIJOB_CLUSTER_DIR") or ROOT / ".cluster")
+
+
+def binaries() -> dict[str, Path]:
+    v = versions()
+    b = cache_dir() / "bin"
+    kube = b / f"kubernetes-v{v['KUBE_VERSION']}"
+    sp = b / f"scheduler-plugins-v{v['SCHED_PLUGINS_VERSION']}"
+    return {
+        "etcd": b / f"etcd-v{v['ETCD_VERSION']}" / "etcd",
+        "kube-apiserver": kube / "kube-apiserver",
+        "kube-controller-manager": kube / "kube-controller-manager",
+        "kubectl": kube / "kubectl",
+        "kube-scheduler": sp / "kube-scheduler",
+        "sched-plugins-controller": sp / "sched-plugins-controller",
+        "kwok": b / f"kwok-v{v['KWOK_VERSION']}" / "kwok",
+    }
+
+
+def say(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class State:
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0
+
+    @classmethod
+    def load(cls) -> State | None:
+        path = state_dir() / "state.json"
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+    def save(self) -> None:
+        (state_dir() / "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie is not alive
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def server_url(state: State) -> str:
+    return f"https://127.0.0.1:{state.ports['kube-apiserver']}"
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError) as e:
+        return 0, str(e)
+
+
+def healthy(state: State) -> bool:
+    if not all(alive(state.pids.get(c, -1)) for c in COMPONENTS):
+        return False
+    return get(server_url(state) + "/readyz")[0] == 200
+
+
+def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    log = state_dir() / "logs" / f"{proc}.log" if proc else None
+    tail = ""
+    if log and log.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+    raise SystemExit(f"[cluster] error: {what} not ready after {timeout:.0f}s.\n{tail}\n"
+                     f"Logs: {state_dir() / 'logs'}")
+
+
+def start(name: str, argv: list[str], state: State) -> None:
+    logs = state_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    state.pids[name] = proc.pid
+    state.save()
+
+
+def write_pki(pki: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pki.mkdir(parents=True, exist_ok=True)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (pki / "sa.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption()))
+    (pki / "sa.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+
+
+def kubeconfig_text(state: State, token: str = TOKEN, user: str = "admin") -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "mpijob-local", "cluster": {
+            "server": server_url(state), "insecure-skip-tls-verify": True}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "mpijob-local",
+                      "context": {"cluster": "mpijob-local", "user": user}}],
+        "current-context": "mpijob-local",
+    })
+
+
+def scheduler_config(kubeconfig: Path) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400},
+        "profiles": [{
+            "schedulerName": "default-scheduler",
+            "plugins": {
+                "multiPoint": {"enabled": [{"name": "Coscheduling"}]},
+                "queueSort": {"enabled": [{"name": "Coscheduling"}],
+                              "disabled": [{"name": "*"}]},
+            },
+            "pluginConfig": [{"name": "Coscheduling",
+                              "args": {"permitWaitingTimeSeconds": 10,
+                                       "podGroupBackoffSeconds": 1}}],
+        }],
+    })
+
+
+def third_party_crds() -> list[Path]:
+    """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
+    v = versions()
+    mod = f"sigs.k8s.io/scheduler-plugins@v{v['SCHED_PLUGINS_VERSION']}"
+    out = subprocess.run(["go", "mod", "download", "-json", mod],
+                         capture_output=True, text=True, cwd="/")
+    if out.returncode != 0:
+        raise SystemExit(f"[cluster] error: cannot download {mod} from the Go module proxy "
+                         f"for its CRDs:\n{out.stdout}{out.stderr}")
+    sp = Path(json.loads(out.stdout)["Dir"])
+    return [
+        sp / "manifests/crds/scheduling.x-k8s.io_podgroups.yaml",
+        sp / "manifests/crds/scheduling.x-k8s.io_elasticquotas.yaml",
+        HACK / "crds/volcano-podgroups.yaml",
+    ]
+
+
+def kubectl(state: State, *args: str, input: str | None = None) -> str:
+    out = subprocess.run([str(binaries()["kubectl"]), "--kubeconfig",
+                          str(state_dir() / "kubeconfig"), *args],
+                         capture_output=True, text=True, input=input)
+    if out.returncode != 0:
+        raise SystemExit(f"[cluster] error: kubectl {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def topology_annotation(name: str) -> str:
+    """The node's GPU topology in the format the placement module reads."""
+    sys.path.insert(0, str(ROOT / "operator"))
+    try:
+        from mpijob.placement import codec, topologies
+    except ImportError:
+        return json.dumps({"v": 0, "name": name})
+    return codec.dumps(topologies.load(name))
+
+
+def node_manifest(index: int, topology: str, gpus: int) -> dict[str, Any]:
+    name = f"{NODE_PREFIX}{index}"
+    resources = {"cpu": "96", "memory": "768Gi", "pods": "110", "nvidia.com/gpu": str(gpus),
+                 "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "type": "kwok",
+                       OPT_IN_LABEL: "topology", "mpijob.io/gpu-model": topology},
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0",
+                            TOPOLOGY_ANNOTATION: topology_annotation(topology)},
+        },
+        "spec": {},
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
+    existing = set(kubectl(state, "get", "nodes", "-o", "name").split())
+    wanted = [node_manifest(i, topology, gpus) for i in range(count)]
+    missing = [n for n in wanted if f"node/{n['metadata']['name']}" not in existing]
+    if missing:
+        say(f"creating {len(missing)} simulated {topology} nodes ({gpus} GPUs each)")
+        for chunk in range(0, len(missing), 50):
+            kubectl(state, "create", "-f", "-",
+                    input=yaml.safe_dump_all(missing[chunk:chunk + 50]))
+
+    def ready() -> bool:
+        out = kubectl(state, "get", "nodes", "-o",
+                      "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}"
+                      "{'\\n'}{end}")
+        return out.split().count("True") >= count
+    wait_for(f"{count} nodes Ready", ready, 120, "kwok")
+
+
+def up(nodes: int, topology: str, gpus: int) -> State:
+    t0 = time.monotonic()
+    state = State.load()
+    if state and healthy(state):
+        say(f"already running at {server_url(state)}")
+        ensure_nodes(state, nodes, topology, gpus)
+        return state
+    if state:
+        say("found a stale cluster; cleaning it up")
+        down(quiet=True)
+    bins = binaries()
+    missing = [str(p) for p in bins.values() if not p.exists()]
+    if missing:
+        say("control-plane binaries missing; building them (hack/build-bins.sh)")
+        subprocess.run([str(HACK / "build-bins.sh")], check=True)
+
+    sd = state_dir()
+    sd.mkdir(parents=True, exist_ok=True)
+    pki = sd / "pki"
+    write_pki(pki)
+    state = State(ports={c: free_port() for c in
+                         ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager",
+                          "kube-scheduler", "sched-plugins-metrics", "sched-plugins-probe",
+                          "kwok")},
+                  started_at=time.time())
+    p = state.ports
+    kubeconfig = sd / "kubeconfig"
+    kubeconfig.write_text(kubeconfig_text(state))
+    kubeconfig.chmod(0o600)
+    state.save()
+
+    etcd_url = f"http://127.0.0.1:{p['etcd']}"
+    start("etcd", [str(bins["etcd"]), "--name=local", f"--data-dir={sd / 'etcd'}",
+                   f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                   f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                   f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                   f"--initial-cluster=local=http://127.0.0.1:{p['etcd-peer']}",
+                   "--unsafe-no-fsync", "--quota-backend-bytes=8589934592",
+                   "--auto-compaction-mode=periodic", "--auto-compaction-retention=1m",
+                   "--log-level=warn"], state)
+    start("kube-apiserver", [
+        str(bins["kube-apiserver"]), f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+        f"--secure-port={p['kube-apiserver']}", f"--cert-dir={pki}",
+        f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+        # No kubelet mounts tokens here, and no race between namespace and default SA creation.
+        "--disable-admission-plugins=ServiceAccount",
+        # A benchmark cluster: no client throttling on the server side.
+        "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false", "--v=1"], state)
+    wait_for("kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90,
+             "kube-apiserver")
+    say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+
+    crds = third_party_crds()
+    kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
+    kubectl(state, "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/podgroups.scheduling.x-k8s.io", "crd/elasticquotas.scheduling.x-k8s.io",
+            "crd/podgroups.scheduling.volcano.sh")
+
+    (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))
+    start("kube-controller-manager", [
+        str(bins["kube-controller-manager"]), f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false", "--bind-address=127.0.0.1",
+        f"--secure-port={p['kube-controller-manager']}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'apiserver.crt'}",
+        "--kube-api-qps=500", "--kube-api-burst=1000",
+        "--concurrent-job-syncs=20", "--concurrent-gc-syncs=40", "--v=1"], state)
+    start("kube-scheduler", [
+        str(bins["kube-scheduler"]), f"--config={sd / 'scheduler-config.yaml'}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1", f"--secure-port={p['kube-scheduler']}", "--v=1"], state)
+    start("sched-plugins-controller", [
+        str(bins["sched-plugins-controller"]), f"--kubeconfig={kubeconfig}",
+        f"--metricsAddr=127.0.0.1:{p['sched-plugins-metrics']}",
+        f"--probeAddr=127.0.0.1:{p['sched-plugins-probe']}", "--qps=200", "--burst=400",
+        "--workers=4"], state)
+    start("kwok", [
+        str(bins["kwok"]), f"--kubeconfig={kubeconfig}", f"--config={HACK / 'kwok/stages.yaml'}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
+        "--cidr=10.240.0.1/16", "--node-ip=10.241.0.1"], state)
+
+    ensure_nodes(state, nodes, topology, gpus)
+    for comp in COMPONENTS:
+        if not alive(state.pids[comp]):
+            wait_for(comp, lambda: False, 0, comp)
+    say(f"cluster up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
+    return state
+
+
+def down(quiet: bool = False) -> None:
+    state = State.load()
+    if state is None:
+        if not quiet:
+            say("no cluster running")
+        return
+    # Stop clients first, etcd last, so nothing logs a storm of connection errors.
+    for comp in reversed(COMPONENTS):
+        pid = state.pids.get(comp)
+        if pid and alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(alive(p) for p in state.pids.values()):
+        time.sleep(0.1)
+    for pid in state.pids.values():
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    sd = state_dir()
+    subprocess.run(["rm", "-rf", str(sd / "etcd"), str(sd / "pki"), str(sd / "state.json")],
+                   check=False)
+    if not quiet:
+        say("cluster stopped")
+
+
+def rss_mb(pid: int) -> float:
+    total = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            total = int(line.split()[1])
+    return total / 1024
+
+
+def status() -> int:
+    state = State.load()
+    if state is None:
+        print("no cluster")
+        return 1
+    total = 0.0
+    for comp in COMPONENTS:
+        pid = state.pids.get(comp, -1)
+        mb = rss_mb(pid) if alive(pid) else 0.0
+        total += mb
+        print(f"{comp:26} pid {pid:>7}  {'up' if alive(pid) else 'DOWN':4}  rss {mb:8.1f} MiB")
+    print(f"{'total':26} {'':16} rss {total:8.1f} MiB")
+    print(f"server {server_url(state)}  kubeconfig {state_dir() / 'kubeconfig'}")
+    return 0 if healthy(state) else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="start the cluster (or ensure the running one has the nodes)")
+    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", "4")),
+                      help="number of simulated GPU nodes (default 4, env NODES)")
+    p_up.add_argument("--topology", default=os.environ.get("TOPOLOGY", DEFAULT_TOPOLOGY),
+                      help=f"GPU topology fixture of every node (default {DEFAULT_TOPOLOGY})")
+    p_up.add_argument("--gpus", type=int, default=8, help="allocatable nvidia.com/gpu per node")
+    sub.add_parser("down", help="stop every process and delete the cluster's data")
+    sub.add_parser("status", help="show each component's pid, state and memory")
+    p_kc = sub.add_parser("kubeconfig", help="print the admin kubeconfig path")
+    p_kc.add_argument("--print", action="store_true", help="print the file's content instead")
+    args = parser.parse_args()
+    if args.cmd == "up":
+        up(args.nodes, args.topology, args.gpus)
+    elif args.cmd == "down":
+        down()
+    elif args.cmd == "status":
+        return status()
+    elif args.cmd == "kubeconfig":
+        path = state_dir() / "kubeconfig"
+        print(path.read_text() if args.print else path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Cluster access for the integration tests: the real API server through the official client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, dynamic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    """A running cluster the suite talks to."""
+
+    kubeconfig: Path
+    local: bool
+
+    @cached_property
+    def api(self) -> client.ApiClient:
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @cached_property
+    def batch(self) -> client.BatchV1Api:
+        return client.BatchV1Api(self.api)
+
+    @cached_property
+    def dyn(self) -> dynamic.DynamicClient:
+        return dynamic.DynamicClient(self.api)
+
+    def resource(self, api_version: str, kind: str) -> Any:
+        return self.dyn.resources.get(api_version=api_version, kind=kind)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run kubectl (the cluster's own build when local, else the one on PATH)."""
+        out = subprocess.run(
+            [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True, text=True, input=input, check=False,
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr}")
+        return out.stdout + out.stderr
+
+    def apply(self, manifest: dict[str, Any] | str, namespace: str | None = None) -> str:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        ns = ["-n", namespace] if namespace else []
+        return self.kubectl("apply", "--server-side", *ns, "-f", "-", input=text)
+
+
+def kubectl_binary() -> str:
+    sys.path.insert(0, str(ROOT / "hack"))
+    import cluster as local  # hack/cluster.py
+
+    path = local.binaries()["kubectl"]
+    return str(path) if path.exists() else "kubectl"
+
+
+def start_cluster() -> Cluster:
+    """The cluster named by MPIJOB_TEST_KUBECONFIG, else the local one (started on demand)."""
+    if os.environ.get("MPIJOB_TEST_KUBECONFIG"):
+        return Cluster(Path(os.environ["MPIJOB_TEST_KUBECONFIG"]), local=False)
+    result = subprocess.run([sys.executable, str(ROOT / "hack/cluster.py"), "up"], check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            "the local cluster did not start (see the [cluster] lines above and .cluster/logs/). "
+            "Integration tests need a real API server: fix the cluster, or point "
+            "MPIJOB_TEST_KUBECONFIG at one."
+        )
+    return Cluster(ROOT / ".cluster" / "kubeconfig", local=True)
