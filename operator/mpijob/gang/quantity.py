@@ -93,7 +93,9 @@ class Quantity:
         return Quantity(_CONTEXT.multiply(self.value, Decimal(factor)), self.format)
 
     def __str__(self) -> str:
-        value = self.value.quantize(_NANO, context=_CONTEXT) if self.value % _NANO else self.value
+        value = self.value
+        if _CONTEXT.remainder(value, _NANO):
+            value = value.quantize(_NANO, context=_CONTEXT)
         if value == 0:
             return "0"
         if (
