@@ -39,8 +39,8 @@ Int64 = Annotated[int, Field(strict=True, ge=-_INT64, le=_INT64 - 1)]
 """A JSON integer that fits Go's int64."""
 
 
-def _utc_seconds(value: datetime) -> datetime:
-    # metav1.Time has second precision and is always written in UTC.
+def utc_seconds(value: datetime) -> datetime:
+    """``value`` in UTC, to the second, as ``metav1.Time`` holds it (naive means UTC)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).replace(microsecond=0)
@@ -48,12 +48,12 @@ def _utc_seconds(value: datetime) -> datetime:
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with second precision, as Kubernetes writes ``metav1.Time``."""
-    return _utc_seconds(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_seconds(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 Time = Annotated[
     datetime,
-    AfterValidator(_utc_seconds),
+    AfterValidator(utc_seconds),
     PlainSerializer(format_time, return_type=str, when_used="json"),
 ]
 """A Kubernetes timestamp: parsed from RFC 3339, kept in UTC to the second."""
