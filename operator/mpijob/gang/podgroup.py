@@ -36,6 +36,7 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api.models import MPIJob
+from mpijob.build import names
 from mpijob.gang import min_resources
 from mpijob.gang.mode import GangKind, GangMode
 from mpijob.gang.quantity import Quantity
@@ -138,7 +139,7 @@ def build_pod_group(
         "metadata": {
             "name": job.name,
             "namespace": job.namespace,
-            "ownerReferences": [_owner_reference(job)],
+            "ownerReferences": [names.owner_reference(job)],
         },
         "spec": spec,
     }
@@ -186,17 +187,6 @@ def overridden_scheduler_name(pod: Mapping[str, Any], mode: GangMode) -> str | N
     if mode.enabled and current and current != mode.scheduler_name:
         return str(current)
     return None
-
-
-def _owner_reference(job: MPIJob) -> dict[str, Any]:
-    return {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "name": job.name,
-        "uid": job.metadata.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _comparable(spec: Mapping[str, Any] | None, *, volcano: bool) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""What an admission decision means for the job's status and Events, as data.
+
+Our condition sits beside upstream's, whose types and reasons are untouched:
+
+* ``GangAdmitted=False``, reason ``GangWaiting``: the whole job does not fit yet; the message says
+  what is missing (the placement's reason, e.g. "needs 4 GPUs on one opted-in node; largest free
+  NVLink ring: 2") or which job it is queued behind.
+* ``GangAdmitted=True``, reason ``GangAdmitted``: the job was admitted and its pods are created.
+  A Normal Event ``GangAdmitted`` says so once.
+* On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
+  ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
+  failed job: ``completionTime`` is set and it holds nothing (it never had workers).
+
+The handler applies each :class:`ConditionChange` with upstream's ``set_condition`` rules and
+posts the Event. Used by the handler after :func:`mpijob.gang.admission.decide`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, assert_never
+
+from mpijob import keys
+from mpijob.build import events
+from mpijob.build.events import Event
+from mpijob.gang.admission import Admit, Decision, TimedOut, Wait
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    """One condition to set: the arguments of upstream's ``setCondition``."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The status changes and Event one decision calls for."""
+
+    conditions: list[ConditionChange] = field(default_factory=list)
+    """Conditions to set, in order."""
+    event: Event | None = None
+    """An Event to post on the MPIJob, if any."""
+    failed: bool = False
+    """The job is now Failed: set ``completionTime``, count it in
+    ``mpi_operator_jobs_failed_total`` and release what it holds."""
+
+
+def outcome(decision: Decision[Any], *, now: datetime) -> Outcome:
+    """The conditions and Event for one admission decision."""
+    job = decision.job
+    if isinstance(decision, Admit):
+        waited = max(int((now - job.created).total_seconds()), 0)
+        message = f"MPIJob {job.key} is admitted: the whole gang fits (waited {waited}s)."
+        return Outcome(
+            [ConditionChange(keys.COND_GANG_ADMITTED, "True", keys.REASON_GANG_ADMITTED, message)],
+            events.normal(keys.REASON_GANG_ADMITTED, message),
+        )
+    if isinstance(decision, Wait):
+        return Outcome(
+            [
+                ConditionChange(
+                    keys.COND_GANG_ADMITTED, "False", keys.REASON_GANG_WAITING, decision.message
+                )
+            ]
+        )
+    if isinstance(decision, TimedOut):
+        reason, message = keys.REASON_GANG_SCHEDULE_TIMEOUT, decision.message
+        return Outcome(
+            [
+                ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, message),
+                ConditionChange(keys.COND_FAILED, "True", reason, message),
+            ],
+            events.warning(reason, message),
+            failed=True,
+        )
+    assert_never(decision)
