@@ -8,6 +8,7 @@ Called by the handlers on every MPIJob event, before defaulting and validation.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +46,8 @@ def parse(body: Mapping[str, Any]) -> MPIJob:
         if not isinstance(body, Mapping):
             raise InvalidMPIJob([invalid("", _json_type(body), "must be an object")])
         try:
-            job = MPIJob.model_validate(dict(body))
+            # Templates are kept as given; copy so that the job never aliases the caller's body.
+            job = MPIJob.model_validate(copy.deepcopy(dict(body)))
         except pydantic.ValidationError as exc:
             raise InvalidMPIJob([_from_pydantic(e) for e in exc.errors()]) from None
         errors = []
