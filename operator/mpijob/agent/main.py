@@ -1,0 +1,110 @@
+"""``mpijob-agent``: the node agent that publishes the node's GPU topology (a DaemonSet).
+
+Every ``--interval`` seconds it reads the topology through NVML and, when the annotation text
+changed, patches ``mpijob.io/gpu-topology`` on its Node (``NODE_NAME``, from the downward API).
+Without a driver, a GPU or a working NVML it logs why and publishes nothing: with ``--once`` it
+exits 0, otherwise it tries again at the next interval (drivers are often installed after the
+agent starts). A failed API patch is logged; ``--once`` then exits 1, the loop retries.
+``--dry-run`` prints the annotation instead; ``--simulate NAME`` reads a shipped topology
+through the fake NVML, for local clusters whose nodes have no GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from mpijob import keys
+from mpijob.agent import nvml_reader
+from mpijob.placement import codec, topologies
+
+logger = logging.getLogger("mpijob.agent")
+
+Annotate = Callable[[str, str, str], None]
+
+
+def run(
+    nvml: nvml_reader.Nvml,
+    *,
+    node: str,
+    annotate: Annotate | None,
+    once: bool,
+    interval: float,
+    echo: Callable[[str], None] = click.echo,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run."""
+    published: str | None = None
+    while True:
+        try:
+            text = codec.dumps(nvml_reader.discover(nvml))
+        except nvml_reader.NoTopology as reason:
+            logger.warning("Published no GPU topology: %s node=%s", reason, node)
+        else:
+            if annotate is None:
+                echo(text)
+            elif text != published:
+                try:
+                    annotate(node, keys.GPU_TOPOLOGY, text)
+                except Exception:
+                    logger.exception("Failed to patch the GPU topology node=%s", node)
+                    if once:
+                        return 1
+                else:
+                    published = text
+                    logger.info("Published the GPU topology node=%s bytes=%d", node, len(text))
+        if once:
+            return 0
+        sleep(interval)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    help="Node to annotate; defaults to $NODE_NAME (set it from spec.nodeName).",
+)
+@click.option("--once", is_flag=True, help="Publish once and exit instead of looping.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=1.0),
+    default=300.0,
+    show_default=True,
+    help="Seconds between two readings of the topology.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the annotation JSON; do not patch the Node.")
+@click.option(
+    "--simulate",
+    type=click.Choice(topologies.NAMES),
+    help="Publish this shipped topology through a fake NVML (nodes without GPUs).",
+)
+def main(
+    node_name: str | None, once: bool, interval: float, dry_run: bool, simulate: str | None
+) -> None:
+    """Publish this node's GPU topology as the mpijob.io/gpu-topology annotation."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if not node_name and not dry_run:
+        raise click.UsageError("set NODE_NAME or --node-name (or use --dry-run)")
+    node = node_name or "local"
+    annotate: Annotate | None = None
+    if not dry_run:
+        from mpijob.agent.publish import NodeAnnotator  # noqa: PLC0415 - keeps dry runs client-free
+
+        annotate = NodeAnnotator()
+    raise SystemExit(
+        run(_nvml(simulate, node), node=node, annotate=annotate, once=once, interval=interval)
+    )
+
+
+def _nvml(simulate: str | None, node: str) -> Any:
+    if simulate:
+        from mpijob.agent.fake_nvml import FakeNvml  # noqa: PLC0415 - only for simulated nodes
+
+        return FakeNvml(topologies.for_node(simulate, node), product=simulate)
+    import pynvml  # noqa: PLC0415 - loads the NVML bindings only on real nodes
+
+    return pynvml
