@@ -68,6 +68,9 @@ REASON_RESUMED: Final = "MPIJobResumed"
 REASON_FAILED: Final = "MPIJobFailed"
 REASON_EVICTED: Final = "MPIJobEvicted"
 REASON_VALIDATION_ERROR: Final = "ValidationError"
+#: Our condition (True while the spec fails the operator's validation; removed once fixed), so
+#: that ``kubectl describe`` shows what upstream only reports in a Warning event.
+COND_INVALID: Final = "Invalid"
 REASON_RESOURCE_EXISTS: Final = "ErrResourceExists"
 REASON_SET_RESTART_POLICY: Final = "SetPodTemplateRestartPolicy"
 
@@ -127,6 +130,11 @@ SIM_FAIL_AFTER: Final = PREFIX + "sim-fail-after"
 SIM_FAIL_REASON: Final = PREFIX + "sim-fail-reason"
 #: On a pod: a Go duration; the pod runs unready for that long, then becomes Ready.
 SIM_READY_AFTER: Final = PREFIX + "sim-ready-after"
+
+# --- Our validation condition ---------------------------------------------------------------
+#: Condition type: False (reason ``ValidationError``, the Event's message) while the spec has
+#: errors only the operator can see, so ``kubectl describe`` shows them; removed once fixed.
+COND_VALID: Final = "Valid"
 
 # --- Our gang admission (clusters without a gang scheduler) ----------------------------------
 #: Condition type: False while the job waits for its whole gang to fit, True once admitted.

@@ -2,6 +2,7 @@
 
 Everything here is pure: callers pass the observed children and ``now``, and get back the new
 status, the Events to post and the metric counters to increment. The reconcile loop calls
+:func:`mark_invalid` for a job that fails validation (and :func:`clear_invalid` otherwise),
 :func:`mark_created` first, then checks :func:`finished_with_completion` (upstream's
 short-circuit, with :func:`worker_pods_to_delete` and :func:`finished_cleanup_status`), and
 otherwise calls :func:`compute_status` at the end of the sync; it writes the status only when
@@ -21,10 +22,21 @@ from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus
 from mpijob.api.errors import truncate_message
 from mpijob.api.models import utc_seconds
 from mpijob.build import events, names, observed
+from mpijob.build.conditions import set_condition
 from mpijob.build.events import Event
 
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 EVICTED = "Evicted"
+UPSTREAM_CONDITIONS = frozenset(
+    {
+        keys.COND_CREATED,
+        keys.COND_RUNNING,
+        keys.COND_RESTARTING,
+        keys.COND_SUCCEEDED,
+        keys.COND_SUSPENDED,
+        keys.COND_FAILED,
+    }
+)
 
 
 class Counter(StrEnum):
@@ -54,65 +66,43 @@ class StatusResult:
     """The launcher Job exists: set ``mpi_operator_job_info{launcher,namespace}`` to 1."""
 
 
-# --- conditions ------------------------------------------------------------------------------
-
-
-def set_condition(  # noqa: PLR0917 - the argument order of upstream's updateMPIJobConditions
-    status: MPIJobStatus,
-    condition_type: str,
-    status_value: str,
-    reason: str,
-    message: str,
-    now: datetime,
-) -> bool:
-    """Set a condition in place by upstream's rules; True when something changed.
-
-    Same status and reason: nothing changes. Same status, other reason: replaced, keeping
-    ``lastTransitionTime``. Running and Restarting exclude each other. Succeeded or Failed
-    turns existing Running and Failed conditions False. The set condition goes last.
-    """
-    now = utc_seconds(now)
-    current = status.condition(condition_type)
-    if current is not None and current.status == status_value and current.reason == reason:
-        return False
-    transition = now
-    if current is not None and current.status == status_value:
-        transition = current.last_transition_time or now
-    kept = []
-    for cond in status.conditions:
-        if cond.type == condition_type or {cond.type, condition_type} == {
-            keys.COND_RUNNING,
-            keys.COND_RESTARTING,
-        }:
-            continue
-        if condition_type in (keys.COND_FAILED, keys.COND_SUCCEEDED) and cond.type in (
-            keys.COND_RUNNING,
-            keys.COND_FAILED,
-        ):
-            kept.append(cond.model_copy(update={"status": "False"}))
-        else:
-            kept.append(cond)
-    kept.append(
-        JobCondition(
-            type=condition_type,
-            status=status_value,
-            reason=reason,
-            message=message,
-            last_update_time=now,
-            last_transition_time=transition,
-        )
-    )
-    status.conditions = kept
-    return True
-
-
 # --- sync steps before the children ----------------------------------------------------------
 
 
-def mark_created(job: MPIJob, now: datetime) -> StatusResult:
-    """Upstream's step 5: a job with no conditions gets ``Created=True``, an Event and a count."""
+def mark_invalid(job: MPIJob, message: str, now: datetime) -> StatusResult:
+    """An invalid job: upstream's Warning ``ValidationError``, and ``Valid=False`` in status.
+
+    ``message`` is :attr:`mpijob.api.InvalidMPIJob.message`. Upstream posts the Event on every
+    sync of an invalid job and writes no status; the condition is ours, so that the problem
+    also shows in ``kubectl describe``.
+    """
     status = job.status.model_copy(deep=True)
-    if status.conditions:
+    reason = keys.REASON_VALIDATION_ERROR
+    changed = set_condition(status, keys.COND_VALID, "False", reason, message, now)
+    current = status.condition(keys.COND_VALID)
+    if not changed and current is not None and current.message != message:
+        # A different error keeps the reason; upstream's rule would hide the new message.
+        current.message = message
+        current.last_update_time = utc_seconds(now)
+        changed = True
+    return StatusResult(status, changed=changed, events=[events.warning(reason, message)])
+
+
+def clear_invalid(status: MPIJobStatus) -> bool:
+    """Drop the ``Valid`` condition once the spec is valid again; True if there was one."""
+    kept = [c for c in status.conditions if c.type != keys.COND_VALID]
+    dropped = len(kept) != len(status.conditions)
+    status.conditions = kept
+    return dropped
+
+
+def mark_created(job: MPIJob, now: datetime) -> StatusResult:
+    """Upstream's step 5: a job with no conditions gets ``Created=True``, an Event and a count.
+
+    Conditions of our own (``Valid``, ``GangAdmitted``) do not count as conditions here.
+    """
+    status = job.status.model_copy(deep=True)
+    if any(c.type in UPSTREAM_CONDITIONS for c in status.conditions):
         return StatusResult(status, changed=False)
     message = f"MPIJob {job.key} is created."
     set_condition(status, keys.COND_CREATED, "True", keys.REASON_CREATED, message, now)

@@ -11,6 +11,7 @@ from build_jobs import make_job, pod
 
 from mpijob import api
 from mpijob.build import status as rules
+from mpijob.build.conditions import set_condition
 from mpijob.build.status import Counter
 
 pytestmark = pytest.mark.unit
@@ -111,7 +112,7 @@ def test_launcher_succeeded_status() -> None:
 def test_launcher_succeeded_with_running_pod_status() -> None:
     """Counterpart of upstream TestLauncherSucceededWithRunningPod."""
     job = _created(_job())
-    rules.set_condition(
+    set_condition(
         job.status, "Running", "True", "MPIJobRunning", "MPIJob default/test is running.", T0
     )
     launcher = _launcher(
@@ -301,7 +302,7 @@ def test_suspended_running_mpi_job_status() -> None:
     """Counterpart of upstream TestSuspendedRunningMPIJob (its status update)."""
     job = _created(_job(workers=8, run_policy={"suspend": True}))
     job.status.start_time = T0
-    rules.set_condition(
+    set_condition(
         job.status, "Running", "True", "MPIJobRunning", "MPIJob default/test is running.", T0
     )
     result = rules.compute_status(
@@ -327,7 +328,7 @@ def test_resume_mpi_job_status() -> None:
     """Counterpart of upstream TestResumeMPIJob: Suspended=False and startTime reset to now."""
     job = _created(_job(workers=8))
     job.status.start_time = T0
-    rules.set_condition(job.status, "Suspended", "True", "MPIJobSuspended", "MPIJob suspended", T0)
+    set_condition(job.status, "Suspended", "True", "MPIJobSuspended", "MPIJob suspended", T0)
     result = rules.compute_status(
         job, launcher_job=_launcher(), launcher_pods=[], worker_pods=_workers(8, "Pending"), now=NOW
     )
@@ -345,7 +346,7 @@ def test_resume_mpi_job_status() -> None:
 def test_shutdown_worker_cleanup() -> None:
     """Counterpart of upstream TestShutdownWorker: finished, cleanPodPolicy All, 8 workers."""
     job = _created(_job(workers=8, run_policy={"cleanPodPolicy": "All"}))
-    rules.set_condition(job.status, "Succeeded", "True", "MPIJobSucceeded", "done", T0)
+    set_condition(job.status, "Succeeded", "True", "MPIJobSucceeded", "done", T0)
     assert not rules.finished_with_completion(job.status)
     job.status.completion_time = T0
     job.status.replica_statuses["Worker"] = api.ReplicaStatus(active=3)
@@ -420,23 +421,23 @@ def test_missing_launcher_keeps_the_previous_launcher_entry() -> None:
 def test_set_condition_rules() -> None:
     """Upstream setCondition: no-op, lastTransitionTime kept, exclusions, finish, order."""
     status = api.MPIJobStatus()
-    assert rules.set_condition(status, "Running", "True", "A", "first", T0)
-    assert not rules.set_condition(status, "Running", "True", "A", "other message", NOW)
+    assert set_condition(status, "Running", "True", "A", "first", T0)
+    assert not set_condition(status, "Running", "True", "A", "other message", NOW)
     assert status.conditions[0].message == "first"
-    assert rules.set_condition(status, "Running", "True", "B", "second", NOW)
+    assert set_condition(status, "Running", "True", "B", "second", NOW)
     running = status.conditions[0]
     assert (running.reason, running.last_transition_time, running.last_update_time) == (
         "B",
         T0,
         NOW,
     )
-    assert rules.set_condition(status, "Restarting", "True", "R", "restart", NOW)
+    assert set_condition(status, "Restarting", "True", "R", "restart", NOW)
     assert [c.type for c in status.conditions] == ["Restarting"]
-    assert rules.set_condition(status, "Running", "True", "A", "again", NOW)
+    assert set_condition(status, "Running", "True", "A", "again", NOW)
     assert [c.type for c in status.conditions] == ["Running"]
-    assert rules.set_condition(status, "Created", "True", "C", "created", NOW)
-    assert rules.set_condition(status, "Failed", "True", "F", "failed", NOW)
-    assert rules.set_condition(status, "Succeeded", "True", "S", "ok", NOW)
+    assert set_condition(status, "Created", "True", "C", "created", NOW)
+    assert set_condition(status, "Failed", "True", "F", "failed", NOW)
+    assert set_condition(status, "Succeeded", "True", "S", "ok", NOW)
     assert [(c.type, c.status) for c in status.conditions] == [
         ("Running", "False"),
         ("Created", "True"),
@@ -454,3 +455,28 @@ def test_status_body_omits_zero_counts_and_writes_rfc3339() -> None:
         "replicaStatuses": {"Worker": {"failed": 2}},
         "startTime": "2024-05-01T10:00:00Z",
     }
+
+
+def test_invalid_job_gets_a_warning_and_a_valid_false_condition() -> None:
+    """Upstream's ValidationError Event, plus a condition so kubectl describe shows it."""
+    job = _job()
+    first = rules.mark_invalid(job, "Found validation errors: a", T0)
+    assert first.changed
+    assert [(e.type, e.reason, e.message) for e in first.events] == [
+        ("Warning", "ValidationError", "Found validation errors: a")
+    ]
+    assert _conditions(first.status) == [
+        ("Valid", "False", "ValidationError", "Found validation errors: a")
+    ]
+    job.status = first.status
+    same = rules.mark_invalid(job, "Found validation errors: a", NOW)
+    assert not same.changed
+    assert [e.reason for e in same.events] == ["ValidationError"]
+    other = rules.mark_invalid(job, "Found validation errors: b", NOW)
+    assert other.changed
+    assert _conditions(other.status)[0][3] == "Found validation errors: b"
+    job.status = other.status
+    assert rules.mark_created(job, NOW).changed, "our own conditions do not block Created"
+    assert rules.clear_invalid(job.status)
+    assert job.status.conditions == []
+    assert not rules.clear_invalid(job.status)
