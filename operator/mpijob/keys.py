@@ -131,11 +131,6 @@ SIM_FAIL_REASON: Final = PREFIX + "sim-fail-reason"
 #: On a pod: a Go duration; the pod runs unready for that long, then becomes Ready.
 SIM_READY_AFTER: Final = PREFIX + "sim-ready-after"
 
-# --- Our validation condition ---------------------------------------------------------------
-#: Condition type: False (reason ``ValidationError``, the Event's message) while the spec has
-#: errors only the operator can see, so ``kubectl describe`` shows them; removed once fixed.
-COND_VALID: Final = "Valid"
-
 # --- Our gang admission (clusters without a gang scheduler) ----------------------------------
 #: Condition type: False while the job waits for its whole gang to fit, True once admitted.
 #: Upstream's condition types are untouched; this one sits beside them.

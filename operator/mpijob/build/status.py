@@ -70,7 +70,7 @@ class StatusResult:
 
 
 def mark_invalid(job: MPIJob, message: str, now: datetime) -> StatusResult:
-    """An invalid job: upstream's Warning ``ValidationError``, and ``Valid=False`` in status.
+    """An invalid job: upstream's Warning ``ValidationError``, and ``Invalid=True`` in status.
 
     ``message`` is :attr:`mpijob.api.InvalidMPIJob.message`. Upstream posts the Event on every
     sync of an invalid job and writes no status; the condition is ours, so that the problem
@@ -78,8 +78,8 @@ def mark_invalid(job: MPIJob, message: str, now: datetime) -> StatusResult:
     """
     status = job.status.model_copy(deep=True)
     reason = keys.REASON_VALIDATION_ERROR
-    changed = set_condition(status, keys.COND_VALID, "False", reason, message, now)
-    current = status.condition(keys.COND_VALID)
+    changed = set_condition(status, keys.COND_INVALID, "True", reason, message, now)
+    current = status.condition(keys.COND_INVALID)
     if not changed and current is not None and current.message != message:
         # A different error keeps the reason; upstream's rule would hide the new message.
         current.message = message
@@ -89,8 +89,8 @@ def mark_invalid(job: MPIJob, message: str, now: datetime) -> StatusResult:
 
 
 def clear_invalid(status: MPIJobStatus) -> bool:
-    """Drop the ``Valid`` condition once the spec is valid again; True if there was one."""
-    kept = [c for c in status.conditions if c.type != keys.COND_VALID]
+    """Drop the ``Invalid`` condition once the spec is valid again; True if there was one."""
+    kept = [c for c in status.conditions if c.type != keys.COND_INVALID]
     dropped = len(kept) != len(status.conditions)
     status.conditions = kept
     return dropped
@@ -99,7 +99,7 @@ def clear_invalid(status: MPIJobStatus) -> bool:
 def mark_created(job: MPIJob, now: datetime) -> StatusResult:
     """Upstream's step 5: a job with no conditions gets ``Created=True``, an Event and a count.
 
-    Conditions of our own (``Valid``, ``GangAdmitted``) do not count as conditions here.
+    Conditions of our own (``Invalid``, ``GangAdmitted``) do not count as conditions here.
     """
     status = job.status.model_copy(deep=True)
     if any(c.type in UPSTREAM_CONDITIONS for c in status.conditions):

@@ -457,7 +457,7 @@ def test_status_body_omits_zero_counts_and_writes_rfc3339() -> None:
     }
 
 
-def test_invalid_job_gets_a_warning_and_a_valid_false_condition() -> None:
+def test_invalid_job_gets_a_warning_and_an_invalid_condition() -> None:
     """Upstream's ValidationError Event, plus a condition so kubectl describe shows it."""
     job = _job()
     first = rules.mark_invalid(job, "Found validation errors: a", T0)
@@ -466,7 +466,7 @@ def test_invalid_job_gets_a_warning_and_a_valid_false_condition() -> None:
         ("Warning", "ValidationError", "Found validation errors: a")
     ]
     assert _conditions(first.status) == [
-        ("Valid", "False", "ValidationError", "Found validation errors: a")
+        ("Invalid", "True", "ValidationError", "Found validation errors: a")
     ]
     job.status = first.status
     same = rules.mark_invalid(job, "Found validation errors: a", NOW)
