@@ -262,8 +262,9 @@ class MPIJobStatus(_Model):
         return self.is_true(keys.COND_SUCCEEDED) or self.is_true(keys.COND_FAILED)
 
     def to_body(self) -> dict[str, Any]:
-        """The JSON body of ``.status``, with unset fields left out."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The JSON body of ``.status``, with unset and empty fields left out (Go omitempty)."""
+        body = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return {k: v for k, v in body.items() if v != [] and v != {}}
 
 
 # --- the object ------------------------------------------------------------------------------

@@ -450,8 +450,8 @@ def test_set_condition_rules() -> None:
 def test_status_body_omits_zero_counts_and_writes_rfc3339() -> None:
     status = api.MPIJobStatus(start_time=T0.replace(microsecond=123456))
     status.replica_statuses["Worker"] = api.ReplicaStatus(active=0, failed=2)
+    assert api.MPIJobStatus().to_body() == {}
     assert status.to_body() == {
-        "conditions": [],
         "replicaStatuses": {"Worker": {"failed": 2}},
         "startTime": "2024-05-01T10:00:00Z",
     }
