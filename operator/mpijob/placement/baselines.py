@@ -91,7 +91,7 @@ def best_effort(
     devices: list[int | None] = [*available, *([None] * padding)]
     best: list[tuple[int | None, ...]] | None = None
     best_score = 0
-    for partition in _partitions(devices, size):
+    for partition in partitions(devices, size):
         if not any(None not in group and must <= set(group) for group in partition):
             continue
         score = sum(_set_score(topology, group) for group in partition)
@@ -127,7 +127,7 @@ def _set_score(topology: Topology, group: Sequence[int | None]) -> int:
     return sum(pair_score(topology, a, b) for a, b in itertools.combinations(real, 2))
 
 
-def _partitions(devices: list[int | None], size: int) -> Iterator[list[tuple[int | None, ...]]]:
+def partitions(devices: list[int | None], size: int) -> Iterator[list[tuple[int | None, ...]]]:
     """Partitions into groups of ``size``, each group led by the first device left; padding
     (None) stays together in one group."""
     if len(devices) == size:

@@ -1,0 +1,121 @@
+"""The agent's loop and CLI: publishes on change, never crashes without NVML."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pynvml
+import pytest
+from click.testing import CliRunner
+
+from mpijob import keys
+from mpijob.agent import fake_nvml, main
+from mpijob.agent.fake_nvml import FakeNvml
+from mpijob.placement import codec, topologies
+
+pytestmark = pytest.mark.unit
+
+
+class Stop(Exception):
+    pass
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail = fail
+
+    def __call__(self, node: str, key: str, value: str) -> None:
+        if self.fail:
+            raise RuntimeError("apiserver said no")
+        self.calls.append((node, key, value))
+
+
+def sleeps(rounds: int) -> tuple[list[float], Callable[[float], None]]:
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) >= rounds:
+            raise Stop
+
+    return slept, sleep
+
+
+def test_once_patches_the_node_with_the_annotation() -> None:
+    fake = FakeNvml(topologies.for_node("dgx1-v100", "node-3"), product="Tesla V100-SXM2-32GB")
+    recorder = Recorder()
+    code = main.run(fake, node="node-3", annotate=recorder, once=True, interval=60)
+    assert code == 0
+    assert recorder.calls == [("node-3", keys.GPU_TOPOLOGY, codec.dumps(fake.topology))]
+
+
+def test_loop_patches_only_when_the_topology_changes() -> None:
+    fake = FakeNvml(topologies.load("dgx1-v100"))
+    recorder = Recorder()
+    slept, sleep = sleeps(3)
+    with pytest.raises(Stop):
+        main.run(fake, node="n", annotate=recorder, once=False, interval=30, sleep=sleep)
+    assert slept == [30, 30, 30]
+    assert len(recorder.calls) == 1
+
+
+def test_without_nvml_once_exits_zero_with_a_clear_log(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml(topologies.load("dgx1-v100"), init_error=fake_nvml.ERROR_LIBRARY_NOT_FOUND)
+    recorder = Recorder()
+    with caplog.at_level(logging.WARNING, logger="mpijob.agent"):
+        code = main.run(fake, node="n", annotate=recorder, once=True, interval=60)
+    assert code == 0
+    assert recorder.calls == []
+    assert "Published no GPU topology: NVML did not initialise" in caplog.text
+    assert "NVML Shared Library Not Found" in caplog.text
+
+
+def test_without_nvml_the_loop_keeps_trying() -> None:
+    fake = FakeNvml(topologies.load("dgx1-v100"), init_error=fake_nvml.ERROR_DRIVER_NOT_LOADED)
+    recorder = Recorder()
+    slept, sleep = sleeps(2)
+    with pytest.raises(Stop):
+        main.run(fake, node="n", annotate=recorder, once=False, interval=5, sleep=sleep)
+    assert slept == [5, 5]
+    fake.init_error = None
+    main.run(fake, node="n", annotate=recorder, once=True, interval=5)
+    assert len(recorder.calls) == 1
+
+
+def test_failed_patch_exits_one_once(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml(topologies.load("rtx8000-4x"))
+    code = main.run(fake, node="n", annotate=Recorder(fail=True), once=True, interval=5)
+    assert code == 1
+    assert "Failed to patch the GPU topology node=n" in caplog.text
+
+
+def test_cli_dry_run_prints_the_simulated_annotation() -> None:
+    result = CliRunner().invoke(
+        main.main, ["--simulate", "dgx1-v100", "--dry-run", "--once"], env={"NODE_NAME": "kw-1"}
+    )
+    assert result.exit_code == 0, result.output
+    expected = FakeNvml(topologies.for_node("dgx1-v100", "kw-1"), product="dgx1-v100").topology
+    assert result.output.strip() == codec.dumps(expected)
+
+
+def test_cli_needs_a_node_name_to_publish() -> None:
+    result = CliRunner().invoke(main.main, ["--once"], env={"NODE_NAME": ""})
+    assert result.exit_code == 2
+    assert "set NODE_NAME" in result.output
+
+
+def test_cli_on_a_node_without_driver_exits_zero(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real pynvml, failing as it does without libnvidia-ml."""
+
+    def no_library() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    result = CliRunner().invoke(main.main, ["--dry-run", "--once"])
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    assert "NVML Shared Library Not Found" in caplog.text
