@@ -9,6 +9,7 @@ import random
 import pytest
 
 from mpijob.placement import allocator, baselines, scoring, topologies
+from mpijob.placement.model import Topology
 from mpijob.placement.tables import mask_of, tables_for
 
 pytestmark = pytest.mark.unit
@@ -29,7 +30,7 @@ def fragmentation_states(size: int, *, seed: int, count: int) -> list[frozenset[
     return states
 
 
-def preference(topology: topologies.Topology, gpus: tuple[int, ...]) -> tuple[float, float, int]:
+def preference(topology: Topology, gpus: tuple[int, ...]) -> tuple[float, float, int]:
     return (
         scoring.ring_gbps(topology, gpus),
         scoring.nvlink_gbps_total(topology, gpus),
