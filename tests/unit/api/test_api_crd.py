@@ -124,8 +124,11 @@ def test_every_cel_rule_names_its_field() -> None:
 
 
 def test_printer_columns_cover_state_workers_and_age() -> None:
-    names = [c["name"] for c in VERSION["additionalPrinterColumns"]]
-    assert {"State", "Workers", "Age"} <= set(names)
+    columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
+    for condition in ("Running", "Succeeded", "Failed", "Suspended"):
+        assert f'@.type=="{condition}"' in columns[condition]
+    assert columns["Workers"] == ".spec.mpiReplicaSpecs.Worker.replicas"
+    assert columns["Age"] == ".metadata.creationTimestamp"
 
 
 # --- a small structural evaluator (no CEL) ---------------------------------------------------
