@@ -264,7 +264,7 @@ class MPIJobStatus(_Model):
     def to_body(self) -> dict[str, Any]:
         """The JSON body of ``.status``, with unset and empty fields left out (Go omitempty)."""
         body = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-        return {k: v for k, v in body.items() if v != [] and v != {}}
+        return {k: v for k, v in body.items() if v not in ([], {})}
 
 
 # --- the object ------------------------------------------------------------------------------
