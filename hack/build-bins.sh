@@ -44,6 +44,21 @@ kube_ldflags() {
   echo "$ld"
 }
 
+# The module proxy may lack a staging module at the exact patch release (a mirror with holes).
+# Use the exact version when it downloads, else the nearest 0.<minor>.x that does, and say so:
+# patch releases of one minor share their APIs.
+pick_staging() {
+  local mod=$1 minor=$2 patch=$3 d p
+  for d in 0 1 -1 2 -2 3 -3 4 -4 5 -5 6 -6; do
+    p=$((patch + d)); [ "$p" -ge 0 ] || continue
+    if go mod download "$mod@v0.$minor.$p" >/dev/null 2>&1; then
+      [ "$d" -eq 0 ] || say "  $mod: v0.$minor.$patch is not on the module proxy; using v0.$minor.$p"
+      echo "v0.$minor.$p"; return 0
+    fi
+  done
+  return 1
+}
+
 check_proxy() {
   go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" >/dev/null 2>&1 \
     || die "cannot download k8s.io/kubernetes@v$KUBE_VERSION from the Go module proxy ($(go env GOPROXY)). Check network access to the proxy or set GOPROXY."
@@ -55,12 +70,16 @@ build_kube() {
   check_proxy
   local w; w=$(wrapper kubernetes); cd "$w"
   local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-  local minor; minor=$(echo "$KUBE_VERSION" | cut -d. -f2,3)
+  local minor patch; minor=$(echo "$KUBE_VERSION" | cut -d. -f2); patch=$(echo "$KUBE_VERSION" | cut -d. -f3)
   for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
-    go mod edit -replace="$m=$m@v0.$minor"
+    case "$m" in k8s.io/sample-*|k8s.io/code-generator) continue;; esac  # not linked into any binary
+    local v; v=$(pick_staging "$m" "$minor" "$patch") \
+      || die "no v0.$minor.x of $m near v0.$minor.$patch on the module proxy ($(go env GOPROXY))"
+    go mod edit -replace="$m=$m@$v"
   done
-  go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$KUBE_VERSION" \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  local c
+  go get -tool $(for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    echo "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done)
   mkdir -p "$kube_dir.tmp"
   for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     say "  go build $c"
@@ -93,8 +112,19 @@ build_sched_plugins() {
   local w; w=$(wrapper scheduler-plugins); cd "$w"
   local gomod; gomod=$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
   sed -n 's#^[[:space:]]*\(replace \)\{0,1\}\([a-z0-9./-]*\) => \([a-z0-9./-]*\) \(v[0-9A-Za-z.+-]*\)$#\2=\3@\4#p' "$gomod" \
-    | while read -r r; do go mod edit -replace="$r"; done
-  go get -tool "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION" sigs.k8s.io/scheduler-plugins/cmd/controller
+    | while read -r r; do
+        local target=${r#*=} mod ver
+        mod=${target%@*}; ver=${target#*@}
+        if [[ "$mod" == k8s.io/* && "$ver" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]]; then
+          # A pin for a module outside the build graph (e.g. legacy-cloud-providers) may be
+          # missing from the proxy: drop it; a needed one would fail the build just below.
+          ver=$(pick_staging "$mod" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}") \
+            || { say "  $mod: no usable version on the module proxy; dropping its pin"; continue; }
+        fi
+        go mod edit -replace="${r%%=*}=$mod@$ver"
+      done
+  go get -tool "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION" \
+    "sigs.k8s.io/scheduler-plugins/cmd/controller@v$SCHED_PLUGINS_VERSION"
   mkdir -p "$sp_dir.tmp"
   go build -ldflags "$(kube_ldflags)" -o "$sp_dir.tmp/kube-scheduler" sigs.k8s.io/scheduler-plugins/cmd/scheduler
   go build -ldflags "-s -w" -o "$sp_dir.tmp/sched-plugins-controller" sigs.k8s.io/scheduler-plugins/cmd/controller

@@ -37,14 +37,20 @@ DEFAULT_TOPOLOGY = "dgx1-v100"
 NODE_PREFIX = "gpu-node-"
 OPT_IN_LABEL = "ack.node.gpu.schedule"
 TOPOLOGY_ANNOTATION = "mpijob.io/gpu-topology"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "sched-plugins-controller", "kwok")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "sched-plugins-controller",
+    "kwok",
+)
 
 
 def versions() -> dict[str, str]:
     out = {}
-    for line in (HACK / "versions.env").read_text().splitlines():
-        line = line.strip()
+    for raw in (HACK / "versions.env").read_text().splitlines():
+        line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
             out[key] = value
@@ -150,16 +156,23 @@ def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> 
     tail = ""
     if log and log.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-    raise SystemExit(f"[cluster] error: {what} not ready after {timeout:.0f}s.\n{tail}\n"
-                     f"Logs: {state_dir() / 'logs'}")
+    raise SystemExit(
+        f"[cluster] error: {what} not ready after {timeout:.0f}s.\n{tail}\n"
+        f"Logs: {state_dir() / 'logs'}"
+    )
 
 
 def start(name: str, argv: list[str], state: State) -> None:
     logs = state_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / f"{name}.log").open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     state.pids[name] = proc.pid
     state.save()
 
@@ -170,55 +183,86 @@ def write_pki(pki: Path) -> None:
 
     pki.mkdir(parents=True, exist_ok=True)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (pki / "sa.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption()))
-    (pki / "sa.pub").write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    (pki / "sa.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    (pki / "sa.pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
 
 
 def kubeconfig_text(state: State, token: str = TOKEN, user: str = "admin") -> str:
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "mpijob-local", "cluster": {
-            "server": server_url(state), "insecure-skip-tls-verify": True}}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "mpijob-local",
-                      "context": {"cluster": "mpijob-local", "user": user}}],
-        "current-context": "mpijob-local",
-    })
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "mpijob-local",
+                    "cluster": {"server": server_url(state), "insecure-skip-tls-verify": True},
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [
+                {"name": "mpijob-local", "context": {"cluster": "mpijob-local", "user": user}}
+            ],
+            "current-context": "mpijob-local",
+        }
+    )
 
 
 def scheduler_config(kubeconfig: Path) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "leaderElection": {"leaderElect": False},
-        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400},
-        "profiles": [{
-            "schedulerName": "default-scheduler",
-            "plugins": {
-                "multiPoint": {"enabled": [{"name": "Coscheduling"}]},
-                "queueSort": {"enabled": [{"name": "Coscheduling"}],
-                              "disabled": [{"name": "*"}]},
-            },
-            "pluginConfig": [{"name": "Coscheduling",
-                              "args": {"permitWaitingTimeSeconds": 10,
-                                       "podGroupBackoffSeconds": 1}}],
-        }],
-    })
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "leaderElection": {"leaderElect": False},
+            "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400},
+            "profiles": [
+                {
+                    "schedulerName": "default-scheduler",
+                    "plugins": {
+                        "multiPoint": {"enabled": [{"name": "Coscheduling"}]},
+                        "queueSort": {
+                            "enabled": [{"name": "Coscheduling"}],
+                            "disabled": [{"name": "*"}],
+                        },
+                    },
+                    "pluginConfig": [
+                        {
+                            "name": "Coscheduling",
+                            "args": {"permitWaitingTimeSeconds": 10, "podGroupBackoffSeconds": 1},
+                        }
+                    ],
+                }
+            ],
+        }
+    )
 
 
 def third_party_crds() -> list[Path]:
     """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
     v = versions()
     mod = f"sigs.k8s.io/scheduler-plugins@v{v['SCHED_PLUGINS_VERSION']}"
-    out = subprocess.run(["go", "mod", "download", "-json", mod],
-                         capture_output=True, text=True, cwd="/")
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", mod],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
     if out.returncode != 0:
-        raise SystemExit(f"[cluster] error: cannot download {mod} from the Go module proxy "
-                         f"for its CRDs:\n{out.stdout}{out.stderr}")
+        raise SystemExit(
+            f"[cluster] error: cannot download {mod} from the Go module proxy "
+            f"for its CRDs:\n{out.stdout}{out.stderr}"
+        )
     sp = Path(json.loads(out.stdout)["Dir"])
     return [
         sp / "manifests/crds/scheduling.x-k8s.io_podgroups.yaml",
@@ -228,9 +272,13 @@ def third_party_crds() -> list[Path]:
 
 
 def kubectl(state: State, *args: str, input: str | None = None) -> str:
-    out = subprocess.run([str(binaries()["kubectl"]), "--kubeconfig",
-                          str(state_dir() / "kubeconfig"), *args],
-                         capture_output=True, text=True, input=input)
+    out = subprocess.run(
+        [str(binaries()["kubectl"]), "--kubeconfig", str(state_dir() / "kubeconfig"), *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        check=False,
+    )
     if out.returncode != 0:
         raise SystemExit(f"[cluster] error: kubectl {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
@@ -248,17 +296,31 @@ def topology_annotation(name: str) -> str:
 
 def node_manifest(index: int, topology: str, gpus: int) -> dict[str, Any]:
     name = f"{NODE_PREFIX}{index}"
-    resources = {"cpu": "96", "memory": "768Gi", "pods": "110", "nvidia.com/gpu": str(gpus),
-                 "ephemeral-storage": "1Ti"}
+    resources = {
+        "cpu": "96",
+        "memory": "768Gi",
+        "pods": "110",
+        "nvidia.com/gpu": str(gpus),
+        "ephemeral-storage": "1Ti",
+    }
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "type": "kwok",
-                       OPT_IN_LABEL: "topology", "mpijob.io/gpu-model": topology},
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0",
-                            TOPOLOGY_ANNOTATION: topology_annotation(topology)},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                OPT_IN_LABEL: "topology",
+                "mpijob.io/gpu-model": topology,
+            },
+            "annotations": {
+                "kwok.x-k8s.io/node": "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+                TOPOLOGY_ANNOTATION: topology_annotation(topology),
+            },
         },
         "spec": {},
         "status": {"allocatable": resources, "capacity": resources},
@@ -272,14 +334,20 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
     if missing:
         say(f"creating {len(missing)} simulated {topology} nodes ({gpus} GPUs each)")
         for chunk in range(0, len(missing), 50):
-            kubectl(state, "create", "-f", "-",
-                    input=yaml.safe_dump_all(missing[chunk:chunk + 50]))
+            kubectl(
+                state, "create", "-f", "-", input=yaml.safe_dump_all(missing[chunk : chunk + 50])
+            )
 
     def ready() -> bool:
-        out = kubectl(state, "get", "nodes", "-o",
-                      "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}"
-                      "{'\\n'}{end}")
+        out = kubectl(
+            state,
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+        )
         return out.split().count("True") >= count
+
     wait_for(f"{count} nodes Ready", ready, 120, "kwok")
 
 
@@ -303,11 +371,22 @@ def up(nodes: int, topology: str, gpus: int) -> State:
     sd.mkdir(parents=True, exist_ok=True)
     pki = sd / "pki"
     write_pki(pki)
-    state = State(ports={c: free_port() for c in
-                         ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager",
-                          "kube-scheduler", "sched-plugins-metrics", "sched-plugins-probe",
-                          "kwok")},
-                  started_at=time.time())
+    state = State(
+        ports={
+            c: free_port()
+            for c in (
+                "etcd",
+                "etcd-peer",
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "sched-plugins-metrics",
+                "sched-plugins-probe",
+                "kwok",
+            )
+        },
+        started_at=time.time(),
+    )
     p = state.ports
     kubeconfig = sd / "kubeconfig"
     kubeconfig.write_text(kubeconfig_text(state))
@@ -315,64 +394,131 @@ def up(nodes: int, topology: str, gpus: int) -> State:
     state.save()
 
     etcd_url = f"http://127.0.0.1:{p['etcd']}"
-    start("etcd", [str(bins["etcd"]), "--name=local", f"--data-dir={sd / 'etcd'}",
-                   f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                   f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-                   f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-                   f"--initial-cluster=local=http://127.0.0.1:{p['etcd-peer']}",
-                   "--unsafe-no-fsync", "--quota-backend-bytes=8589934592",
-                   "--auto-compaction-mode=periodic", "--auto-compaction-retention=1m",
-                   "--log-level=warn"], state)
-    start("kube-apiserver", [
-        str(bins["kube-apiserver"]), f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-        f"--secure-port={p['kube-apiserver']}", f"--cert-dir={pki}",
-        f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=RBAC",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
-        # No kubelet mounts tokens here, and no race between namespace and default SA creation.
-        "--disable-admission-plugins=ServiceAccount",
-        # A benchmark cluster: no client throttling on the server side.
-        "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
-        "--enable-priority-and-fairness=false",
-        "--profiling=false", "--v=1"], state)
-    wait_for("kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90,
-             "kube-apiserver")
+    start(
+        "etcd",
+        [
+            str(bins["etcd"]),
+            "--name=local",
+            f"--data-dir={sd / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-cluster=local=http://127.0.0.1:{p['etcd-peer']}",
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes=8589934592",
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=1m",
+            "--log-level=warn",
+        ],
+        state,
+    )
+    start(
+        "kube-apiserver",
+        [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['kube-apiserver']}",
+            f"--cert-dir={pki}",
+            f"--token-auth-file={pki / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            # No kubelet mounts tokens here, and no race between namespace and default SA creation.
+            "--disable-admission-plugins=ServiceAccount",
+            # A benchmark cluster: no client throttling on the server side.
+            "--max-requests-inflight=0",
+            "--max-mutating-requests-inflight=0",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ],
+        state,
+    )
+    wait_for(
+        "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
+    )
     say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
 
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
-    kubectl(state, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/podgroups.scheduling.x-k8s.io", "crd/elasticquotas.scheduling.x-k8s.io",
-            "crd/podgroups.scheduling.volcano.sh")
+    kubectl(
+        state,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/podgroups.scheduling.x-k8s.io",
+        "crd/elasticquotas.scheduling.x-k8s.io",
+        "crd/podgroups.scheduling.volcano.sh",
+    )
 
     (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))
-    start("kube-controller-manager", [
-        str(bins["kube-controller-manager"]), f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-        "--leader-elect=false", "--bind-address=127.0.0.1",
-        f"--secure-port={p['kube-controller-manager']}",
-        f"--service-account-private-key-file={pki / 'sa.key'}",
-        f"--root-ca-file={pki / 'apiserver.crt'}",
-        "--kube-api-qps=500", "--kube-api-burst=1000",
-        "--concurrent-job-syncs=20", "--concurrent-gc-syncs=40", "--v=1"], state)
-    start("kube-scheduler", [
-        str(bins["kube-scheduler"]), f"--config={sd / 'scheduler-config.yaml'}",
-        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1", f"--secure-port={p['kube-scheduler']}", "--v=1"], state)
-    start("sched-plugins-controller", [
-        str(bins["sched-plugins-controller"]), f"--kubeconfig={kubeconfig}",
-        f"--metricsAddr=127.0.0.1:{p['sched-plugins-metrics']}",
-        f"--probeAddr=127.0.0.1:{p['sched-plugins-probe']}", "--qps=200", "--burst=400",
-        "--workers=4"], state)
-    start("kwok", [
-        str(bins["kwok"]), f"--kubeconfig={kubeconfig}", f"--config={HACK / 'kwok/stages.yaml'}",
-        "--manage-all-nodes=false",
-        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
-        "--cidr=10.240.0.1/16", "--node-ip=10.241.0.1"], state)
+    start(
+        "kube-controller-manager",
+        [
+            str(bins["kube-controller-manager"]),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-controller-manager']}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'apiserver.crt'}",
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--concurrent-job-syncs=20",
+            "--concurrent-gc-syncs=40",
+            "--v=1",
+        ],
+        state,
+    )
+    start(
+        "kube-scheduler",
+        [
+            str(bins["kube-scheduler"]),
+            f"--config={sd / 'scheduler-config.yaml'}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-scheduler']}",
+            "--v=1",
+        ],
+        state,
+    )
+    start(
+        "sched-plugins-controller",
+        [
+            str(bins["sched-plugins-controller"]),
+            f"--kubeconfig={kubeconfig}",
+            f"--metricsAddr=127.0.0.1:{p['sched-plugins-metrics']}",
+            f"--probeAddr=127.0.0.1:{p['sched-plugins-probe']}",
+            "--qps=200",
+            "--burst=400",
+            "--workers=4",
+        ],
+        state,
+    )
+    start(
+        "kwok",
+        [
+            str(bins["kwok"]),
+            f"--kubeconfig={kubeconfig}",
+            f"--config={HACK / 'kwok/stages.yaml'}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{p['kwok']}",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.240.0.1/16",
+            "--node-ip=10.241.0.1",
+        ],
+        state,
+    )
 
     ensure_nodes(state, nodes, topology, gpus)
     for comp in COMPONENTS:
@@ -402,8 +548,9 @@ def down(quiet: bool = False) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
     sd = state_dir()
-    subprocess.run(["rm", "-rf", str(sd / "etcd"), str(sd / "pki"), str(sd / "state.json")],
-                   check=False)
+    subprocess.run(
+        ["rm", "-rf", str(sd / "etcd"), str(sd / "pki"), str(sd / "state.json")], check=False
+    )
     if not quiet:
         say("cluster stopped")
 
@@ -433,14 +580,22 @@ def status() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="start the cluster (or ensure the running one has the nodes)")
-    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("NODES", "4")),
-                      help="number of simulated GPU nodes (default 4, env NODES)")
-    p_up.add_argument("--topology", default=os.environ.get("TOPOLOGY", DEFAULT_TOPOLOGY),
-                      help=f"GPU topology fixture of every node (default {DEFAULT_TOPOLOGY})")
+    p_up.add_argument(
+        "--nodes",
+        type=int,
+        default=int(os.environ.get("NODES", "4")),
+        help="number of simulated GPU nodes (default 4, env NODES)",
+    )
+    p_up.add_argument(
+        "--topology",
+        default=os.environ.get("TOPOLOGY", DEFAULT_TOPOLOGY),
+        help=f"GPU topology fixture of every node (default {DEFAULT_TOPOLOGY})",
+    )
     p_up.add_argument("--gpus", type=int, default=8, help="allocatable nvidia.com/gpu per node")
     sub.add_parser("down", help="stop every process and delete the cluster's data")
     sub.add_parser("status", help="show each component's pid, state and memory")

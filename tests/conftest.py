@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
-from support.kube import Cluster, start_cluster
+
+from support.kube import ROOT, Cluster, start_cluster
+from support.mpijobs import MPIJobs
+from support.operator import OperatorProcess
 
 TESTS = Path(__file__).resolve().parent
 
@@ -43,3 +46,42 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: Cluster) -> Cluster:
+    """The MPIJob CRD from crds/, installed (server-side apply) and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/mpijobs.kubeflow.org"
+    )
+    return cluster
+
+
+@pytest.fixture
+def start_operator(
+    crds: Cluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start our operator (a subprocess) watching the test's namespace; stopped afterwards."""
+    started: list[OperatorProcess] = []
+    log_dir = tmp_path_factory.mktemp("operator-logs")
+
+    def start(*args: str, wait: bool = True) -> OperatorProcess:
+        op = OperatorProcess(crds.kubeconfig, namespace, log_dir, *args)
+        started.append(op.start(wait=wait))
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+
+
+@pytest.fixture
+def operator(start_operator: Callable[..., OperatorProcess]) -> OperatorProcess:
+    """Our operator with default flags, watching the test's namespace."""
+    return start_operator()
+
+
+@pytest.fixture
+def mpijobs(crds: Cluster, namespace: str) -> MPIJobs:
+    return MPIJobs(crds, namespace)

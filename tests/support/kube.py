@@ -46,7 +46,10 @@ class Cluster:
         """Run kubectl (the cluster's own build when local, else the one on PATH)."""
         out = subprocess.run(
             [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), *args],
-            capture_output=True, text=True, input=input, check=False,
+            capture_output=True,
+            text=True,
+            input=input,
+            check=False,
         )
         if check and out.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr}")

@@ -1,0 +1,5 @@
+"""``python -m mpijob``: the operator's command line."""
+
+from mpijob.cli import main
+
+main()

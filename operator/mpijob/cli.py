@@ -1,0 +1,154 @@
+"""The ``mpijob-operator`` command (also ``python -m mpijob``): flags in, operator running.
+
+A thin shell over :class:`mpijob.settings.OperatorSettings` and :func:`mpijob.handlers.startup.run`.
+Flag names follow upstream mpi-operator's where they mean the same thing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+import click
+import kopf
+
+from mpijob import keys
+from mpijob.settings import OperatorSettings
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """mpijob-operator: runs kubeflow.org/v2beta1 MPIJobs, drop-in for Kubeflow's mpi-operator.
+
+    Run `mpijob-operator run --help` for the operator's flags.
+    """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@main.command()
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=None,
+    metavar="PATH",
+    help="Kubeconfig to use. Default: $KUBECONFIG, ~/.kube/config, then the in-cluster "
+    "service account.",
+)
+@click.option(
+    "--namespace",
+    "-n",
+    "namespaces",
+    multiple=True,
+    envvar="KUBEFLOW_NAMESPACE",
+    metavar="NS",
+    help="Only watch this namespace (repeatable; globs like 'team-*' work). "
+    "Default: all namespaces. Env: KUBEFLOW_NAMESPACE.",
+)
+@click.option(
+    "--cluster-domain",
+    default="",
+    metavar="DOMAIN",
+    help="Cluster DNS domain appended to hostfile names: "
+    "<pod>.<job>.<ns>.svc.<DOMAIN>. Default: none (<pod>.<job>.<ns>.svc).",
+)
+@click.option(
+    "--gang-scheduling",
+    default="",
+    metavar="SCHEDULER",
+    help="Create PodGroups and hand pods to a gang scheduler: 'volcano' for Volcano "
+    "(scheduling.volcano.sh), or the schedulerName of a scheduler-plugins "
+    "Coscheduling scheduler (scheduling.x-k8s.io), e.g. 'default-scheduler'. "
+    "Default: off.",
+)
+@click.option(
+    "--monitoring-port",
+    default=8080,
+    show_default=True,
+    type=int,
+    help="Port serving /metrics (Prometheus) and /healthz. 0 turns it off.",
+)
+@click.option(
+    "--lock-namespace",
+    default="mpi-operator",
+    show_default=True,
+    help="Namespace of the leader-election Lease (it must exist).",
+)
+@click.option(
+    "--lock-name",
+    default="mpijob-operator",
+    show_default=True,
+    help="Name of the leader-election Lease.",
+)
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="Elect one active replica through a Lease. Turn off only when exactly one process runs.",
+)
+@click.option(
+    "--controller-name",
+    "controller_names",
+    multiple=True,
+    default=(keys.MANAGED_BY_UPSTREAM,),
+    show_default=True,
+    help="spec.runPolicy.managedBy values this operator reconciles (repeatable). "
+    "Jobs without managedBy are always reconciled; others are left alone.",
+)
+@click.option(
+    "--kube-api-qps",
+    default=50.0,
+    show_default=True,
+    type=float,
+    help="Client-side limit of API requests per second (0: unlimited).",
+)
+@click.option(
+    "--kube-api-burst",
+    default=100,
+    show_default=True,
+    type=int,
+    help="Requests allowed in a burst above --kube-api-qps.",
+)
+@click.option(
+    "--threadiness",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="How many MPIJobs are reconciled concurrently.",
+)
+@click.option(
+    "--gpu-topology-default/--no-gpu-topology-default",
+    default=False,
+    show_default=True,
+    help=f'Place every GPU job topology-aware, as if annotated {keys.GPU_TOPOLOGY}: "true".',
+)
+@click.option(
+    "--inter-node-bandwidth",
+    "inter_node_gbps",
+    default=12.5,
+    show_default=True,
+    type=float,
+    metavar="GBPS",
+    help="Bandwidth between two nodes in GB/s per direction (12.5 = 100 Gb/s); "
+    "bounds the ring of a job spread over nodes.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log line format.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Log debug messages too.")
+def run(**opts: object) -> None:
+    """Run the operator in the foreground until interrupted."""
+    from mpijob.handlers import startup
+
+    log_format = kopf.LogFormat.JSON if opts.pop("log_format") == "json" else kopf.LogFormat.PLAIN
+    verbose = bool(opts.pop("verbose"))
+    kopf.configure(verbose=verbose, log_format=log_format)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    for many in ("namespaces", "controller_names"):
+        opts[many] = tuple(cast("tuple[str, ...]", opts[many]) or ())
+    startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]

@@ -1,0 +1,142 @@
+"""Operator lifecycle: configure Kopf once, build the runtime, start and stop the workers.
+
+``run`` is the programmatic entry (the CLI calls it). Kopf is configured here and nowhere else:
+its peering is off (a Lease elects the leader instead), Event posting is off (we post our own,
+with upstream's source component), its finalizer and storage keys use our prefix so that if
+anything is ever stored it is ours, and pod watches are filtered server-side to our pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from mpijob import keys, metrics
+from mpijob.gang.mode import GangKind, GangMode
+from mpijob.handlers import reconcile, watches
+from mpijob.handlers.kube import Kube
+from mpijob.handlers.leader import LeaderElector
+from mpijob.handlers.recorder import Recorder
+from mpijob.handlers.runtime import Runtime
+from mpijob.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.persistence.finalizer = keys.PREFIX + "finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpijob.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="mpijob.io", key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.watching.chunk_size = 500
+    settings.watching.label_selectors["v1", "pods"] = (
+        f"{keys.LABEL_OPERATOR_NAME}={keys.OPERATOR_NAME}"
+    )
+    settings.execution.max_workers = max(4, ours.threadiness)
+
+
+async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
+    ours: OperatorSettings = memo["settings"]
+    configure(settings, ours)
+    kube = Kube.from_kubeconfig(
+        ours.kubeconfig,
+        qps=ours.kube_api_qps,
+        burst=ours.kube_api_burst,
+        concurrency=max(4, ours.threadiness * 2),
+    )
+    leader = None
+    if ours.leader_elect:
+        leader = LeaderElector(
+            namespace=ours.lock_namespace, name=ours.lock_name, kubeconfig=ours.kubeconfig
+        )
+        leader.start()
+    else:
+        metrics.IS_LEADER.set(1)
+    instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
+    rt = Runtime(
+        settings=ours, kube=kube, recorder=Recorder(kube, instance=instance), leader=leader
+    )
+    # Indices are live mappings: empty now, complete before any resource handler runs.
+    rt.indices = {
+        name: kwargs[name]
+        for name in ("mpijobs_by_key", "pods_by_job", "launchers_by_job", "podgroups_by_job")
+        if name in kwargs
+    }
+    memo["runtime"] = rt
+    rt.start_workers(reconcile.reconcile)
+    rt.workers.append(asyncio.create_task(_heartbeat(rt), name="heartbeat"))
+    if ours.monitoring_port:
+        metrics.serve(ours.monitoring_port, healthy=lambda: rt.alive(HEALTHY_WITHIN_SECONDS))
+    log.info(
+        "Started mpijob-operator",
+        extra={
+            "namespaces": list(ours.namespaces) or "all",
+            "gang": ours.gang_scheduling or "off",
+            "threadiness": ours.threadiness,
+            "leader_election": ours.leader_elect,
+        },
+    )
+
+
+HEALTHY_WITHIN_SECONDS = 30.0
+
+
+async def _heartbeat(rt: Runtime) -> None:
+    """Proves to /healthz (served from another thread) that the event loop is not stuck."""
+    while True:
+        rt.beat()
+        await asyncio.sleep(5)
+
+
+async def cleanup(memo: Any, **_: Any) -> None:
+    rt: Runtime | None = memo.get("runtime")
+    if rt is not None:
+        await rt.stop()
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)
+
+
+def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.on.login(registry=registry)(login)
+    gang = GangMode.from_flag(ours.gang_scheduling)
+    gang_api = None
+    if gang.kind is GangKind.VOLCANO:
+        gang_api = keys.VOLCANO_POD_GROUP_API_VERSION
+    elif gang.kind is GangKind.SCHEDULER_PLUGINS:
+        gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
+    watches.register(registry, gang_api_version=gang_api)
+    return registry
+
+
+def run(ours: OperatorSettings) -> None:
+    """Run the operator until SIGINT/SIGTERM."""
+    if ours.kubeconfig:
+        os.environ["KUBECONFIG"] = ours.kubeconfig
+    memo = kopf.Memo(settings=ours)
+    asyncio.run(
+        kopf.operator(
+            registry=registry_for(ours),
+            memo=memo,
+            standalone=True,
+            clusterwide=ours.cluster_wide,
+            namespaces=list(ours.namespaces),
+        )
+    )

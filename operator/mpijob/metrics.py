@@ -1,0 +1,112 @@
+"""Every Prometheus metric the operator exports, in one place.
+
+Upstream mpi-operator's names are kept unchanged (``mpi_operator_jobs_created_total`` and the
+rest), so existing dashboards and alerts keep working; our additions share the prefix. No metric
+carries a per-job label except upstream's ``mpi_operator_job_info``: jobs come and go, series
+would not. Metrics live in the default registry next to the process collector (memory, CPU), and
+``serve`` exposes them with ``/healthz`` on one port.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+# --- upstream -----------------------------------------------------------------------------------
+JOBS_CREATED: Final = Counter("mpi_operator_jobs_created", "Counts number of MPI jobs created")
+JOBS_SUCCESSFUL: Final = Counter(
+    "mpi_operator_jobs_successful", "Counts number of MPI jobs successful"
+)
+JOBS_FAILED: Final = Counter("mpi_operator_jobs_failed", "Counts number of MPI jobs failed")
+JOB_INFO: Final = Gauge(
+    "mpi_operator_job_info",
+    "Information about MPIJob",
+    ["launcher", "namespace"],
+)
+IS_LEADER: Final = Gauge(
+    "mpi_operator_is_leader", "Is this client the leader of this mpi-operator client set?"
+)
+
+# --- reconcile ----------------------------------------------------------------------------------
+RECONCILE_SECONDS: Final = Histogram(
+    "mpi_operator_reconcile_duration_seconds",
+    "Time one reconcile of one MPIJob took, from dequeue to status written",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RECONCILE_ERRORS: Final = Counter(
+    "mpi_operator_reconcile_errors", "Reconciles that failed and were re-queued with backoff"
+)
+QUEUE_DEPTH: Final = Gauge("mpi_operator_workqueue_depth", "MPIJob keys waiting to be reconciled")
+API_REQUESTS: Final = Counter(
+    "mpi_operator_api_requests", "Requests sent to the Kubernetes API server", ["verb"]
+)
+JOBS_RUNNING: Final = Gauge("mpi_operator_jobs_running", "MPIJobs whose Running condition is True")
+TIME_TO_RUNNING: Final = Histogram(
+    "mpi_operator_job_time_to_running_seconds",
+    "Time from an MPIJob's creation to its Running condition",
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+JOB_DURATION: Final = Histogram(
+    "mpi_operator_job_duration_seconds",
+    "Time from an MPIJob's start to its completion (succeeded or failed)",
+    buckets=(10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 12 * 3600, 24 * 3600),
+)
+
+# --- placement ----------------------------------------------------------------------------------
+PLACEMENT_SECONDS: Final = Histogram(
+    "mpi_operator_placement_decision_seconds",
+    "Time to decide the node and GPU set of every worker of one job",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+PLACEMENT_RING_GBPS: Final = Histogram(
+    "mpi_operator_placement_ring_bandwidth_gbps",
+    "Ring bottleneck bandwidth (GB/s per direction) of each placed job",
+    buckets=(1, 5, 10, 12.5, 20, 25, 40, 50, 75, 100, 150, 200, 300, 450),
+)
+JOBS_WAITING_GPUS: Final = Gauge(
+    "mpi_operator_jobs_waiting_for_gpus", "Topology-placed MPIJobs that do not fit yet"
+)
+
+# --- gang admission -----------------------------------------------------------------------------
+GANG_WAITING: Final = Gauge(
+    "mpi_operator_gang_waiting_jobs", "MPIJobs whose gang is not admitted or not fully bound"
+)
+GANG_BIND_SECONDS: Final = Histogram(
+    "mpi_operator_gang_bind_seconds",
+    "Time from an MPIJob's creation to all of its pods bound to nodes",
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+GANG_TIMEOUTS: Final = Counter(
+    "mpi_operator_gang_timeouts", "MPIJobs failed because their gang was not admitted in time"
+)
+
+
+def serve(port: int, healthy: Callable[[], bool], registry: CollectorRegistry = REGISTRY) -> None:
+    """Serve ``/metrics`` and ``/healthz`` on 0.0.0.0:``port`` from a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
+            elif self.path.startswith(("/healthz", "/readyz", "/livez")):
+                ok = healthy()
+                body, ctype = (b"ok" if ok else b"unhealthy"), "text/plain"
+                code = 200 if ok else 500
+            else:
+                body, ctype, code = b"not found", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # scrapes every 15 s would drown the operator's own log
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -1,0 +1,65 @@
+"""The operator's configuration, as the command line sets it. Pure data; no I/O.
+
+Flags mirror upstream mpi-operator's where they mean something here (``--namespace``,
+``--cluster-domain``, ``--gang-scheduling``, ``--monitoring-port``, ``--lock-namespace``,
+``--kube-api-qps``/``--kube-api-burst``, ``--threadiness``). Built by :mod:`mpijob.cli`, read by
+the handlers through Kopf's ``memo``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mpijob import keys
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces (or globs) to watch; empty means the whole cluster."""
+
+    cluster_domain: str = ""
+    """Suffix of hostfile and discover_hosts.sh FQDNs: ``<pod>.<job>.<ns>.svc.<domain>``."""
+
+    gang_scheduling: str = ""
+    """``""`` off, ``volcano``, or the schedulerName of a Coscheduling scheduler."""
+
+    monitoring_port: int = 8080
+    """Port of ``/metrics`` and ``/healthz``; 0 turns the server off."""
+
+    lock_namespace: str = "mpi-operator"
+    """Namespace of the leader-election Lease."""
+
+    lock_name: str = "mpijob-operator"
+    """Name of the leader-election Lease. Differs from upstream's ``mpi-operator`` on purpose:
+    the two operators must never share a lock, and must never both manage the same jobs."""
+
+    leader_elect: bool = True
+    """Elect one active replica through a Lease; off only for a single process (tests, dev)."""
+
+    controller_names: tuple[str, ...] = (keys.MANAGED_BY_UPSTREAM,)
+    """``spec.runPolicy.managedBy`` values this operator reconciles (absent always counts)."""
+
+    kube_api_qps: float = 50.0
+    """Client-side request rate limit (requests/s); 0 disables it."""
+
+    kube_api_burst: int = 100
+    """Client-side burst above the rate limit."""
+
+    threadiness: int = 8
+    """Jobs reconciled concurrently."""
+
+    gpu_topology_default: bool = False
+    """Place every GPU job topology-aware, as if it had ``mpijob.io/gpu-topology: "true"``."""
+
+    inter_node_gbps: float = 12.5
+    """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
+
+    kubeconfig: str | None = None
+    """Path of a kubeconfig; unset means $KUBECONFIG, ~/.kube/config, then in-cluster."""
+
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cluster_wide(self) -> bool:
+        return not self.namespaces

@@ -1,0 +1,99 @@
+"""Our operator as a real process against the test cluster (so SIGKILL means SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from support.wait import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    """``python -m mpijob run`` scoped to one namespace, with its own metrics port and log."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *args: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.args = list(args)
+        self.port = free_port()
+        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> OperatorProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "mpijob",
+            "run",
+            "--namespace",
+            self.namespace,
+            "--monitoring-port",
+            str(self.port),
+            "--kube-api-qps",
+            "0",
+            *self.args,
+        ]
+        if not any(a.startswith("--leader-elect") or a == "--no-leader-elect" for a in argv):
+            argv.append("--no-leader-elect")
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        def up() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.logs()}")
+            return self.healthy()
+
+        wait_until(up, timeout=timeout, what="the operator's /healthz")
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples (all label sets) from /metrics."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                if head == name or head.startswith(name + "{"):
+                    total += float(value)
+        return total
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
