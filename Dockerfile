@@ -1,0 +1,24 @@
+# The operator image: mpijob-operator (the operator) and mpijob-agent (the node agent, which the
+# DaemonSet runs with `command: [mpijob-agent]`). Build from the repository root:
+#   docker build -t mpijob-operator:0.1.0 .
+# Two stages: the project is installed into a virtualenv in the first, and only that virtualenv
+# is copied onto a fresh slim base, so no pip cache, build tree or source checkout ships.
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/mpijob
+COPY pyproject.toml README.md /src/
+COPY operator /src/operator
+# A regular (not editable) install of the project and its runtime dependencies only: the test
+# extra stays out of the image.
+RUN /opt/mpijob/bin/pip install /src
+
+FROM python:3.11-slim-bookworm
+ENV PATH=/opt/mpijob/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+COPY --from=build /opt/mpijob /opt/mpijob
+# The distroless "nonroot" uid: no home, no shell login, no write access to the image.
+USER 65532:65532
+ENTRYPOINT ["mpijob-operator"]
+CMD ["--help"]
