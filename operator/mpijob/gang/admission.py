@@ -23,10 +23,11 @@ deadline times out and leaves the line. We chose this over backfilling small job
 head, because backfilling without knowing when running jobs end cannot promise the head a start.
 
 **Placement stays outside.** The caller passes ``try_place(job, granted)``, which returns a
-placement or a no-fit with a ``reason`` message (``mpijob.placement``'s result types).
-``granted`` lists the placements already admitted earlier in the same pass, which the callback
-must count as taken. ``try_place`` is called only for a job that is admitted if it fits, in
-order, at most once per job.
+placement or a no-fit with a ``reason`` message (``mpijob.placement.job``'s ``Placement`` and
+``NoFit``; any result with a ``reason`` attribute counts as a no-fit). ``granted`` lists the
+placements already admitted earlier in the same pass, which the callback must count as taken
+(``placement.job.claim`` does that). ``try_place`` is called only for a job that is admitted if
+it fits, in order, at most once per job.
 """
 
 from __future__ import annotations

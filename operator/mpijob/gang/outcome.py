@@ -11,8 +11,9 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).
 
-The handler applies each :class:`ConditionChange` with upstream's ``set_condition`` rules and
-posts the Event. Used by the handler after :func:`mpijob.gang.admission.decide`.
+Used by the handler after :func:`mpijob.gang.admission.decide`: it applies each
+:class:`ConditionChange` with :func:`mpijob.build.conditions.set_condition` (upstream's rules)
+and posts the Event.
 """
 
 from __future__ import annotations

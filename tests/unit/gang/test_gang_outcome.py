@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpijob.api import MPIJobStatus
-from mpijob.build import status as job_status
+from mpijob.build import conditions
 from mpijob.build.events import Event
 from mpijob.gang.admission import Admit, TimedOut, Wait, WaitingJob
 from mpijob.gang.outcome import ConditionChange, outcome
@@ -45,7 +45,7 @@ def test_timeout_fails_the_job_with_our_reason_and_a_warning() -> None:
 
 
 def _apply(status: MPIJobStatus, change: ConditionChange) -> bool:
-    return job_status.set_condition(
+    return conditions.set_condition(
         status, change.type, change.status, change.reason, change.message, T0
     )
 
@@ -54,7 +54,7 @@ def test_the_waiting_condition_follows_upstreams_rules_and_leaves_upstreams_type
     """Applied with set_condition: a new message with the same reason is not rewritten, and
     upstream's Created condition is untouched."""
     status = MPIJobStatus()
-    job_status.set_condition(status, "Created", "True", "MPIJobCreated", "created", T0)
+    conditions.set_condition(status, "Created", "True", "MPIJobCreated", "created", T0)
     for change in outcome(Wait(JOB, "needs 4 GPUs"), now=T0).conditions:
         assert _apply(status, change)
     for change in outcome(Wait(JOB, "needs 3 GPUs"), now=T0).conditions:
