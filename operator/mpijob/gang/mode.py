@@ -46,5 +46,16 @@ class GangMode:
         """Whether PodGroups are created and pods decorated."""
         return self.kind is not GangKind.OFF
 
+    @property
+    def pod_group_api_version(self) -> str | None:
+        """The PodGroup API to create and watch, or None when gang scheduling is off."""
+        return _API_VERSIONS.get(self.kind)
+
+
+_API_VERSIONS = {
+    GangKind.VOLCANO: keys.VOLCANO_POD_GROUP_API_VERSION,
+    GangKind.SCHEDULER_PLUGINS: keys.SCHED_PLUGINS_POD_GROUP_API_VERSION,
+}
+
 
 OFF = GangMode(GangKind.OFF)

@@ -224,3 +224,9 @@ def test_gang_flag_values() -> None:
     assert GangMode.from_flag("scheduler-plugins-scheduler") == GangMode(
         GangKind.SCHEDULER_PLUGINS, "scheduler-plugins-scheduler"
     )
+
+
+def test_gang_mode_names_the_pod_group_api() -> None:
+    assert VOLCANO.pod_group_api_version == "scheduling.volcano.sh/v1beta1"
+    assert SCHED.pod_group_api_version == "scheduling.x-k8s.io/v1alpha1"
+    assert OFF.pod_group_api_version is None
