@@ -1,0 +1,177 @@
+"""The console's only door to the API server, through the official ``kubernetes`` client.
+
+Objects come back as plain dicts in the API's own (camelCase) shape, whatever client call
+fetched them, so the pure modules read one shape. API failures become :class:`ConsoleError`
+with a message fit for a terminal. Called by :mod:`mpijob.console.main`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from mpijob import keys
+
+JSON = dict[str, Any]
+
+
+class ConsoleError(Exception):
+    """Something the user should read; the CLI prints it and exits 1."""
+
+
+def explain(exc: ApiException, what: str) -> ConsoleError:
+    if exc.status == 404:
+        return ConsoleError(f"{what} not found")
+    if exc.status == 403:
+        return ConsoleError(f"not allowed to read or change {what} (HTTP 403)")
+    reason = exc.reason or "error"
+    return ConsoleError(f"{what}: {exc.status} {reason}")
+
+
+class Api:
+    """MPIJobs, pods and nodes of the cluster the kubeconfig (or in-cluster account) names."""
+
+    def __init__(self, kubeconfig: str | None = None, namespace: str | None = None) -> None:
+        try:
+            self._client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            context_namespace = _context_namespace(kubeconfig)
+        except config.ConfigException:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except config.ConfigException as exc:
+                raise ConsoleError(f"no cluster configured: {exc}") from None
+            self._client = client.ApiClient()
+            context_namespace = None
+        self.namespace = namespace or context_namespace or "default"
+        # The client's generated methods are typed loosely (``object``); read them as Any here.
+        self._core: Any = client.CoreV1Api(self._client)
+        self._custom: Any = client.CustomObjectsApi(self._client)
+
+    def _plain(self, obj: Any) -> Any:
+        return self._client.sanitize_for_serialization(obj)
+
+    # --- MPIJobs --------------------------------------------------------------------------------
+
+    def create_job(self, body: JSON) -> JSON:
+        namespace = body.get("metadata", {}).get("namespace") or self.namespace
+        try:
+            created: JSON = self._custom.create_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, namespace, keys.PLURAL, body
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                name = body["metadata"]["name"]
+                raise ConsoleError(f"MPIJob {namespace}/{name} already exists") from None
+            raise ConsoleError(f"cannot create the MPIJob: {_message(exc)}") from None
+        return created
+
+    def get_job(self, name: str) -> JSON:
+        try:
+            job: JSON = self._custom.get_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, self.namespace, keys.PLURAL, name
+            )
+        except ApiException as exc:
+            raise explain(exc, f"MPIJob {self.namespace}/{name}") from None
+        return job
+
+    def list_jobs(self) -> list[JSON]:
+        try:
+            result: JSON = self._custom.list_namespaced_custom_object(
+                keys.GROUP, keys.VERSION, self.namespace, keys.PLURAL
+            )
+        except ApiException as exc:
+            raise explain(exc, f"MPIJobs in {self.namespace}") from None
+        return list(result.get("items", []))
+
+    def delete_job(self, name: str) -> None:
+        try:
+            self._custom.delete_namespaced_custom_object(
+                keys.GROUP,
+                keys.VERSION,
+                self.namespace,
+                keys.PLURAL,
+                name,
+                propagation_policy="Background",
+            )
+        except ApiException as exc:
+            raise explain(exc, f"MPIJob {self.namespace}/{name}") from None
+
+    # --- pods -----------------------------------------------------------------------------------
+
+    def job_pods(self, job: str | None = None) -> list[JSON]:
+        """Pods of one job (or of every job) in the namespace, launcher pods included."""
+        selector = f"{keys.LABEL_OPERATOR_NAME}={keys.OPERATOR_NAME}"
+        if job:
+            selector += f",{keys.LABEL_JOB_NAME}={job}"
+        try:
+            pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector)
+        except ApiException as exc:
+            raise explain(exc, f"pods in {self.namespace}") from None
+        return [self._plain(p) for p in pods.items]
+
+    def node_pods(self, node: str) -> tuple[list[JSON], bool]:
+        """Pods bound to a node in every namespace; else (no right to list them all) in ours.
+
+        The flag says whether the list covers the whole cluster.
+        """
+        selector = f"spec.nodeName={node}"
+        try:
+            pods = self._core.list_pod_for_all_namespaces(field_selector=selector)
+            cluster_wide = True
+        except ApiException as exc:
+            if exc.status != 403:
+                raise explain(exc, f"pods on node {node}") from None
+            try:
+                pods = self._core.list_namespaced_pod(self.namespace, field_selector=selector)
+            except ApiException as inner:
+                raise explain(inner, f"pods on node {node}") from None
+            cluster_wide = False
+        return [self._plain(p) for p in pods.items], cluster_wide
+
+    def logs(self, pod: str, *, follow: bool) -> Iterator[str]:
+        """The pod's log, chunk by chunk (until the container ends, with ``follow``)."""
+        try:
+            response: Any = self._core.read_namespaced_pod_log(
+                pod, self.namespace, follow=follow, _preload_content=False
+            )
+        except ApiException as exc:
+            raise ConsoleError(
+                f"cannot read the logs of pod {self.namespace}/{pod}: {_message(exc)}"
+            ) from None
+        try:
+            for chunk in response.stream(4096):
+                yield chunk.decode(errors="replace")
+        finally:
+            response.release_conn()
+
+    # --- nodes ----------------------------------------------------------------------------------
+
+    def node(self, name: str) -> JSON:
+        try:
+            return dict(self._plain(self._core.read_node(name)))
+        except ApiException as exc:
+            raise explain(exc, f"node {name}") from None
+
+
+def _message(exc: ApiException) -> str:
+    """The API's own message from an error body, else the HTTP status line."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}"
+
+
+def _context_namespace(kubeconfig: str | None) -> str | None:
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError):
+        return None
+    namespace = (active or {}).get("context", {}).get("namespace")
+    return str(namespace) if namespace else None

@@ -1,0 +1,296 @@
+"""``mpijob`` and ``kubectl mpijob``: submit MPIJobs and inspect them, arena style.
+
+A thin click shell: each command reads through :mod:`mpijob.console.kube`, computes with the
+pure modules and prints with rich (colour and tables on a terminal, plain text when piped).
+Errors print one line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from mpijob import keys
+from mpijob.console import jobs, render, submit
+from mpijob.console.kube import Api, ConsoleError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Piped output is never cut to a terminal's width: it is read by programs, not people.
+PIPED_WIDTH = 500
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=PIPED_WIDTH)
+    return console
+
+
+def cluster_options(command: F) -> F:
+    """``--namespace`` and ``--kubeconfig``, as kubectl spells them."""
+    command = click.option(
+        "--kubeconfig",
+        envvar="KUBECONFIG",
+        metavar="PATH",
+        help="Kubeconfig to use. Default: $KUBECONFIG, ~/.kube/config, then in-cluster.",
+    )(command)
+    return click.option(
+        "--namespace",
+        "-n",
+        metavar="NS",
+        help="Namespace of the job. Default: the kubeconfig context's, else 'default'.",
+    )(command)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Submit and inspect MPIJobs (kubeflow.org/v2beta1).
+
+    Also installed as the kubectl plugin `kubectl mpijob`.
+    """
+
+
+def _run(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except ConsoleError as exc:
+        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
+
+
+@main.command(name="submit", context_settings={"ignore_unknown_options": True})
+@click.option("--name", required=True, help="Name of the MPIJob.")
+@click.option("--image", required=True, help="Image of the launcher and the workers.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Workers.")
+@click.option(
+    "--gpus", default=0, show_default=True, type=click.IntRange(0), help="GPUs per worker."
+)
+@click.option(
+    "--gang",
+    type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
+    default=False,
+    help="Schedule launcher and workers all at once (schedulingPolicy.minAvailable).",
+)
+@click.option(
+    "--gputopology",
+    type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
+    default=False,
+    help=f'Place the GPUs of the workers topology-aware ({keys.GPU_TOPOLOGY}: "true").',
+)
+@click.option(
+    "--implementation",
+    type=click.Choice([keys.IMPL_OPENMPI, keys.IMPL_INTEL, keys.IMPL_MPICH]),
+    default=keys.IMPL_OPENMPI,
+    show_default=True,
+    help="MPI implementation of the image.",
+)
+@click.option("--cpu", metavar="QUANTITY", help="CPU limit of each worker, e.g. 4.")
+@click.option("--memory", metavar="QUANTITY", help="Memory limit of each worker, e.g. 16Gi.")
+@click.option(
+    "--annotation",
+    "annotations",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Annotation of the launcher and worker pods (repeatable).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the MPIJob's YAML; create nothing.")
+@click.option("--wait", is_flag=True, help="Wait until the job is Running or has finished.")
+@click.option(
+    "--timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds --wait waits at most.",
+)
+@cluster_options
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def submit_command(
+    command: tuple[str, ...],
+    namespace: str | None,
+    kubeconfig: str | None,
+    annotations: tuple[str, ...],
+    dry_run: bool,
+    wait: bool,
+    timeout: float,
+    **flags: Any,
+) -> None:
+    """Create an MPIJob running COMMAND under mpirun, one rank per GPU (or per worker).
+
+    \b
+    mpijob submit --name vgg16 --workers 4 --gpus 1 --gang --gputopology \\
+        --image horovod/horovod -- python pytorch_synthetic_benchmark.py --model vgg16
+    """
+
+    def action() -> None:
+        try:
+            pairs = submit.parse_pairs(annotations)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--annotation") from None
+        options = submit.SubmitOptions(
+            command=command, namespace=namespace, annotations=pairs, **flags
+        )
+        manifest = submit.build_mpijob(options)
+        out = make_console()
+        if dry_run:
+            out.out(submit.to_yaml(manifest), end="", highlight=False)
+            return
+        api = Api(kubeconfig, namespace)
+        created = api.create_job(manifest)
+        out.print(f"mpijob.kubeflow.org/{created['metadata']['name']} created", highlight=False)
+        if wait:
+            wait_for_job(api, options.name, timeout, out)
+
+    _run(action)
+
+
+def wait_for_job(api: Api, name: str, timeout: float, out: Console) -> None:
+    """Show the job's status until it is Running or finished; ConsoleError on timeout."""
+    start = time.monotonic()
+    last = None
+    with out.status(f"Waiting for MPIJob {name}") as spinner:
+        while True:
+            status = jobs.job_status(api.get_job(name))
+            elapsed = jobs.human_duration(time.monotonic() - start)
+            if status != last:
+                out.print(f"{elapsed:>6}  ", render.status_text(status), sep="")
+                last = status
+            if status == "RUNNING" or status in jobs.FINAL_STATUSES:
+                return
+            if time.monotonic() - start >= timeout:
+                raise ConsoleError(f"MPIJob {name} is still {status} after {timeout:.0f}s")
+            spinner.update(f"Waiting for MPIJob {name}: {status} for {elapsed}")
+            time.sleep(1.0)
+
+
+@main.command()
+@click.argument("name")
+@cluster_options
+def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
+    """Show one MPIJob and its instances (pods, GPUs, nodes)."""
+
+    def action() -> None:
+        api = Api(kubeconfig, namespace)
+        job = api.get_job(name)
+        view = jobs.job_view(job, api.job_pods(name), datetime.now(UTC))
+        make_console().print(render.job_details(view), highlight=False)
+
+    _run(action)
+
+
+@main.command(name="list")
+@cluster_options
+def list_(namespace: str | None, kubeconfig: str | None) -> None:
+    """List the MPIJobs of a namespace."""
+
+    def action() -> None:
+        api = Api(kubeconfig, namespace)
+        views = jobs.job_views(api.list_jobs(), api.job_pods(), datetime.now(UTC))
+        out = make_console()
+        if not views:
+            out.print(f"No MPIJobs in namespace {api.namespace}.", highlight=False)
+            return
+        out.print(render.jobs_table(views), highlight=False)
+
+    _run(action)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the launcher ends.")
+@cluster_options
+def logs(name: str, follow: bool, namespace: str | None, kubeconfig: str | None) -> None:
+    """Print the launcher's log (where mpirun's output goes)."""
+
+    def action() -> None:
+        api = Api(kubeconfig, namespace)
+        job = api.get_job(name)
+        launchers = [
+            p
+            for p in api.job_pods(name)
+            if p["metadata"].get("labels", {}).get(keys.LABEL_JOB_ROLE) == keys.ROLE_LAUNCHER
+        ]
+        if not launchers:
+            raise ConsoleError(
+                f"MPIJob {api.namespace}/{name} has no launcher pod yet "
+                f"(status {jobs.job_status(job)})"
+            )
+        newest = max(launchers, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        for chunk in api.logs(newest["metadata"]["name"], follow=follow):
+            click.echo(chunk, nl=False)
+
+    _run(action)
+
+
+@main.command()
+@click.argument("name")
+@cluster_options
+def delete(name: str, namespace: str | None, kubeconfig: str | None) -> None:
+    """Delete an MPIJob (its pods, launcher and other children go with it)."""
+
+    def action() -> None:
+        api = Api(kubeconfig, namespace)
+        api.delete_job(name)
+        make_console().print(f"mpijob.kubeflow.org/{name} deleted", highlight=False)
+
+    _run(action)
+
+
+@main.command()
+@click.argument("node")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Also draw the NVLink graph, with each job's GPUs coloured, into this PNG file.",
+)
+@cluster_options
+def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str | None) -> None:
+    """Show a node's GPU links and which job holds which GPU."""
+    from mpijob.console import topology as view
+    from mpijob.placement import codec
+
+    def action() -> None:
+        api = Api(kubeconfig, namespace)
+        annotations = api.node(node).get("metadata", {}).get("annotations") or {}
+        text = annotations.get(keys.GPU_TOPOLOGY)
+        if not text:
+            raise ConsoleError(
+                f"node {node} has no {keys.GPU_TOPOLOGY} annotation: its GPU topology is not "
+                "published (is mpijob-agent running on it?)"
+            )
+        try:
+            topo = codec.loads(text)
+        except ValueError as exc:
+            raise ConsoleError(f"node {node}: unreadable {keys.GPU_TOPOLOGY}: {exc}") from None
+        pods, cluster_wide = api.node_pods(node)
+        usage = view.gpu_usage(pods)
+        out = make_console()
+        out.print(view.summary(node, topo, usage), highlight=False)
+        out.print()
+        out.print(view.matrix_table(topo, usage), highlight=False)
+        out.print()
+        out.print(view.LEGEND, style="dim", highlight=False)
+        if not cluster_wide:
+            out.print(
+                f"Only namespace {api.namespace} was searched for pods (no right to list all).",
+                style="yellow",
+                highlight=False,
+            )
+        if png is not None:
+            from mpijob.console import plot
+
+            plot.write_png(png, topo, usage, node=node)
+            out.print(f"Wrote {png}", highlight=False)
+
+    _run(action)

@@ -1,0 +1,108 @@
+"""Tables and text for the console: pure functions from views to rich renderables.
+
+Rich prints colour and styles on a terminal and plain text when the output is piped, so the
+same renderables serve both; the tables have no borders, so piped output reads like kubectl's
+and splits on whitespace. Called by :mod:`mpijob.console.main`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from mpijob.console.jobs import NONE, JobView
+
+STATUS_STYLES: Final = {
+    "SUCCEEDED": "green",
+    "RUNNING": "cyan",
+    "PENDING": "yellow",
+    "SUSPENDED": "magenta",
+    "RESTARTING": "yellow",
+    "FAILED": "bold red",
+    "Running": "cyan",
+    "Completed": "green",
+    "Pending": "yellow",
+    "Failed": "red",
+}
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def plain_table(*headers: str) -> Table:
+    """A borderless table with bold headers, columns never wrapped."""
+    table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    return table
+
+
+INSTANCE_HEADERS: Final = (
+    "NAME",
+    "STATUS",
+    "AGE",
+    "IS_CHIEF",
+    "GPU(Requested)",
+    "GPU(IDs)",
+    "NODE",
+)
+
+
+def instance_table(view: JobView) -> Table:
+    table = plain_table(*INSTANCE_HEADERS)
+    for row in view.instances:
+        table.add_row(
+            row.name,
+            status_text(row.status),
+            row.age,
+            "true" if row.is_chief else "false",
+            str(row.gpus),
+            row.gpu_ids,
+            row.node,
+        )
+    return table
+
+
+def job_details(view: JobView) -> RenderableType:
+    """``mpijob get``: the job's fields, then its instances (arena get's layout)."""
+    fields = Table.grid(padding=(0, 1))
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column(no_wrap=True)
+    fields.add_row("Name:", view.name)
+    fields.add_row("Status:", status_text(view.status))
+    fields.add_row("Namespace:", view.namespace)
+    fields.add_row("Priority:", view.priority)
+    fields.add_row("Trainer:", view.trainer)
+    fields.add_row("Duration:", view.duration)
+    fields.add_row("GPUs:", str(view.gpus))
+    if view.placement:
+        fields.add_row("Placement:", view.placement)
+    parts: list[RenderableType] = [fields, Text("")]
+    if view.instances:
+        parts += [Text("Instances:", style="bold"), instance_table(view)]
+    else:
+        parts.append(Text("Instances: none yet", style="bold"))
+    return Group(*parts)
+
+
+LIST_HEADERS: Final = ("NAME", "STATUS", "TRAINER", "DURATION", "GPU(Requested)", "NODE")
+
+
+def jobs_table(views: Sequence[JobView]) -> Table:
+    """``mpijob list``: one row per job; NODE is the launcher's."""
+    table = plain_table(*LIST_HEADERS)
+    for view in views:
+        table.add_row(
+            view.name,
+            status_text(view.status),
+            view.trainer,
+            view.duration,
+            str(view.gpus),
+            view.launcher_node if view.instances else NONE,
+        )
+    return table

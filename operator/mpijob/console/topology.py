@@ -1,0 +1,126 @@
+"""``mpijob topology NODE``: a node's GPU links as a matrix and which job holds which GPU.
+
+Pure: a :class:`~mpijob.placement.model.Topology` (decoded from the node's
+``mpijob.io/gpu-topology`` annotation) and the node's pods in, data and rich tables out. A GPU is
+in use when a pod on the node that has not finished carries it in ``mpijob.io/gpu-ids``. Called
+by :mod:`mpijob.console.main` and :mod:`mpijob.console.plot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rich.table import Table
+from rich.text import Text
+
+from mpijob import keys
+from mpijob.placement.model import PcieLevel, Topology
+
+JSON = Mapping[str, Any]
+
+FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """One GPU held by one pod of one job."""
+
+    job: str
+    """``namespace/name`` of the MPIJob (the pod's name when it belongs to no job)."""
+    pod: str
+
+
+def parse_gpu_ids(text: str) -> tuple[int, ...]:
+    """``"0,1,3"`` as indices; malformed parts are skipped (the annotation is advisory)."""
+    return tuple(int(part) for part in text.split(",") if part.strip().isdigit())
+
+
+def gpu_usage(pods: Iterable[JSON]) -> dict[int, GpuUse]:
+    """GPU index -> who holds it, from the node's pods that have not finished."""
+    usage: dict[int, GpuUse] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+            continue
+        ids = (meta.get("annotations") or {}).get(keys.GPU_IDS)
+        if not ids:
+            continue
+        job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME) or meta.get("name")
+        use = GpuUse(job=f"{meta.get('namespace')}/{job}", pod=str(meta.get("name")))
+        for index in parse_gpu_ids(str(ids)):
+            usage[index] = use
+    return usage
+
+
+def jobs_of(usage: Mapping[int, GpuUse]) -> list[str]:
+    """The jobs holding GPUs, sorted, so each gets the same colour in table and picture."""
+    return sorted({use.job for use in usage.values()})
+
+
+def link_code(topology: Topology, a: int, b: int) -> str:
+    """``nvidia-smi topo -m``'s code of a pair: X, NV<k> (direct or switched), or the PCIe path."""
+    if a == b:
+        return "X"
+    link = topology.link(a, b)
+    if link.nvlinks:
+        return f"NV{link.nvlinks}"
+    return link.pcie.code if link.pcie is not None else "SYS"
+
+
+def _link_style(topology: Topology, a: int, b: int) -> str:
+    if a == b:
+        return "dim"
+    link = topology.link(a, b)
+    if link.nvlinks:
+        return "bold green" if link.nvlinks > 1 else "green"
+    if link.pcie is not None and link.pcie <= PcieLevel.PXB:
+        return "yellow"
+    return "red" if link.pcie is PcieLevel.SYS else "dim"
+
+
+#: Rich colour names for jobs, in the order of :func:`jobs_of` (cycled when there are more).
+JOB_STYLES: Final = ("magenta", "cyan", "blue", "bright_red", "bright_green", "yellow")
+
+
+def job_style(job: str, jobs: list[str]) -> str:
+    return JOB_STYLES[jobs.index(job) % len(JOB_STYLES)]
+
+
+def matrix_table(topology: Topology, usage: Mapping[int, GpuUse]) -> Table:
+    """One row per GPU: its link code to every GPU, its NUMA node and the job holding it."""
+    jobs = jobs_of(usage)
+    table = Table(box=None, pad_edge=False, header_style="bold", show_edge=False)
+    table.add_column("", style="bold", no_wrap=True)
+    for gpu in topology.gpus:
+        table.add_column(f"GPU{gpu.index}", justify="center", no_wrap=True)
+    table.add_column("NUMA", justify="center", no_wrap=True)
+    table.add_column("JOB", no_wrap=True)
+    for gpu in topology.gpus:
+        a = gpu.index
+        cells = [
+            Text(link_code(topology, a, b), style=_link_style(topology, a, b))
+            for b in range(topology.size)
+        ]
+        use = usage.get(a)
+        job = Text(use.job, style=job_style(use.job, jobs)) if use else Text("-", style="dim")
+        numa = "N/A" if gpu.numa_node is None else str(gpu.numa_node)
+        table.add_row(f"GPU{a}", *cells, numa, job)
+    return table
+
+
+def summary(node: str, topology: Topology, usage: Mapping[int, GpuUse]) -> str:
+    """One line: what the node is and how many GPUs are free."""
+    free = topology.size - len([i for i in usage if i < topology.size])
+    nvlink = f"NVLink gen {topology.nvlink_gen}" if topology.nvlink_gen else "no NVLink"
+    return (
+        f"Node {node}: {topology.name}, {topology.size} GPUs, {nvlink}, "
+        f"PCIe gen {topology.pcie_gen}; {free} free"
+    )
+
+
+LEGEND: Final = (
+    "NV<k> = k NVLinks (direct or through NVSwitch); PIX, PXB, PHB, NODE, SYS = PCIe path, "
+    "nearest to farthest"
+)
