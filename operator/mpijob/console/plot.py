@@ -44,7 +44,7 @@ def draw(topology: Topology, usage: Mapping[int, GpuUse], title: str) -> Figure:
     graph = topology.graph
     nvlinked = [(link.a, link.b) for link in topology.links if link.nvlinks]
     edges = nvlinked or [(link.a, link.b) for link in topology.links]
-    positions: dict[int, Any] = nx.circular_layout(graph)
+    positions: dict[int, Any] = layout(topology)
     fig = Figure(figsize=(8, 7), dpi=100)
     ax = fig.subplots()
     ax.set_axis_off()
@@ -84,3 +84,15 @@ def write_png(path: Path, topology: Topology, usage: Mapping[int, GpuUse], *, no
     """Draw and save the picture of ``node`` to ``path``."""
     fig = draw(topology, usage, f"{node}: {topology.name} NVLink graph")
     fig.savefig(path, format="png")
+
+
+def layout(topology: Topology) -> dict[int, Any]:
+    """Positions of the GPUs: NVLinked GPUs pulled together (deterministic for a topology)."""
+    graph: nx.Graph[int] = nx.Graph()
+    graph.add_nodes_from(range(topology.size))
+    graph.add_weighted_edges_from(
+        (link.a, link.b, link.nvlinks) for link in topology.links if link.nvlinks
+    )
+    if graph.number_of_edges() == 0:
+        return dict(nx.circular_layout(graph))
+    return dict(nx.spring_layout(graph, seed=7, iterations=200))

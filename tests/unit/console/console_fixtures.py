@@ -1,0 +1,94 @@
+"""MPIJob and Pod bodies as the API returns them, for the console's pure tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob import keys
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def condition(type_: str, status: str = "True") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": f"MPIJob{type_}"}
+
+
+def job_body(
+    name: str = "vgg16",
+    *,
+    conditions: list[dict[str, Any]] | None = None,
+    start: str | None = "2026-03-01T11:58:30Z",
+    completion: str | None = None,
+    priority_class: str | None = None,
+    placement: str | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": conditions or []}
+    if start:
+        status["startTime"] = start
+    if completion:
+        status["completionTime"] = completion
+    annotations = {keys.GPU_TOPOLOGY: "true"}
+    if placement:
+        annotations[keys.PLACEMENT] = placement
+    policy = {"minAvailable": 5}
+    if priority_class:
+        policy["priorityClass"] = priority_class
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "creationTimestamp": "2026-03-01T11:58:00Z",
+            "annotations": annotations,
+        },
+        "spec": {"runPolicy": {"schedulingPolicy": policy}, "mpiReplicaSpecs": {}},
+        "status": status,
+    }
+
+
+def pod_body(
+    name: str,
+    *,
+    job: str = "vgg16",
+    role: str = keys.ROLE_WORKER,
+    phase: str = "Running",
+    gpus: int = 1,
+    gpu_ids: str | None = None,
+    node: str | None = "gpu-node-0",
+    created: str = "2026-03-01T11:59:00Z",
+    namespace: str = "team-a",
+) -> dict[str, Any]:
+    annotations = {keys.GPU_IDS: gpu_ids} if gpu_ids else {}
+    resources = {"limits": {keys.GPU_RESOURCE: str(gpus)}} if gpus else {}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i", "resources": resources}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "creationTimestamp": created,
+            "labels": {
+                keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+                keys.LABEL_JOB_NAME: job,
+                keys.LABEL_JOB_ROLE: role,
+            },
+            "annotations": annotations,
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def topology_job_pods() -> list[dict[str, Any]]:
+    """A 4-worker topology job on one DGX-1, listed out of order."""
+    workers = [
+        pod_body(f"vgg16-worker-{i}", gpu_ids=str(gpu))
+        for i, gpu in [(2, 2), (0, 0), (3, 3), (1, 1), (10, 6)]
+    ]
+    launcher = pod_body("vgg16-launcher-x7k2p", role=keys.ROLE_LAUNCHER, gpus=0, node="gpu-node-1")
+    return [*workers, launcher]
