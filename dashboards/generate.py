@@ -215,7 +215,11 @@ def _panel(chart: Chart, panel_id: int) -> Any:
         .height(8)
         .span(8)
     )
-    if not chart.stat:
+    if chart.stat:
+        panel = panel.graph_mode(common.BigValueGraphMode.AREA).color_mode(
+            common.BigValueColorMode.VALUE
+        )
+    else:
         panel = panel.legend(
             common_builders.VizLegendOptions()
             .show_legend(True)

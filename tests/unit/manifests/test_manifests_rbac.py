@@ -1,0 +1,66 @@
+"""Least privilege: the operator and the agent get exactly what their code calls."""
+
+from __future__ import annotations
+
+import pytest
+from manifests_files import AGENT_RBAC, OPERATOR_RBAC, documents, one, operator_permissions
+
+pytestmark = pytest.mark.unit
+
+
+def grants(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]]:
+    return {(group, r, v) for r in resources.split() for v in verbs.split()}
+
+
+#: What the operator's code calls today (handlers/kube.py, recorder, leader election, Kopf).
+OPERATOR_CLUSTER = (
+    grants("kubeflow.org", "mpijobs", "get list watch")
+    | grants("kubeflow.org", "mpijobs/status", "get update patch")
+    | grants("", "pods", "get list watch create delete")
+    | grants("", "services", "create get patch")
+    | grants("", "configmaps", "create get patch")
+    | grants("", "secrets", "create get update")
+    | grants("", "events", "create patch")
+    | grants("batch", "jobs", "get list watch create patch update")
+    | grants("batch", "jobs/status", "patch")
+    | grants("scheduling.x-k8s.io", "podgroups", "get list watch create patch delete")
+    | grants("scheduling.volcano.sh", "podgroups", "get list watch create patch delete")
+    | grants("scheduling.k8s.io", "priorityclasses", "list")
+    | grants("", "nodes", "get list watch")
+    | grants("", "namespaces", "list watch")
+)
+OPERATOR_LOCK_NAMESPACE = grants("coordination.k8s.io", "leases", "get create update")
+
+
+def test_operator_gets_exactly_what_it_uses() -> None:
+    cluster, namespaced = operator_permissions()
+    assert cluster == OPERATOR_CLUSTER
+    assert namespaced == OPERATOR_LOCK_NAMESPACE
+
+
+def test_no_wildcards_and_no_secret_listing() -> None:
+    cluster, namespaced = operator_permissions()
+    everything = cluster | namespaced
+    assert not any("*" in part for grant in everything for part in grant)
+    # Reading every Secret of the cluster is the classic escalation: the operator never lists.
+    assert not {("", "secrets", "list"), ("", "secrets", "watch")} & everything
+
+
+def test_bindings_name_the_operator_service_account() -> None:
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = one(OPERATOR_RBAC, kind)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": one(OPERATOR_RBAC, role_kind)["metadata"]["name"],
+        }
+        # No namespace: kustomize sets the ServiceAccount's, per overlay.
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-operator"}]
+
+
+def test_agent_may_only_read_and_annotate_nodes() -> None:
+    role = one(AGENT_RBAC, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = one(AGENT_RBAC, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-agent"}]
+    assert [d["kind"] for d in documents(AGENT_RBAC)] == ["ClusterRole", "ClusterRoleBinding"]

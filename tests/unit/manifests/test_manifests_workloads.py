@@ -1,0 +1,148 @@
+"""The operator Deployment, the agent DaemonSet, the image and the overlays' wiring."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any
+
+import pytest
+import yaml
+from manifests_files import BASE, ROOT, one
+
+from mpijob import cli
+
+pytestmark = pytest.mark.unit
+
+DEPLOYMENT = one(BASE / "deployment.yaml", "Deployment")
+DAEMONSET = one(BASE / "agent-daemonset.yaml", "DaemonSet")
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def field_env(c: dict[str, Any]) -> dict[str, str]:
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in c.get("env", [])
+        if "valueFrom" in e
+    }
+
+
+@pytest.mark.parametrize("workload", [DEPLOYMENT, DAEMONSET], ids=["operator", "agent"])
+def test_runs_hardened(workload: dict[str, Any]) -> None:
+    pod = workload["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    c = container(workload)
+    assert c["securityContext"] == {
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    resources = c["resources"]
+    assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
+    assert c["image"] == "mpijob-operator"
+    selector = workload["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_operator_deployment() -> None:
+    spec = DEPLOYMENT["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["template"]["spec"]["serviceAccountName"] == "mpijob-operator"
+    c = container(DEPLOYMENT)
+    assert "command" not in c  # the image's entrypoint: mpijob-operator
+    assert c["args"] == ["run", "--lock-namespace=mpi-operator", "--monitoring-port=8080"]
+    assert field_env(c) == {"POD_NAME": "metadata.name"}
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_operator_args_are_flags_the_operator_accepts() -> None:
+    """The Deployment's args parse with the operator's own CLI (no typo survives)."""
+    args = container(DEPLOYMENT)["args"]
+    assert args[0] == "run"
+    ctx = cli.run.make_context("run", args[1:])
+    assert ctx.params["lock_namespace"] == "mpi-operator"
+    assert ctx.params["monitoring_port"] == 8080
+
+
+def test_metrics_service_selects_the_operator_port() -> None:
+    service = one(BASE / "service.yaml", "Service")
+    assert service["spec"]["selector"] == DEPLOYMENT["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_agent_daemonset() -> None:
+    pod = DAEMONSET["spec"]["template"]["spec"]
+    c = container(DAEMONSET)
+    assert c["command"] == ["mpijob-agent"]
+    assert field_env(c) == {"NODE_NAME": "spec.nodeName"}
+    plain = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert plain["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert pod["serviceAccountName"] == "mpijob-agent"
+    assert pod["runtimeClassName"] == "nvidia"
+    # The agent asks for no GPU: it must never take one from a job.
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+
+
+def test_entry_points_used_by_the_manifests_and_the_image_exist() -> None:
+    assert SCRIPTS["mpijob-operator"] == "mpijob.cli:main"
+    assert SCRIPTS["mpijob-agent"] == "mpijob.agent.main:main"
+    assert SCRIPTS["mpijob"] == SCRIPTS["kubectl-mpijob"] == "mpijob.console.main:main"
+
+
+def test_dockerfile_builds_a_slim_non_root_image() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    instructions = [
+        line.split(maxsplit=1)
+        for line in re.sub(r"\\\n", " ", text).splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    bases = [rest for op, rest in instructions if op == "FROM"]
+    assert all(base.startswith("python:3.11-slim") for base in bases)
+    assert [rest for op, rest in instructions if op == "USER"] == ["65532:65532"]
+    assert [rest for op, rest in instructions if op == "ENTRYPOINT"] == ['["mpijob-operator"]']
+    assert [rest for op, rest in instructions if op == "CMD"] == ['["--help"]']
+    installs = [rest for op, rest in instructions if op == "RUN" and "pip install" in rest]
+    assert installs == ["/opt/mpijob/bin/pip install /src"]  # no editable install, no extras
+
+
+def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    copied = {
+        source
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for source in line.split()[1:-1]
+    }
+    assert copied == {"pyproject.toml", "README.md", "operator"}
+    for source in copied:
+        assert (ROOT / source).exists()
+    patterns = (ROOT / ".dockerignore").read_text().split()
+    allowed = {p.removeprefix("!").rstrip("/") for p in patterns if p.startswith("!")}
+    assert "*" in patterns
+    assert allowed == copied
+
+
+def test_every_overlay_is_a_kustomization_over_the_base() -> None:
+    overlays = ROOT / "manifests" / "overlays"
+    names = sorted(p.name for p in overlays.iterdir() if p.is_dir())
+    assert names == ["kubeflow", "monitoring", "scheduler-plugins", "standalone", "volcano"]
+    for name in names:
+        kustomization = yaml.safe_load((overlays / name / "kustomization.yaml").read_text())
+        resources = kustomization["resources"]
+        assert "../../base" in resources or "../standalone" in resources
