@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import runpy
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,19 +25,8 @@ BOARD = json.loads((ROOT / "dashboards" / "mpijob-operator.json").read_text())
 RULES = yaml.safe_load((ROOT / "dashboards" / "rules.yaml").read_text())
 
 
-def load_generator() -> ModuleType:
-    """dashboards/generate.py is a script, not a package module: load it by path."""
-    name = "dashboards_generate"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "dashboards" / "generate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = load_generator()
+#: dashboards/generate.py is a script, not a module of a package: run it for its names.
+generate = SimpleNamespace(**runpy.run_path(str(ROOT / "dashboards" / "generate.py")))
 
 SUFFIXES = {
     "counter": ("_total", "_created"),
