@@ -13,6 +13,7 @@ Used by the tests and the benchmark; not by the operator.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -89,18 +90,26 @@ def best_effort(
     must = set(required)
     padding = -len(available) % size
     devices: list[int | None] = [*available, *([None] * padding)]
+    scores: dict[tuple[int | None, ...], int] = {}
+
+    def score(group: tuple[int | None, ...]) -> int:
+        found = scores.get(group)
+        if found is None:
+            found = scores[group] = _set_score(topology, group)
+        return found
+
     best: list[tuple[int | None, ...]] | None = None
     best_score = 0
     for partition in partitions(devices, size):
         if not any(None not in group and must <= set(group) for group in partition):
             continue
-        score = sum(_set_score(topology, group) for group in partition)
-        if best is None or score > best_score:
-            best, best_score = partition, score
+        total = sum(score(group) for group in partition)
+        if best is None or total > best_score:
+            best, best_score = partition, total
     if best is None:
         return ()
     groups = [group for group in best if None not in group and must <= set(group)]
-    chosen = max(groups, key=lambda group: _set_score(topology, group))  # first max wins
+    chosen = max(groups, key=score)  # first max wins
     return tuple(sorted(gpu for gpu in chosen if gpu is not None))
 
 
@@ -128,8 +137,8 @@ def _set_score(topology: Topology, group: Sequence[int | None]) -> int:
 
 
 def partitions(devices: list[int | None], size: int) -> Iterator[list[tuple[int | None, ...]]]:
-    """Partitions into groups of ``size``, each group led by the first device left; padding
-    (None) stays together in one group."""
+    """Partitions into groups of ``size``, each group led by the first device left, in upstream's
+    order; the padding (None, at the end of ``devices``) stays together in one group."""
     if len(devices) == size:
         yield [tuple(devices)]
         return
@@ -142,14 +151,23 @@ def partitions(devices: list[int | None], size: int) -> Iterator[list[tuple[int 
             yield list(accum)
             return
         head, tail = rest[0], rest[1:]
-        for others in itertools.combinations(range(len(tail)), size - 1):
-            group = (head, *(tail[i] for i in others))
-            pads = group.count(None)
-            if pads not in (0, padding):
-                continue
+        for others in _group_mates(tail, size - 1, padding):
             taken = set(others)
-            accum.append(group)
+            accum.append((head, *(tail[i] for i in others)))
             yield from split([d for i, d in enumerate(tail) if i not in taken], accum)
             accum.pop()
 
     yield from split(devices, [])
+
+
+def _group_mates(tail: list[int | None], count: int, padding: int) -> Iterator[tuple[int, ...]]:
+    """Positions in ``tail`` to group with its head, lexicographically, as upstream visits them
+    less the groups it would skip (those holding part of the padding)."""
+    real = [i for i, device in enumerate(tail) if device is not None]
+    pads = tuple(i for i, device in enumerate(tail) if device is None)
+    without = itertools.combinations(real, count)
+    if not pads or count < padding:
+        yield from without
+        return
+    with_all = (mates + pads for mates in itertools.combinations(real, count - padding))
+    yield from heapq.merge(without, with_all)

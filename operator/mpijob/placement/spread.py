@@ -82,6 +82,10 @@ def _allowed(rings: list[float], bound: float) -> int:
 
 def _exact(allowed: list[int], workers: int, m: int) -> dict[int, int] | None:
     """Exactly ``m`` nodes taking exactly ``workers`` in total, or None (also when too big)."""
+    # A node in the answer takes at least what the other m-1 cannot: drop smaller counts.
+    most = sorted((bits.bit_length() - 1 for bits in allowed), reverse=True)
+    floor = workers - sum(most[: m - 1])
+    allowed = [bits & ~((1 << max(floor, 0)) - 1) for bits in allowed]
     kinds: dict[int, list[int]] = {}
     for position, bits in enumerate(allowed):
         if bits:

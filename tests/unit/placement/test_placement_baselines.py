@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from mpijob.placement import baselines, topologies
@@ -70,3 +72,29 @@ def test_first_fit_takes_the_lowest_free_indices() -> None:
     assert choice is not None
     assert choice.gpus == (1, 2, 5)
     assert baselines.first_fit(topology, {1}, 2) is None
+
+
+def naive_partitions(devices: list[int | None], size: int) -> list[list[tuple[int | None, ...]]]:
+    """Upstream's walk as described: every group led by the first device left, any mates in
+    order, skipping groups that hold only part of the padding."""
+    padding = devices.count(None)
+    found: list[list[tuple[int | None, ...]]] = []
+
+    def walk(rest: list[int | None], accum: list[tuple[int | None, ...]]) -> None:
+        if not rest:
+            found.append(list(accum))
+            return
+        for mates in itertools.combinations(range(1, len(rest)), size - 1):
+            group = (rest[0], *(rest[i] for i in mates))
+            if group.count(None) not in (0, padding):
+                continue
+            walk([d for i, d in enumerate(rest) if i and i not in mates], [*accum, group])
+
+    walk(devices, [])
+    return found
+
+
+@pytest.mark.parametrize(("available", "size"), [(7, 3), (6, 4), (5, 2), (9, 4)])
+def test_partitions_come_in_upstream_order(available: int, size: int) -> None:
+    devices: list[int | None] = [*range(available), *([None] * (-available % size))]
+    assert list(baselines.partitions(devices, size)) == naive_partitions(devices, size)
