@@ -92,7 +92,7 @@ def main(
     node = node_name or "local"
     annotate: Annotate | None = None
     if not dry_run:
-        from mpijob.agent.publish import NodeAnnotator  # noqa: PLC0415 - keeps dry runs client-free
+        from mpijob.agent.publish import NodeAnnotator  # keeps dry runs client-free
 
         annotate = NodeAnnotator()
     raise SystemExit(
@@ -102,9 +102,9 @@ def main(
 
 def _nvml(simulate: str | None, node: str) -> Any:
     if simulate:
-        from mpijob.agent.fake_nvml import FakeNvml  # noqa: PLC0415 - only for simulated nodes
+        from mpijob.agent.fake_nvml import FakeNvml
 
         return FakeNvml(topologies.for_node(simulate, node), product=simulate)
-    import pynvml  # noqa: PLC0415 - loads the NVML bindings only on real nodes
+    import pynvml
 
     return pynvml

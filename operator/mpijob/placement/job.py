@@ -189,7 +189,7 @@ def _placement(
         if choice is None:  # pragma: no cover - shares come from the same tables
             raise AssertionError(f"node {node.name} lost room while placing")
         ring = min(ring, choice.ring_gbps)
-        order = scoring.ring_order(node.topology, choice.gpus)
+        order = scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
         for start in range(0, len(order), per_worker):
             gpus = tuple(sorted(order[start : start + per_worker]))
             assignments.append(WorkerAssignment(node.name, gpus))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 
+import networkx as nx
+
 from mpijob.placement.model import Topology
 
 
@@ -23,14 +25,22 @@ def ring_gbps(topology: Topology, gpus: Collection[int]) -> float:
     return min(topology.gbps(a, b) for a, b in zip(order, (*order[1:], order[0]), strict=True))
 
 
-def ring_order(topology: Topology, gpus: Collection[int]) -> tuple[int, ...]:
-    """A ring through the set whose slowest hop is as fast as possible, from its lowest GPU."""
+def ring_order(
+    topology: Topology, gpus: Collection[int], *, known_gbps: float | None = None
+) -> tuple[int, ...]:
+    """A ring through the set whose slowest hop is as fast as possible, from its lowest GPU.
+
+    ``known_gbps``, the set's figure of merit when the caller has it, skips faster thresholds.
+    """
     members = sorted(set(gpus))
     if not members:
         raise ValueError("a ring needs at least one GPU")
     if len(members) <= 2:
         return tuple(members)
-    for threshold in _thresholds(topology, members):
+    thresholds = _thresholds(topology, members)
+    if known_gbps is not None:
+        thresholds = [t for t in thresholds if t <= known_gbps]
+    for threshold in thresholds:
         cycle = _hamiltonian_cycle(topology, members, threshold)
         if cycle is not None:
             return cycle
@@ -59,7 +69,11 @@ def _hamiltonian_cycle(
     """A cycle through all members using only links of at least ``threshold``, or None."""
     inside = set(members)
     neighbours = {gpu: _peers(topology, gpu, inside, threshold) for gpu in members}
-    if any(len(peers) < 2 for peers in neighbours.values()):
+    if all(len(peers) == len(members) - 1 for peers in neighbours.values()):
+        return tuple(members)  # all linked: any order is a ring
+    # A graph with a cycle through every vertex stays connected after losing any one vertex.
+    fast = nx.Graph([(gpu, peer) for gpu, peers in neighbours.items() for peer in peers])
+    if len(fast) < len(members) or not nx.is_biconnected(fast):
         return None
     start = members[0]
     path = [start]

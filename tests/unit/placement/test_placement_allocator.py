@@ -9,7 +9,7 @@ import random
 import pytest
 
 from mpijob.placement import allocator, baselines, scoring, topologies
-from mpijob.placement.model import Topology
+from mpijob.placement.model import Gpu, PcieLevel, Topology, links_from
 from mpijob.placement.tables import mask_of, tables_for
 
 pytestmark = pytest.mark.unit
@@ -116,3 +116,32 @@ def test_cached_and_uncached_decisions_agree() -> None:
     first = allocator.best_set(topology, free, 3)
     allocator.clear_cache()
     assert allocator.best_set(topology, free, 3) == first
+
+
+def sixteen_gpu_pcie_box() -> Topology:
+    """A 16-GPU PCIe-only server: pairs under switches, quads under a second level, 2 sockets."""
+    levels = {}
+    for a, b in itertools.combinations(range(16), 2):
+        if a // 2 == b // 2:
+            levels[(a, b)] = PcieLevel.PIX
+        elif a // 4 == b // 4:
+            levels[(a, b)] = PcieLevel.PXB
+        elif a // 8 == b // 8:
+            levels[(a, b)] = PcieLevel.NODE
+        else:
+            levels[(a, b)] = PcieLevel.SYS
+    gpus = tuple(Gpu(i, numa_node=i // 8) for i in range(16))
+    return Topology("pcie-16", gpus, links_from(16, pcie=levels), pcie_gen=4)
+
+
+def test_allocator_matches_brute_force_on_a_16_gpu_pcie_box() -> None:
+    topology = sixteen_gpu_pcie_box()
+    rnd = random.Random(16)
+    for _ in range(3):
+        free = frozenset(rnd.sample(range(16), 11))
+        for size in range(1, 12):
+            ours = allocator.best_set(topology, free, size)
+            optimum = baselines.brute_force(topology, free, size)
+            assert ours is not None
+            assert optimum is not None
+            assert preference(topology, ours.gpus) == preference(topology, optimum.gpus)
