@@ -14,9 +14,9 @@ class NodeAnnotator:
 
     def __init__(self) -> None:
         try:
-            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+            kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+            kubernetes.config.load_kube_config()
         self._api = kubernetes.client.CoreV1Api()
 
     def __call__(self, node: str, key: str, value: str) -> None:
