@@ -8,9 +8,11 @@ with a message fit for a terminal. Called by :mod:`mpijob.console.main`.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -36,6 +38,9 @@ class Api:
     """MPIJobs, pods and nodes of the cluster the kubeconfig (or in-cluster account) names."""
 
     def __init__(self, kubeconfig: str | None = None, namespace: str | None = None) -> None:
+        # A kubeconfig that skips TLS verification was the user's choice; kubectl does not
+        # warn about it on every request either.
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         try:
             self._client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
             context_namespace = _context_namespace(kubeconfig)
