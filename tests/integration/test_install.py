@@ -198,9 +198,10 @@ def can_i(cluster: Cluster, user: str, namespace: str) -> set[Grant]:
             continue
         name, _urls, resource_names, verbs = match.groups()
         assert not resource_names, line
-        resource, _, group = name.partition(".")
-        # A subresource prints as "<resource>/<sub>.<group>".
-        grants |= {(group, resource, verb) for verb in verbs.split()}
+        # "<resource>.<group>/<subresource>", e.g. "mpijobs.kubeflow.org/status".
+        qualified, slash, subresource = name.partition("/")
+        resource, _, group = qualified.partition(".")
+        grants |= {(group, resource + slash + subresource, verb) for verb in verbs.split()}
     return grants
 
 
