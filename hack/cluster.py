@@ -13,6 +13,7 @@ Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fix
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -112,6 +113,8 @@ class State:
 
 
 def alive(pid: int) -> bool:
+    if pid <= 0:  # kill(-1, 0) would ask about every process
+        return False
     try:
         os.kill(pid, 0)
     except OSError:
@@ -127,9 +130,12 @@ def server_url(state: State) -> str:
 
 
 def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    ca = state_dir() / "pki" / "apiserver.crt"
+    # Until the apiserver has written its self-signed certificate there is nothing to verify.
+    ctx = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
+    if not ca.exists():
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
@@ -265,8 +271,8 @@ def third_party_crds() -> list[Path]:
         )
     sp = Path(json.loads(out.stdout)["Dir"])
     return [
-        sp / "manifests/crds/scheduling.x-k8s.io_podgroups.yaml",
-        sp / "manifests/crds/scheduling.x-k8s.io_elasticquotas.yaml",
+        sp / "manifests/coscheduling/crd.yaml",  # PodGroup (manifests/crds/ holds links a module zip omits)
+        sp / "manifests/capacityscheduling/crd.yaml",  # ElasticQuota, which the controller also watches
         HACK / "crds/volcano-podgroups.yaml",
     ]
 
@@ -352,6 +358,15 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
 
 
 def up(nodes: int, topology: str, gpus: int) -> State:
+    try:
+        return _up(nodes, topology, gpus)
+    except BaseException:
+        say("start failed; stopping what was started (logs stay in .cluster/logs)")
+        down(quiet=True)
+        raise
+
+
+def _up(nodes: int, topology: str, gpus: int) -> State:
     t0 = time.monotonic()
     state = State.load()
     if state and healthy(state):
@@ -389,8 +404,6 @@ def up(nodes: int, topology: str, gpus: int) -> State:
     )
     p = state.ports
     kubeconfig = sd / "kubeconfig"
-    kubeconfig.write_text(kubeconfig_text(state))
-    kubeconfig.chmod(0o600)
     state.save()
 
     etcd_url = f"http://127.0.0.1:{p['etcd']}"
@@ -444,6 +457,8 @@ def up(nodes: int, topology: str, gpus: int) -> State:
         "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
     )
     say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+    kubeconfig.write_text(kubeconfig_text(state))  # carries the CA the apiserver just made
+    kubeconfig.chmod(0o600)
 
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
