@@ -149,6 +149,8 @@ def run(**opts: object) -> None:
     verbose = bool(opts.pop("verbose"))
     kopf.configure(verbose=verbose, log_format=log_format)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if not verbose:  # one "Handler ... succeeded" line per pod event drowns everything else
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for many in ("namespaces", "controller_names"):
         opts[many] = tuple(cast("tuple[str, ...]", opts[many]) or ())
     startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
 controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label, launcher
 Jobs and PodGroups by their controller owner reference. Only low-level handlers are used, so
-Kopf adds no finalizer, progress annotation or diff-base to anyone's objects.
+Kopf adds no finalizer, progress annotation or diff-base to anyone's objects. They are async and
+never block: Kopf would otherwise run each call in a thread.
 """
 
 from __future__ import annotations
@@ -61,13 +62,13 @@ def pod_summary(body: kopf.Body) -> JSON:
 # --- MPIJobs ------------------------------------------------------------------------------------
 
 
-def mpijobs_by_key(
+async def mpijobs_by_key(
     body: kopf.Body, namespace: str | None, name: str, **_: Any
 ) -> dict[JobKey, JSON]:
     return {_key(namespace, name): dict(body)}
 
 
-def mpijob_event(
+async def mpijob_event(
     namespace: str | None, name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     rt = _runtime(memo)
@@ -85,14 +86,14 @@ def _pod_job(labels: Any) -> str | None:
     return labels.get(keys.LABEL_JOB_NAME) or None
 
 
-def pods_by_job(
+async def pods_by_job(
     body: kopf.Body, namespace: str | None, labels: Any, **_: Any
 ) -> dict[JobKey, JSON]:
     job = _pod_job(labels)
     return {_key(namespace, job): pod_summary(body)} if job else {}
 
 
-def pod_event(namespace: str | None, labels: Any, memo: Any, **_: Any) -> None:
+async def pod_event(namespace: str | None, labels: Any, memo: Any, **_: Any) -> None:
     if job := _pod_job(labels):
         _runtime(memo).enqueue(_key(namespace, job))
 
@@ -100,12 +101,12 @@ def pod_event(namespace: str | None, labels: Any, memo: Any, **_: Any) -> None:
 # --- launcher Jobs ------------------------------------------------------------------------------
 
 
-def launchers_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+async def launchers_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
     owner = _owner(body, keys.KIND, keys.API_VERSION)
     return {_key(namespace, owner): dict(body)} if owner else {}
 
 
-def launcher_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+async def launcher_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     if owner := _owner(body, keys.KIND, keys.API_VERSION):
         rt = _runtime(memo)
         rt.seen_launcher(_key(namespace, owner))
@@ -115,12 +116,12 @@ def launcher_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) 
 # --- PodGroups ----------------------------------------------------------------------------------
 
 
-def podgroups_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+async def podgroups_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
     owner = _owner(body, keys.KIND, keys.API_VERSION)
     return {_key(namespace, owner): dict(body)} if owner else {}
 
 
-def podgroup_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+async def podgroup_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
     if owner := _owner(body, keys.KIND, keys.API_VERSION):
         _runtime(memo).enqueue(_key(namespace, owner))
 
