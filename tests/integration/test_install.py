@@ -131,13 +131,12 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
         "create", "token", SERVICE_ACCOUNT, "-n", INSTALL_NAMESPACE, "--duration=1h"
     ).strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]["server"]
+    # The admin's server and TLS settings (CA or skip-verify, whichever it has); our token.
+    server = admin["clusters"][0]["cluster"]
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "local", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
-        ],
+        "clusters": [{"name": "local", "cluster": server}],
         "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
         "current-context": "sa",
