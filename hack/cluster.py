@@ -290,14 +290,12 @@ def kubectl(state: State, *args: str, input: str | None = None) -> str:
     return out.stdout
 
 
-def topology_annotation(name: str) -> str:
-    """The node's GPU topology in the format the placement module reads."""
+def topology_annotation(name: str, node: str) -> str:
+    """The node's GPU topology as the agent would publish it (with stable made-up UUIDs)."""
     sys.path.insert(0, str(ROOT / "operator"))
-    try:
-        from mpijob.placement import codec, topologies
-    except ImportError:
-        return json.dumps({"v": 0, "name": name})
-    return codec.dumps(topologies.load(name))
+    from mpijob.placement import codec, topologies
+
+    return codec.dumps(topologies.for_node(name, node))
 
 
 def node_manifest(index: int, topology: str, gpus: int) -> dict[str, Any]:
@@ -325,7 +323,7 @@ def node_manifest(index: int, topology: str, gpus: int) -> dict[str, Any]:
             "annotations": {
                 "kwok.x-k8s.io/node": "fake",
                 "node.alpha.kubernetes.io/ttl": "0",
-                TOPOLOGY_ANNOTATION: topology_annotation(topology),
+                TOPOLOGY_ANNOTATION: topology_annotation(topology, name),
             },
         },
         "spec": {},

@@ -1,1 +1,1 @@
-"""mpijob-operator: reconciles kubeflow.org/v2beta1 MPIJobs, with topology-aware GPU placement and gang admission."""
+"""mpijob-operator: kubeflow.org/v2beta1 MPIJobs, topology-aware GPU placement, gang admission."""

@@ -109,8 +109,11 @@ GPU_IDS: Final = PREFIX + "gpu-ids"
 GPU_UUIDS: Final = PREFIX + "gpu-uuids"
 #: On a placed worker pod: the job's ring bottleneck bandwidth, GB/s per direction.
 RING_BANDWIDTH: Final = PREFIX + "ring-bandwidth"
-#: On an MPIJob: a one-line summary of the placement decision.
+#: On an MPIJob: a one-line summary of the placement decision, for people.
 PLACEMENT: Final = PREFIX + "placement"
+#: On an MPIJob: the placement decision as compact JSON (``{"v":1,"ring":..,"workers":[[node,
+#: [gpu,..]],..]}``): the GPUs it holds, readable by a restarted operator before pods exist.
+PLACEMENT_DECISION: Final = PREFIX + "placement-decision"
 
 #: Node label that opts a node into topology-aware placement (the value ``topology``);
 #: ``default`` leaves the node to ordinary scheduling. Kept as the established key.

@@ -15,7 +15,7 @@ from mpijob.api import JobCondition, MPIJobStatus
 from mpijob.api.models import utc_seconds
 
 
-def set_condition(  # noqa: PLR0917 - the argument order of upstream's updateMPIJobConditions
+def set_condition(
     status: MPIJobStatus,
     condition_type: str,
     status_value: str,

@@ -123,7 +123,12 @@ class UpdateLauncher:
 
 
 Action = (
-    Ensure | EnsureService | EnsureSecret | EnsureConfigMap | ApplyPodGroup | Delete
+    Ensure
+    | EnsureService
+    | EnsureSecret
+    | EnsureConfigMap
+    | ApplyPodGroup
+    | Delete
     | UpdateLauncher
 )
 

@@ -23,7 +23,9 @@ from datetime import datetime
 from typing import Any, assert_never
 
 from mpijob import keys
-from mpijob.build import events
+from mpijob.api import MPIJobStatus
+from mpijob.api.models import utc_seconds
+from mpijob.build import conditions, events
 from mpijob.build.events import Event
 from mpijob.gang.admission import Admit, Decision, TimedOut, Wait
 
@@ -80,3 +82,28 @@ def outcome(decision: Decision[Any], *, now: datetime) -> Outcome:
             failed=True,
         )
     assert_never(decision)
+
+
+def apply(status: MPIJobStatus, result: Outcome, now: datetime) -> bool:
+    """Set the outcome's conditions on ``status`` in place; True when anything changed.
+
+    Upstream's rule keeps the message of a condition whose status and reason are unchanged;
+    a waiting job's message is the news (what it waits for), so it is refreshed.
+    """
+    changed = False
+    for change in result.conditions:
+        if conditions.set_condition(
+            status, change.type, change.status, change.reason, change.message, now
+        ):
+            changed = True
+            continue
+        current = status.condition(change.type)
+        if (
+            change.reason == keys.REASON_GANG_WAITING
+            and current is not None
+            and current.message != change.message
+        ):
+            current.message = change.message
+            current.last_update_time = utc_seconds(now)
+            changed = True
+    return changed

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from mpijob import api, keys, metrics
 from mpijob.build import events, names, service, ssh, status, sync
 from mpijob.build.status import Counter
+from mpijob.gang import admission, binding, outcome, topology
 from mpijob.gang.mode import GangMode
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import JSON, JobKey, Known, OwnershipError, Runtime
@@ -52,10 +54,14 @@ async def reconcile(rt: Runtime, key: JobKey) -> float | None:
         return None
 
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
+    now = datetime.now(UTC)
+    admitted, placement, admission_changes, timed_out = await _admission(rt, key, job, now)
     options = sync.Options(
         cluster_domain=rt.settings.cluster_domain,
         gang=gang,
-        priority_values=await _priority_values(rt) if gang.enabled else {},
+        priority_values=await priority_values(rt) if gang.enabled else {},
+        admitted=admitted,
+        placement=placement,
     )
     seen = sync.Observed(
         launcher_job=rt.launcher_job(key),
@@ -64,17 +70,28 @@ async def reconcile(rt: Runtime, key: JobKey) -> float | None:
     )
     # A fixed job sheds the condition that said it was invalid.
     was_invalid = status.clear_invalid(job.status)
-    plan = sync.plan(job, seen, datetime.now(UTC), options)
+    before = job.status.model_copy(deep=True)
+    plan = sync.plan(job, seen, now, options)
     known = rt.known.setdefault(job.metadata.uid, Known())
     for action in plan.actions:
         await _apply(rt, key, job, body, known, action)
 
-    if plan.result is not None and (plan.result.changed or plan.force_status or was_invalid):
-        await _write_status(rt, key, body, plan.result.status.to_body())
-        if plan.result.launcher_seen:
+    result = plan.result
+    if result is not None:
+        if outcome.apply(result.status, admission_changes, now):
+            result.changed = True
+            if admission_changes.event is not None:
+                plan.events.append(admission_changes.event)
+        if timed_out and result.status.completion_time is None:
+            result.status.completion_time = now
+            plan.counters.append(Counter.FAILED)
+        if result.changed or plan.force_status or was_invalid:
+            await _write_status(rt, key, body, result.status.to_body())
+        if result.launcher_seen:
             metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(
                 1
             )
+        _observe(rt, key, job, before, result.status, seen, now)
     for event in plan.events:
         rt.recorder.post(body, event)
     for counter in plan.counters:
@@ -195,6 +212,77 @@ async def _create_or_adopt(
     return None
 
 
+# --- admission ----------------------------------------------------------------------------------
+
+
+async def _admission(
+    rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime
+) -> tuple[bool, list[sync.PodPlacement] | None, outcome.Outcome, bool]:
+    """(admitted, per-worker placement, condition changes, timed out) of a topology job."""
+    nothing = outcome.Outcome()
+    if rt.admission is None or not topology.wants_topology(
+        job, default=rt.settings.gpu_topology_default
+    ):
+        return True, None, nothing, False
+    if job.status.finished:
+        rt.admission.drop(key)
+        return True, None, nothing, False
+    decision = topology.load_decision(job)
+    if job.spec.suspended:
+        rt.admission.drop(key)
+        if decision is not None:  # a suspended job holds no GPUs; it is placed anew on resume
+            await rt.kube.patch(keys.API_VERSION, keys.KIND, *key, topology.decision_patch(None))
+        return False, None, nothing, False
+    if decision is not None:
+        rt.admission.drop(key)
+        waiting = admission.waiting_job(job, priority_values={})
+        placement = topology.pod_placements(decision, {n.name: n for n in _node_states(rt)})
+        admitted = admission.Admit(waiting, decision)
+        return True, placement, outcome.outcome(admitted, now=now), False
+    last = rt.admission.decision(key)
+    if isinstance(last, admission.TimedOut):
+        return False, None, outcome.outcome(last, now=now), True
+    rt.admission.want(key, job)
+    if last is None:
+        waiting = admission.waiting_job(job, priority_values={})
+        last = admission.Wait(waiting, "waiting for the next admission pass")
+    return False, None, outcome.outcome(last, now=now), False
+
+
+def _node_states(rt: Runtime) -> list[Any]:
+    return topology.node_states(rt.nodes().values())
+
+
+def _observe(
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    before: Any,
+    after: Any,
+    seen: sync.Observed,
+    now: datetime,
+) -> None:
+    """Job-level histograms and gauges, fed on transitions only."""
+    created = job.metadata.creation_timestamp
+    was_running = before.is_true(keys.COND_RUNNING)
+    running = after.is_true(keys.COND_RUNNING)
+    if running and not was_running and created is not None:
+        metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
+    if after.finished and not before.finished and after.start_time and after.completion_time:
+        metrics.JOB_DURATION.observe((after.completion_time - after.start_time).total_seconds())
+    if running:
+        rt.running.add(key)
+    else:
+        rt.running.discard(key)
+    metrics.JOBS_RUNNING.set(len(rt.running))
+    if key not in rt.bound and created is not None:
+        expected = job.spec.worker_replicas + 1
+        seconds = binding.seconds_to_bind(created, seen.pods, expected)
+        if seconds is not None:
+            metrics.GANG_BIND_SECONDS.observe(seconds)
+            rt.bound.add(key)
+
+
 # --- status --------------------------------------------------------------------------------------
 
 
@@ -236,7 +324,7 @@ async def _report_invalid(rt: Runtime, key: JobKey, body: JSON, message: str) ->
         log.warning("Could not record the validation error in the status: %s", e)
 
 
-async def _priority_values(rt: Runtime) -> dict[str, int]:
+async def priority_values(rt: Runtime) -> dict[str, int]:
     fetched_at, values = rt.priority_values
     if time.monotonic() - fetched_at < PRIORITY_TTL_SECONDS:
         return values

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob import metrics
+from mpijob import api, keys, metrics
+from mpijob.api import MPIJob
+from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
@@ -54,6 +56,11 @@ class Runtime:
     written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
     """Per job: (the resourceVersion our last status write replaced, the body it returned)."""
     priority_values: tuple[float, dict[str, int]] = (0.0, {})
+    admission: Admission | None = None
+    running: set[JobKey] = field(default_factory=set)
+    """Jobs whose Running condition is True, for the gauge."""
+    bound: set[JobKey] = field(default_factory=set)
+    """Jobs whose creation-to-bound time was observed already."""
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     heartbeat: float = field(default_factory=time.monotonic)
 
@@ -111,6 +118,31 @@ class Runtime:
                 continue
             return obj
         return None
+
+    def nodes(self) -> dict[str, JSON]:
+        """Opted-in nodes by name."""
+        return {
+            name: dict(v)
+            for name, store in self.indices.get("nodes_by_name", {}).items()
+            for v in store
+        }
+
+    def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
+        """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""
+        pods = [
+            dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
+        ]
+        jobs = []
+        for store in self.indices.get("mpijobs_by_key", {}).values():
+            for body in store:
+                if keys.PLACEMENT_DECISION in (
+                    (body.get("metadata") or {}).get("annotations") or {}
+                ):
+                    try:
+                        jobs.append(api.parse(body))
+                    except api.InvalidMPIJob:
+                        continue
+        return list(self.nodes().values()), pods, jobs
 
     def expect(self, key: JobKey, obj: JSON) -> None:
         """Remember a child we created until its watch event arrives."""

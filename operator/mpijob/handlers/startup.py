@@ -18,6 +18,7 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.gang.mode import GangKind, GangMode
 from mpijob.handlers import reconcile, watches
+from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import Kube
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
@@ -40,8 +41,10 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.watching.chunk_size = 500
-    settings.watching.label_selectors["v1", "pods"] = (
-        f"{keys.LABEL_OPERATOR_NAME}={keys.OPERATOR_NAME}"
+    # Pods are watched unfiltered (as upstream's informer does): placement must see the GPUs
+    # of every placed pod, not only ours. Nodes: only those opted into topology placement.
+    settings.watching.label_selectors["v1", "nodes"] = (
+        f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     )
     settings.execution.max_workers = max(4, ours.threadiness)
 
@@ -74,6 +77,14 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         if name in kwargs
     }
     memo["runtime"] = rt
+    rt.admission = Admission(
+        patch_job=lambda key, patch: kube.patch(keys.API_VERSION, keys.KIND, *key, patch),
+        enqueue=rt.enqueue,
+        snapshot=rt.placement_snapshot,
+        priority_values=lambda: reconcile.priority_values(rt),
+        inter_node_gbps=ours.inter_node_gbps,
+    )
+    rt.workers.append(asyncio.create_task(rt.admission.run_forever(), name="admission"))
     rt.start_workers(reconcile.reconcile)
     rt.workers.append(asyncio.create_task(_heartbeat(rt), name="heartbeat"))
     if ours.monitoring_port:

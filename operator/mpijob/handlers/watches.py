@@ -98,6 +98,31 @@ async def pod_event(namespace: str | None, labels: Any, memo: Any, **_: Any) -> 
         _runtime(memo).enqueue(_key(namespace, job))
 
 
+async def gpu_pods_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
+    """Pods holding placed GPUs (ours or not), by node: what placement must not hand out."""
+    return {str(body.spec.get("nodeName") or ""): pod_summary(body)}
+
+
+# --- nodes --------------------------------------------------------------------------------------
+
+
+async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]:
+    meta = {k: body.metadata.get(k) for k in ("name", "labels", "annotations")}
+    return {
+        name: {
+            "metadata": meta,
+            "spec": dict(body.spec),
+            "status": {"conditions": body.status.get("conditions") or []},
+        }
+    }
+
+
+async def node_event(memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    if rt.admission is not None:
+        rt.admission.wake()  # capacity may have appeared
+
+
 # --- launcher Jobs ------------------------------------------------------------------------------
 
 
@@ -134,6 +159,11 @@ def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
     kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_job)
     kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_event)
+    placed = {keys.GPU_IDS: kopf.PRESENT}
+    kopf.index("v1", "pods", annotations=placed, registry=registry)(gpu_pods_by_node)
+    opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    kopf.index("v1", "nodes", labels=opted_in, registry=registry)(nodes_by_name)
+    kopf.on.event("v1", "nodes", labels=opted_in, registry=registry)(node_event)
     kopf.index("batch", "v1", "jobs", registry=registry)(launchers_by_job)
     kopf.on.event("batch", "v1", "jobs", registry=registry)(launcher_event)
     if gang_api_version:

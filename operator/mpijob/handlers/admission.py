@@ -1,0 +1,148 @@
+"""Our own all-or-nothing admission of topology-placed jobs: the passes and their I/O.
+
+Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
+one at a time, under a lock, so two jobs never take the same GPU) orders every waiting job
+fairly, places each with the placement engine against the GPUs that live pods and earlier
+decisions hold, and then, per job: records an admission on the MPIJob (the decision annotation,
+written before any pod exists, so a restarted operator still knows it), or remembers why it
+waits, or that it timed out. Each decided job is re-queued, and its reconcile turns the outcome
+into pods and status. Passes run when a job starts waiting, and every few seconds while any job
+waits, which is when running jobs release GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mpijob import api, metrics
+from mpijob.gang import admission, topology
+from mpijob.placement.job import Placement, claim, place_job
+
+log = logging.getLogger(__name__)
+
+PASS_INTERVAL_SECONDS = 2.0
+
+JobKey = tuple[str, str]
+
+
+@dataclass
+class Admission:
+    """Waiting jobs and the latest decision about each; one per operator process."""
+
+    patch_job: Callable[[JobKey, dict[str, Any]], Any]
+    """Coroutine function writing a metadata patch on an MPIJob."""
+    enqueue: Callable[[JobKey], None]
+    snapshot: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]], list[api.MPIJob]]]
+    """(opted-in nodes, GPU-annotated pods, every parsed MPIJob) from the caches."""
+    priority_values: Callable[[], Any]
+    """Coroutine function returning PriorityClass name -> value."""
+    inter_node_gbps: float
+    waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
+    last: dict[JobKey, admission.Decision[Placement]] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def want(self, key: JobKey, job: api.MPIJob) -> None:
+        """The job waits for admission; a pass will consider it soon."""
+        fresh = key not in self.waiting
+        self.waiting[key] = job
+        self._gauges()
+        if fresh:
+            self._wake.set()
+
+    def drop(self, key: JobKey) -> None:
+        self.waiting.pop(key, None)
+        self.last.pop(key, None)
+        self._gauges()
+
+    def decision(self, key: JobKey) -> admission.Decision[Placement] | None:
+        return self.last.get(key)
+
+    def wake(self) -> None:
+        if self.waiting:
+            self._wake.set()
+
+    async def run_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=PASS_INTERVAL_SECONDS)
+            self._wake.clear()
+            if not self.waiting:
+                continue
+            try:
+                await self.run_pass()
+            except Exception:  # the next pass retries; the operator must not stop admitting
+                log.exception("Admission pass failed")
+
+    async def run_pass(self) -> None:
+        async with self._lock:
+            nodes_raw, pods, jobs = self.snapshot()
+            held = [
+                d
+                for j in jobs
+                if (d := topology.load_decision(j)) is not None
+                and not j.status.finished
+                and not j.spec.suspended
+            ]
+            nodes = topology.node_states(
+                nodes_raw, topology.used_by_pods(pods), topology.used_by_decisions(held)
+            )
+            empty = topology.node_states(nodes_raw)
+            values = await self.priority_values()
+            by_uid = {}
+            waiting = []
+            for job in self.waiting.values():
+                if job.metadata.creation_timestamp is None:
+                    continue
+                fits_empty = isinstance(
+                    place_job(
+                        topology.request_of(job), empty, inter_node_gbps=self.inter_node_gbps
+                    ),
+                    Placement,
+                )
+                w = admission.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
+                waiting.append(w)
+                by_uid[w.uid] = job
+
+            def try_place(w: admission.WaitingJob, granted: Sequence[Placement]) -> Any:
+                free = nodes
+                for g in granted:
+                    free = list(claim(free, g))
+                started = time.perf_counter()
+                result = place_job(
+                    topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps
+                )
+                metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+                return result
+
+            for decision in admission.decide(waiting, try_place, now=datetime.now(UTC)):
+                await self._apply(decision)
+            self._gauges()
+
+    async def _apply(self, decision: admission.Decision[Placement]) -> None:
+        key = (decision.job.namespace, decision.job.name)
+        previous = self.last.get(key)
+        self.last[key] = decision
+        if isinstance(decision, admission.Admit):
+            await self.patch_job(key, topology.decision_patch(decision.placement))
+            metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)
+            self.waiting.pop(key, None)
+            log.info("Admitted MPIJob %s/%s: %s", *key, decision.placement.summary)
+            self.enqueue(key)
+        elif isinstance(decision, admission.TimedOut):
+            self.waiting.pop(key, None)
+            metrics.GANG_TIMEOUTS.inc()
+            self.enqueue(key)
+        elif previous is None or getattr(previous, "message", None) != decision.message:
+            self.enqueue(key)  # the waiting message changed: show it in the status
+
+    def _gauges(self) -> None:
+        metrics.GANG_WAITING.set(len(self.waiting))
+        metrics.JOBS_WAITING_GPUS.set(len(self.waiting))
