@@ -134,8 +134,12 @@ build_sched_plugins() {
 build_mpi_operator() {
   have "$mpi_dir" mpi-operator && return
   say "upstream mpi-operator v$MPI_OPERATOR_VERSION (benchmark peer)"
+  # `go install pkg@v` asks the proxy for the module's version list, which a mirror may refuse;
+  # a wrapper module only fetches the exact version.
+  local w; w=$(wrapper mpi-operator); cd "$w"
+  go get -tool "github.com/kubeflow/mpi-operator/cmd/mpi-operator@v$MPI_OPERATOR_VERSION"
   mkdir -p "$mpi_dir.tmp"
-  GOBIN="$mpi_dir.tmp" go install "github.com/kubeflow/mpi-operator/cmd/mpi-operator@v$MPI_OPERATOR_VERSION"
+  go build -ldflags "-s -w" -o "$mpi_dir.tmp/mpi-operator" github.com/kubeflow/mpi-operator/cmd/mpi-operator
   rm -rf "$mpi_dir"; mv "$mpi_dir.tmp" "$mpi_dir"
 }
 
