@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,11 @@ def start(name: str, argv: list[str], state: State) -> None:
     state.save()
 
 
-def write_pki(pki: Path) -> None:
+def user_token(user: str) -> str:
+    return f"{TOKEN}-{user}"
+
+
+def write_pki(pki: Path, users: Sequence[str] = ()) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -201,7 +206,47 @@ def write_pki(pki: Path) -> None:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+    # Extra users are admins too, with their own names, so audit events tell their clients apart.
+    lines = [f'{TOKEN},admin,admin,"system:masters"']
+    lines += [f'{user_token(u)},{u},{u},"system:masters"' for u in users]
+    (pki / "tokens.csv").write_text("\n".join(lines) + "\n")
+
+
+def audit_policy() -> str:
+    """Every request once, at Metadata level (who, verb, resource; no bodies)."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata"}],
+        }
+    )
+
+
+def audit_args(audit_log: bool) -> list[str]:
+    """kube-apiserver flags for the audit log (none without it); a fresh log per start."""
+    sd = state_dir()
+    (sd / "logs" / "audit.log").unlink(missing_ok=True)
+    if not audit_log:
+        (sd / "audit-policy.yaml").unlink(missing_ok=True)
+        return []
+    (sd / "logs").mkdir(parents=True, exist_ok=True)
+    (sd / "audit-policy.yaml").write_text(audit_policy())
+    return [
+        f"--audit-policy-file={sd / 'audit-policy.yaml'}",
+        f"--audit-log-path={sd / 'logs' / 'audit.log'}",
+        "--audit-log-format=json",
+        # Written before the response returns, so a count read afterwards is complete.
+        "--audit-log-mode=blocking",
+    ]
+
+
+def write_user_kubeconfigs(state: State, users: Sequence[str]) -> None:
+    for user in users:
+        path = state_dir() / f"kubeconfig-{user}"
+        path.write_text(kubeconfig_text(state, user_token(user), user))
+        path.chmod(0o600)
 
 
 def kubeconfig_text(state: State, token: str = TOKEN, user: str = "admin") -> str:
@@ -355,20 +400,31 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
     wait_for(f"{count} nodes Ready", ready, 120, "kwok")
 
 
-def up(nodes: int, topology: str, gpus: int) -> State:
+def up(
+    nodes: int, topology: str, gpus: int, audit_log: bool = False, users: Sequence[str] = ()
+) -> State:
     try:
-        return _up(nodes, topology, gpus)
+        return _up(nodes, topology, gpus, audit_log, users)
     except BaseException:
         say("start failed; stopping what was started (logs stay in .cluster/logs)")
         down(quiet=True)
         raise
 
 
-def _up(nodes: int, topology: str, gpus: int) -> State:
+def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
     t0 = time.monotonic()
     state = State.load()
     if state and healthy(state):
         say(f"already running at {server_url(state)}")
+        tokens = (state_dir() / "pki" / "tokens.csv").read_text() if users else ""
+        if any(f"{user_token(u)}," not in tokens for u in users) or (
+            audit_log and not (state_dir() / "audit-policy.yaml").exists()
+        ):
+            raise SystemExit(
+                "[cluster] error: the running cluster was started without the requested "
+                "--user/--audit-log; run `down` first"
+            )
+        write_user_kubeconfigs(state, users)
         ensure_nodes(state, nodes, topology, gpus)
         return state
     if state:
@@ -383,7 +439,8 @@ def _up(nodes: int, topology: str, gpus: int) -> State:
     sd = state_dir()
     sd.mkdir(parents=True, exist_ok=True)
     pki = sd / "pki"
-    write_pki(pki)
+    write_pki(pki, users)
+    audit = audit_args(audit_log)
     state = State(
         ports={
             c: free_port()
@@ -448,6 +505,7 @@ def _up(nodes: int, topology: str, gpus: int) -> State:
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--v=1",
+            *audit,
         ],
         state,
     )
@@ -457,6 +515,7 @@ def _up(nodes: int, topology: str, gpus: int) -> State:
     say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
     kubeconfig.write_text(kubeconfig_text(state))  # carries the CA the apiserver just made
     kubeconfig.chmod(0o600)
+    write_user_kubeconfigs(state, users)
 
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
@@ -610,13 +669,26 @@ def main() -> int:
         help=f"GPU topology fixture of every node (default {DEFAULT_TOPOLOGY})",
     )
     p_up.add_argument("--gpus", type=int, default=8, help="allocatable nvidia.com/gpu per node")
+    p_up.add_argument(
+        "--audit-log",
+        action="store_true",
+        help="write a Metadata-level audit log of every API request to logs/audit.log",
+    )
+    p_up.add_argument(
+        "--user",
+        dest="users",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="add a token user NAME in system:masters with its own kubeconfig-NAME (repeatable)",
+    )
     sub.add_parser("down", help="stop every process and delete the cluster's data")
     sub.add_parser("status", help="show each component's pid, state and memory")
     p_kc = sub.add_parser("kubeconfig", help="print the admin kubeconfig path")
     p_kc.add_argument("--print", action="store_true", help="print the file's content instead")
     args = parser.parse_args()
     if args.cmd == "up":
-        up(args.nodes, args.topology, args.gpus)
+        up(args.nodes, args.topology, args.gpus, args.audit_log, args.users)
     elif args.cmd == "down":
         down()
     elif args.cmd == "status":
