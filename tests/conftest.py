@@ -19,6 +19,7 @@ from kubernetes import client
 from support.kube import ROOT, Cluster, start_cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
+from support.wait import wait_until
 
 TESTS = Path(__file__).resolve().parent
 
@@ -60,11 +61,15 @@ def crds(cluster: Cluster) -> Cluster:
 
 @pytest.fixture
 def start_operator(
-    crds: Cluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+    crds: Cluster, namespace: str
 ) -> Iterator[Callable[..., OperatorProcess]]:
-    """Start our operator (a subprocess) watching the test's namespace; stopped afterwards."""
+    """Start our operator (a subprocess) watching the test's namespace; stopped afterwards.
+
+    Its log is kept in .test-logs/operator-<namespace>.log.
+    """
     started: list[OperatorProcess] = []
-    log_dir = tmp_path_factory.mktemp("operator-logs")
+    log_dir = ROOT / ".test-logs"
+    log_dir.mkdir(exist_ok=True)
 
     def start(*args: str, wait: bool = True) -> OperatorProcess:
         op = OperatorProcess(crds.kubeconfig, namespace, log_dir, *args)
@@ -85,3 +90,18 @@ def operator(start_operator: Callable[..., OperatorProcess]) -> OperatorProcess:
 @pytest.fixture
 def mpijobs(crds: Cluster, namespace: str) -> MPIJobs:
     return MPIJobs(crds, namespace)
+
+
+@pytest.fixture
+def idle_gpus(cluster: Cluster) -> None:
+    """Wait until no pod anywhere requests GPUs (earlier tests' namespaces are gone)."""
+
+    def gpu_pods() -> list[str]:
+        return [
+            f"{p.metadata.namespace}/{p.metadata.name}"
+            for p in cluster.core.list_pod_for_all_namespaces().items
+            if any((c.resources and (c.resources.limits or {}).get("nvidia.com/gpu"))
+                   for c in p.spec.containers)
+        ]
+
+    wait_until(lambda: not gpu_pods(), timeout=120, what="no GPU pods left from earlier tests")

@@ -71,11 +71,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         settings=ours, kube=kube, recorder=Recorder(kube, instance=instance), leader=leader
     )
     # Indices are live mappings: empty now, complete before any resource handler runs.
-    rt.indices = {
-        name: kwargs[name]
-        for name in ("mpijobs_by_key", "pods_by_job", "launchers_by_job", "podgroups_by_job")
-        if name in kwargs
-    }
+    rt.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
     memo["runtime"] = rt
     rt.admission = Admission(
         patch_job=lambda key, patch: kube.patch(keys.API_VERSION, keys.KIND, *key, patch),

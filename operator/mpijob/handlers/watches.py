@@ -151,6 +151,13 @@ async def podgroup_event(body: kopf.Body, namespace: str | None, memo: Any, **_:
         _runtime(memo).enqueue(_key(namespace, owner))
 
 
+#: Every index registered above, by the name handlers receive it under.
+INDICES = (
+    "mpijobs_by_key", "pods_by_job", "gpu_pods_by_node", "nodes_by_name", "launchers_by_job",
+    "podgroups_by_job",
+)
+
+
 def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -> None:
     """Attach the indices and event handlers; PodGroups only in gang mode."""
     mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)

@@ -1,0 +1,143 @@
+"""Topology-aware placement on the local cluster of DGX-1 V100 nodes.
+
+Jobs that opt in (``mpijob.io/gpu-topology: "true"``) get, for each worker, a node and a GPU set
+on the best NVLink ring, written as pod annotations with a required node affinity; GPUs held by
+live pods or by other jobs' decisions are never handed out twice, also across a restart.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support.jobs import mpijob
+from support.kube import Cluster
+from support.mpijobs import MPIJobs
+from support.wait import wait_until
+
+from mpijob import keys
+from mpijob.placement import allocator, codec
+from mpijob.placement.scoring import ring_gbps
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+
+TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
+
+
+def topology_job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> dict[str, Any]:
+    return mpijob(name, workers=workers, gpus=gpus, annotations=TOPOLOGY, **kw)
+
+
+def workers(cluster: Cluster, ns: str, job: str, n: int) -> list[Any]:
+    def listed() -> list[Any] | None:
+        pods = cluster.core.list_namespaced_pod(
+            ns, label_selector=f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}=worker").items
+        return pods if len(pods) == n and all(p.spec.node_name for p in pods) else None
+
+    return wait_until(listed, timeout=60, what=f"{n} bound workers of {job}")
+
+
+def gpus_of(pods: list[Any]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for p in pods:
+        ids = p.metadata.annotations[keys.GPU_IDS]
+        out.setdefault(p.spec.node_name, set()).update(int(i) for i in ids.split(","))
+    return out
+
+
+def node_topology(cluster: Cluster, node: str) -> Any:
+    return codec.loads(cluster.core.read_node(node).metadata.annotations[keys.GPU_TOPOLOGY])
+
+
+def seed(cluster: Cluster, ns: str, node: str, gpu_ids: str) -> None:
+    """A pod someone else placed: bound to ``node``, holding ``gpu_ids``."""
+    count = len(gpu_ids.split(","))
+    cluster.core.create_namespaced_pod(ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"seed-{node}", annotations={keys.GPU_IDS: gpu_ids}),
+        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(
+            name="main", image="busybox", resources=client.V1ResourceRequirements(
+                limits={keys.GPU_RESOURCE: str(count)}))])))
+
+
+def test_four_by_one_job_lands_on_one_node_on_an_nvlink_ring(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(topology_job("ring"))
+    pods = workers(crds, namespace, "ring", 4)
+    placed = gpus_of(pods)
+    assert len(placed) == 1, f"spread over nodes: {placed}"
+    (node, gpus), = placed.items()
+    topology = node_topology(crds, node)
+    # An NVLink ring: every hop of the best ring order is NVLink, at the node's best 4-ring.
+    best = allocator.best_set(topology, frozenset(range(8)), 4)
+    assert ring_gbps(topology, tuple(sorted(gpus))) == best.ring_gbps
+    assert best.ring_gbps >= 25.0
+    for p in pods:
+        ann = p.metadata.annotations
+        assert float(ann[keys.RING_BANDWIDTH]) == best.ring_gbps
+        index = int(ann[keys.GPU_IDS])
+        assert ann[keys.GPU_UUIDS] == topology.gpus[index].uuid
+        terms = p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        expr = terms.node_selector_terms[0].match_expressions[0]
+        assert (expr.key, expr.operator, expr.values) == ("kubernetes.io/hostname", "In", [node])
+    summary = mpijobs.get("ring")["metadata"]["annotations"][keys.PLACEMENT]
+    assert node in summary
+    admitted = mpijobs.wait_condition("ring", keys.COND_GANG_ADMITTED)
+    assert admitted["reason"] == "GangAdmitted"
+
+
+def test_preseeded_gpus_leave_the_best_free_ring(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    """DGX-1 V100 with {0,3,4,7} taken: {1,2,5,6} is the free 4-GPU NVLink ring."""
+    for i in range(1, 4):  # every other node full
+        seed(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
+    seed(crds, namespace, "gpu-node-0", "0,3,4,7")
+    wait_until(lambda: all(p.status.phase == "Running"
+                           for p in crds.core.list_namespaced_pod(namespace).items),
+               what="seed pods Running")
+    mpijobs.create(topology_job("free-ring"))
+    placed = gpus_of(workers(crds, namespace, "free-ring", 4))
+    assert placed == {"gpu-node-0": {1, 2, 5, 6}}
+
+
+def test_two_jobs_submitted_together_never_share_a_gpu(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(topology_job("a", workers=4, gpus=2))
+    mpijobs.create(topology_job("b", workers=4, gpus=2))
+    a = gpus_of(workers(crds, namespace, "a", 4))
+    b = gpus_of(workers(crds, namespace, "b", 4))
+    for node in set(a) & set(b):
+        assert not a[node] & b[node], f"shared on {node}: {a[node] & b[node]}"
+    assert sum(len(g) for g in a.values()) == 8
+    assert sum(len(g) for g in b.values()) == 8
+
+
+def test_after_a_restart_a_new_job_avoids_gpus_in_use(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    first = start_operator()
+    mpijobs.create(topology_job("before", workers=3, gpus=8))  # fills three nodes
+    before = gpus_of(workers(crds, namespace, "before", 3))
+    first.kill(signal.SIGKILL)
+
+    start_operator()
+    mpijobs.create(topology_job("after", workers=2, gpus=4))
+    after = gpus_of(workers(crds, namespace, "after", 2))
+    assert set(after) == {n for n in (f"gpu-node-{i}" for i in range(4)) if n not in before}
+    for node, gpus in after.items():
+        assert not gpus & before.get(node, set())
+
+
+def test_a_job_that_cannot_fit_waits_with_a_message(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(topology_job("huge", workers=1, gpus=16))
+    waiting = mpijobs.wait_condition("huge", keys.COND_GANG_ADMITTED, status="False")
+    wait_until(lambda: "needs 16 GPUs" in mpijobs.condition("huge", keys.COND_GANG_ADMITTED)
+               ["message"], what="the waiting message")
+    assert waiting["reason"] == "GangWaiting"
+    assert not crds.core.list_namespaced_pod(namespace).items
