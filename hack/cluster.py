@@ -559,6 +559,10 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1",
             f"--secure-port={p['kube-scheduler']}",
+            # Coscheduling requeues a rejected gang only on pod or PodGroup events, not when
+            # capacity frees; the scheduler's periodic flush does that (5 min by default).
+            # A simulation cluster retries sooner so tests see capacity freed within seconds.
+            "--pod-max-in-unschedulable-pods-duration=10s",
             "--v=1",
         ],
         state,
