@@ -15,7 +15,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds bench bench-placement kind-e2e clean
+        lint demo run crds bench bench-placement kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -51,11 +51,15 @@ test-unit: install ## Run the unit tests only (no cluster)
 test-integration: install ## Run the integration tests only
 	$(PY) -m pytest -m integration
 
-lint: install ## ruff, mypy and the import-layer contracts
-	$(VENV)/bin/ruff check operator tests bench hack
-	$(VENV)/bin/ruff format --check operator tests bench hack
+lint: install ## ruff, mypy, the import-layer contracts, generated dashboards up to date
+	$(VENV)/bin/ruff check operator tests bench hack dashboards
+	$(VENV)/bin/ruff format --check operator tests bench hack dashboards
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) dashboards/generate.py --check
+
+dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
+	$(PY) dashboards/generate.py
 
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/

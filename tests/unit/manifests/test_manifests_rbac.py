@@ -14,8 +14,8 @@ def grants(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]]:
 
 #: What the operator's code calls today (handlers/kube.py, recorder, leader election, Kopf).
 OPERATOR_CLUSTER = (
-    grants("kubeflow.org", "mpijobs", "get list watch")
-    | grants("kubeflow.org", "mpijobs/status", "get update patch")
+    grants("kubeflow.org", "mpijobs", "list watch patch")
+    | grants("kubeflow.org", "mpijobs/status", "update")
     | grants("", "pods", "get list watch create delete")
     | grants("", "services", "create get patch")
     | grants("", "configmaps", "create get patch")
@@ -26,8 +26,9 @@ OPERATOR_CLUSTER = (
     | grants("scheduling.x-k8s.io", "podgroups", "get list watch create patch delete")
     | grants("scheduling.volcano.sh", "podgroups", "get list watch create patch delete")
     | grants("scheduling.k8s.io", "priorityclasses", "list")
-    | grants("", "nodes", "get list watch")
+    | grants("", "nodes", "list watch")
     | grants("", "namespaces", "list watch")
+    | grants("apiextensions.k8s.io", "customresourcedefinitions", "list watch")
 )
 OPERATOR_LOCK_NAMESPACE = grants("coordination.k8s.io", "leases", "get create update")
 
