@@ -257,7 +257,13 @@ def kubeconfig_text(state: State, token: str = TOKEN, user: str = "admin") -> st
             "clusters": [
                 {
                     "name": "mpijob-local",
-                    "cluster": {"server": server_url(state), "insecure-skip-tls-verify": True},
+                    "cluster": {
+                        "server": server_url(state),
+                        # The apiserver's self-signed serving certificate is its own CA.
+                        "certificate-authority-data": base64.b64encode(
+                            (state_dir() / "pki" / "apiserver.crt").read_bytes()
+                        ).decode(),
+                    },
                 }
             ],
             "users": [{"name": user, "user": {"token": token}}],
@@ -316,8 +322,10 @@ def third_party_crds() -> list[Path]:
         )
     sp = Path(json.loads(out.stdout)["Dir"])
     return [
-        sp / "manifests/coscheduling/crd.yaml",  # PodGroup (manifests/crds/ holds links a module zip omits)
-        sp / "manifests/capacityscheduling/crd.yaml",  # ElasticQuota, which the controller also watches
+        # PodGroup (manifests/crds/ holds symlinks, which a module zip leaves out).
+        sp / "manifests/coscheduling/crd.yaml",
+        # ElasticQuota, which the PodGroup controller also watches.
+        sp / "manifests/capacityscheduling/crd.yaml",
         HACK / "crds/volcano-podgroups.yaml",
     ]
 
@@ -503,6 +511,8 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0",
             "--enable-priority-and-fairness=false",
+            # Loopback cannot be a Service endpoint; nothing here reaches it through a Service.
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=1",
             *audit,
@@ -604,7 +614,19 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
     return state
 
 
+def stop_demo_operator() -> None:
+    """The operator ``make demo`` left running, if any."""
+    pid_file = state_dir() / "operator.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text() or 0)
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        pid_file.unlink()
+
+
 def down(quiet: bool = False) -> None:
+    stop_demo_operator()
     state = State.load()
     if state is None:
         if not quiet:

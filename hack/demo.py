@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""``make demo``: the operator on the local cluster, running a topology-aware MPIJob to Succeeded.
+
+Expects the cluster up and the CRD installed (the Makefile does both). Starts the operator in the
+background (log: .cluster/logs/operator.log; stopped by ``make cluster-down``), applies
+examples/pytorch-vgg16-topology.yaml in namespace ``demo`` with the launcher told to finish after
+a while (the simulated cluster runs no containers), and prints the job and its pods as they
+progress. Running it again replaces the demo job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "hack"))
+import cluster  # noqa: E402 - hack/cluster.py, beside this file
+
+NAMESPACE = "demo"
+EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
+RUN_SECONDS = "20s"
+TIMEOUT = 180
+BOLD, DIM, GREEN, RESET = (
+    ("\033[1m", "\033[2m", "\033[32m", "\033[0m") if sys.stdout.isatty() else ("", "", "", "")
+)
+
+
+def start_operator(kubeconfig: Path) -> int:
+    pid_file = cluster.state_dir() / "operator.pid"
+    if pid_file.exists() and cluster.alive(int(pid_file.read_text())):
+        return int(pid_file.read_text())
+    log = cluster.state_dir() / "logs" / "operator.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mpijob",
+                "run",
+                "--no-leader-elect",
+                "--monitoring-port",
+                "8080",
+                "--kubeconfig",
+                str(kubeconfig),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pid_file.write_text(str(proc.pid))
+    return proc.pid
+
+
+def demo_job() -> dict[str, Any]:
+    job = yaml.safe_load(EXAMPLE.read_text())
+    template = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[
+        "mpijob.io/sim-succeed-after"
+    ] = RUN_SECONDS
+    return job
+
+
+def conditions(job: dict[str, Any]) -> str:
+    true = [
+        c["type"]
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c["status"] == "True"
+    ]
+    return ",".join(true) or "-"
+
+
+def pods_table(core: client.CoreV1Api, name: str) -> list[str]:
+    rows = []
+    for p in sorted(
+        core.list_namespaced_pod(
+            NAMESPACE, label_selector=(f"training.kubeflow.org/job-name={name}")
+        ).items,
+        key=lambda p: p.metadata.name,
+    ):
+        gpus = (p.metadata.annotations or {}).get("mpijob.io/gpu-ids", "")
+        rows.append(
+            f"  {p.metadata.name:42} {p.status.phase:10} {p.spec.node_name or '-':12} "
+            f"{('GPUs ' + gpus) if gpus else ''}"
+        )
+    return rows
+
+
+def main() -> int:
+    kubeconfig = cluster.state_dir() / "kubeconfig"
+    config.load_kube_config(config_file=str(kubeconfig))
+    core = client.CoreV1Api()
+    mpijobs = client.CustomObjectsApi()
+    pid = start_operator(kubeconfig)
+    print(f"{BOLD}Operator{RESET} running (pid {pid}); log: .cluster/logs/operator.log")
+
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    job = demo_job()
+    name = job["metadata"]["name"]
+    args = ("kubeflow.org", "v2beta1", NAMESPACE, "mpijobs")
+    try:
+        mpijobs.delete_namespaced_custom_object(*args, name)
+        while pods_table(core, name) or _exists(mpijobs, args, name):
+            time.sleep(0.5)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+    mpijobs.create_namespaced_custom_object(*args, job)
+    print(
+        f"{BOLD}Applied{RESET} {EXAMPLE.relative_to(ROOT)} in namespace {NAMESPACE} "
+        f"(the launcher finishes {RUN_SECONDS} after it starts)\n"
+    )
+
+    shown: tuple[str, tuple[str, ...]] | None = None
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        current = mpijobs.get_namespaced_custom_object(*args, name)
+        state = conditions(current)
+        rows = tuple(pods_table(core, name))
+        if (state, rows) != shown:
+            shown = (state, rows)
+            print(
+                f"{DIM}{time.strftime('%H:%M:%S')}{RESET} {BOLD}{name}{RESET} conditions: {state}"
+            )
+            placement = (current["metadata"].get("annotations") or {}).get("mpijob.io/placement")
+            if placement:
+                print(f"  placement: {placement}")
+            print("\n".join(rows) or "  (no pods)")
+        if "Succeeded" in state.split(","):
+            print(f"\n{GREEN}{BOLD}{name} Succeeded.{RESET}")
+            break
+        if "Failed" in state.split(","):
+            print(f"\n{name} Failed; see .cluster/logs/operator.log")
+            return 1
+        time.sleep(0.5)
+    else:
+        print(f"\n{name} did not finish within {TIMEOUT}s; see .cluster/logs/operator.log")
+        return 1
+
+    kc = f"KUBECONFIG={kubeconfig}"
+    print(f"""
+Look around:
+  export {kc}
+  {cluster.binaries()["kubectl"]} get mpijobs,pods,jobs -n {NAMESPACE}
+  .venv/bin/mpijob get {name} -n {NAMESPACE}
+  .venv/bin/mpijob topology gpu-node-0
+  curl -s localhost:8080/metrics | grep mpi_operator
+Stop everything: make cluster-down""")
+    return 0
+
+
+def _exists(api: client.CustomObjectsApi, args: tuple[str, ...], name: str) -> bool:
+    try:
+        api.get_namespaced_custom_object(*args, name)
+    except client.ApiException:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    os.chdir(ROOT)
+    sys.exit(main())
