@@ -708,6 +708,12 @@ def main() -> int:
         metavar="NAME",
         help="add a token user NAME in system:masters with its own kubeconfig-NAME (repeatable)",
     )
+    p_nodes = sub.add_parser(
+        "node-manifests", help="print the simulated GPU nodes as YAML (for any kwok cluster)"
+    )
+    p_nodes.add_argument("--nodes", type=int, default=4)
+    p_nodes.add_argument("--topology", default=DEFAULT_TOPOLOGY)
+    p_nodes.add_argument("--gpus", type=int, default=8)
     sub.add_parser("down", help="stop every process and delete the cluster's data")
     sub.add_parser("status", help="show each component's pid, state and memory")
     p_kc = sub.add_parser("kubeconfig", help="print the admin kubeconfig path")
@@ -715,6 +721,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.cmd == "up":
         up(args.nodes, args.topology, args.gpus, args.audit_log, args.users)
+    elif args.cmd == "node-manifests":
+        nodes = [node_manifest(i, args.topology, args.gpus) for i in range(args.nodes)]
+        print(yaml.safe_dump_all(nodes))
     elif args.cmd == "down":
         down()
     elif args.cmd == "status":
