@@ -1,0 +1,115 @@
+"""The reconcile's early exits, against a client that records every request it is asked to send.
+
+Counterparts of upstream's "do nothing" syncs in ``mpi_job_controller_test.go``: there, the fake
+clients must see no action; here, the API must receive no request (or, for an invalid job, only
+our documented status condition).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mpijob import keys
+from mpijob.build.events import Event
+from mpijob.handlers import reconcile
+from mpijob.handlers.runtime import Runtime
+from mpijob.settings import OperatorSettings
+
+pytestmark = pytest.mark.unit
+
+
+class RecordingKube:
+    """Answers nothing: records each request so the test can say none was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, Any]] = []
+
+    def __getattr__(self, verb: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            self.requests.append((verb, args))
+            return {"metadata": {"resourceVersion": "2"}}
+
+        return call
+
+
+class RecordingRecorder:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def post(self, obj: dict[str, Any], event: Event) -> None:
+        self.events.append(event)
+
+
+def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
+    kube, recorder = RecordingKube(), RecordingRecorder()
+    rt = Runtime(settings=OperatorSettings(), kube=kube, recorder=recorder,  # type: ignore[arg-type]
+                 leader=None)
+    rt.indices = {"mpijobs_by_key": {
+        (b["metadata"]["namespace"], b["metadata"]["name"]): [b] for b in bodies}}
+    return rt, kube, recorder
+
+
+def job(name: str = "foo", namespace: str = "bar", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.API_VERSION, "kind": keys.KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": "uid-foo",
+                     "resourceVersion": "1", "creationTimestamp": "2024-05-01T10:00:00Z"},
+        "spec": spec,
+    }
+
+
+async def test_do_nothing_with_invalid_key() -> None:
+    """Counterpart of upstream TestDoNothingWithInvalidKey: key foo/bar/baz."""
+    rt, kube, recorder = runtime()
+    await reconcile.reconcile(rt, ("foo/bar", "baz"))
+    assert kube.requests == [] and recorder.events == []
+
+
+async def test_do_nothing_with_nonexistent_mpijob() -> None:
+    """Counterpart of upstream TestDoNothingWithNonexistentMPIJob."""
+    rt, kube, recorder = runtime(job("other"))
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [] and recorder.events == []
+
+
+async def test_do_nothing_with_mpijob_managed_externally() -> None:
+    """Counterpart of upstream TestDoNothingWithMPIJobManagedExternally: not even validated."""
+    rt, kube, recorder = runtime(job(runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"}))
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [] and recorder.events == []
+
+
+async def test_do_nothing_with_invalid_mpijob() -> None:
+    """Counterpart of upstream TestDoNothingWithInvalidMPIJob: an empty MPIJob bar/foo.
+
+    No child is created. Upstream writes nothing and posts a Warning; we also record an
+    ``Invalid`` condition (a documented difference), so the only request is the status write.
+    """
+    rt, kube, recorder = runtime(job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert [verb for verb, _ in kube.requests] == ["replace_status"]
+    written = kube.requests[0][1][0]["status"]["conditions"]
+    assert [(c["type"], c["status"], c["reason"]) for c in written] == [
+        ("Invalid", "True", "ValidationError")]
+    assert "spec.mpiReplicaSpecs" in written[0]["message"]
+    assert [(e.type, e.reason) for e in recorder.events] == [("Warning", "ValidationError")]
+
+
+async def test_an_invalid_job_is_reported_once_not_on_every_sync() -> None:
+    rt, kube, recorder = runtime(job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    reported = kube.requests[0][1][0]
+    rt.indices["mpijobs_by_key"][("bar", "foo")] = [reported]
+    rt.written.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert len(kube.requests) == 1 and len(recorder.events) == 1
+
+
+async def test_do_nothing_with_terminating_mpijob() -> None:
+    body = job()
+    body["metadata"]["deletionTimestamp"] = "2024-05-01T10:05:00Z"
+    rt, kube, recorder = runtime(body)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [] and recorder.events == []
