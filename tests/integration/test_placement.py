@@ -8,18 +8,20 @@ live pods or by other jobs' decisions are never handed out twice, also across a 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
-from support.jobs import mpijob
-from support.kube import Cluster
-from support.mpijobs import MPIJobs
-from support.wait import wait_until
 
 from mpijob import keys
 from mpijob.placement import allocator, codec
 from mpijob.placement.scoring import ring_gbps
+from support.jobs import mpijob
+from support.kube import Cluster
+from support.mpijobs import MPIJobs
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
@@ -33,7 +35,8 @@ def topology_job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> dict[
 def workers(cluster: Cluster, ns: str, job: str, n: int) -> list[Any]:
     def listed() -> list[Any] | None:
         pods = cluster.core.list_namespaced_pod(
-            ns, label_selector=f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}=worker").items
+            ns, label_selector=f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}=worker"
+        ).items
         return pods if len(pods) == n and all(p.spec.node_name for p in pods) else None
 
     return wait_until(listed, timeout=60, what=f"{n} bound workers of {job}")
@@ -54,11 +57,24 @@ def node_topology(cluster: Cluster, node: str) -> Any:
 def seed(cluster: Cluster, ns: str, node: str, gpu_ids: str) -> None:
     """A pod someone else placed: bound to ``node``, holding ``gpu_ids``."""
     count = len(gpu_ids.split(","))
-    cluster.core.create_namespaced_pod(ns, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=f"seed-{node}", annotations={keys.GPU_IDS: gpu_ids}),
-        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(
-            name="main", image="busybox", resources=client.V1ResourceRequirements(
-                limits={keys.GPU_RESOURCE: str(count)}))])))
+    cluster.core.create_namespaced_pod(
+        ns,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"seed-{node}", annotations={keys.GPU_IDS: gpu_ids}),
+            spec=client.V1PodSpec(
+                node_name=node,
+                containers=[
+                    client.V1Container(
+                        name="main",
+                        image="busybox",
+                        resources=client.V1ResourceRequirements(
+                            limits={keys.GPU_RESOURCE: str(count)}
+                        ),
+                    )
+                ],
+            ),
+        ),
+    )
 
 
 def test_four_by_one_job_lands_on_one_node_on_an_nvlink_ring(
@@ -68,7 +84,7 @@ def test_four_by_one_job_lands_on_one_node_on_an_nvlink_ring(
     pods = workers(crds, namespace, "ring", 4)
     placed = gpus_of(pods)
     assert len(placed) == 1, f"spread over nodes: {placed}"
-    (node, gpus), = placed.items()
+    ((node, gpus),) = placed.items()
     topology = node_topology(crds, node)
     # An NVLink ring: every hop of the best ring order is NVLink, at the node's best 4-ring.
     best = allocator.best_set(topology, frozenset(range(8)), 4)
@@ -95,9 +111,12 @@ def test_preseeded_gpus_leave_the_best_free_ring(
     for i in range(1, 4):  # every other node full
         seed(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
     seed(crds, namespace, "gpu-node-0", "0,3,4,7")
-    wait_until(lambda: all(p.status.phase == "Running"
-                           for p in crds.core.list_namespaced_pod(namespace).items),
-               what="seed pods Running")
+    wait_until(
+        lambda: all(
+            p.status.phase == "Running" for p in crds.core.list_namespaced_pod(namespace).items
+        ),
+        what="seed pods Running",
+    )
     mpijobs.create(topology_job("free-ring"))
     placed = gpus_of(workers(crds, namespace, "free-ring", 4))
     assert placed == {"gpu-node-0": {1, 2, 5, 6}}
@@ -137,7 +156,49 @@ def test_a_job_that_cannot_fit_waits_with_a_message(
 ) -> None:
     mpijobs.create(topology_job("huge", workers=1, gpus=16))
     waiting = mpijobs.wait_condition("huge", keys.COND_GANG_ADMITTED, status="False")
-    wait_until(lambda: "needs 16 GPUs" in mpijobs.condition("huge", keys.COND_GANG_ADMITTED)
-               ["message"], what="the waiting message")
+    wait_until(
+        lambda: "needs 16 GPUs" in mpijobs.condition("huge", keys.COND_GANG_ADMITTED)["message"],
+        what="the waiting message",
+    )
     assert waiting["reason"] == "GangWaiting"
     assert not crds.core.list_namespaced_pod(namespace).items
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name: str) -> dict[str, Any]:
+    job = yaml.safe_load((EXAMPLES / name).read_text())
+    template = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[keys.SIM_SUCCEED_AFTER] = "5s"
+    return job
+
+
+def test_seed_scenarios_topology_aware_against_ordinary_on_two_v100_nodes(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    """The seed's pair (4 workers x 1 GPU on 2 nodes of 8 V100), from examples/.
+
+    The topology-aware job gets one node's best 4-GPU NVLink ring; the ordinary one is placed
+    by the scheduler alone and carries no placement; both succeed.
+    """
+    for i in (2, 3):  # leave two 8-GPU V100 nodes
+        seed(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
+    mpijobs.create(example("pytorch-vgg16-topology.yaml"))
+    topo = workers(crds, namespace, "pytorch-vgg16-topology", 4)
+    mpijobs.create(example("pytorch-vgg16.yaml"))
+    plain = workers(crds, namespace, "pytorch-vgg16", 4)
+
+    placed = gpus_of(topo)
+    assert len(placed) == 1
+    ((node, gpus),) = placed.items()
+    assert node in ("gpu-node-0", "gpu-node-1")
+    topology = node_topology(crds, node)
+    assert (
+        ring_gbps(topology, tuple(sorted(gpus)))
+        == allocator.best_set(topology, frozenset(range(8)), 4).ring_gbps
+    )
+    assert all(keys.GPU_IDS not in (p.metadata.annotations or {}) for p in plain)
+    assert {p.spec.node_name for p in plain} <= {"gpu-node-0", "gpu-node-1"}
+    mpijobs.wait_condition("pytorch-vgg16-topology", "Succeeded", timeout=90)
+    mpijobs.wait_condition("pytorch-vgg16", "Succeeded", timeout=90)
