@@ -60,9 +60,7 @@ def crds(cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture
-def start_operator(
-    crds: Cluster, namespace: str
-) -> Iterator[Callable[..., OperatorProcess]]:
+def start_operator(crds: Cluster, namespace: str) -> Iterator[Callable[..., OperatorProcess]]:
     """Start our operator (a subprocess) watching the test's namespace; stopped afterwards.
 
     Its log is kept in .test-logs/operator-<namespace>.log.
@@ -100,8 +98,10 @@ def idle_gpus(cluster: Cluster) -> None:
         return [
             f"{p.metadata.namespace}/{p.metadata.name}"
             for p in cluster.core.list_pod_for_all_namespaces().items
-            if any((c.resources and (c.resources.limits or {}).get("nvidia.com/gpu"))
-                   for c in p.spec.containers)
+            if any(
+                (c.resources and (c.resources.limits or {}).get("nvidia.com/gpu"))
+                for c in p.spec.containers
+            )
         ]
 
     wait_until(lambda: not gpu_pods(), timeout=120, what="no GPU pods left from earlier tests")

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from mpijob import keys
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
-
-from mpijob import keys
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,8 @@ def test_each_malformed_job_is_rejected_naming_its_field(
         assert event["type"] == "Warning"
         assert field in event["message"]
         assert not crds.core.list_namespaced_pod(
-            namespace, label_selector=f"{keys.LABEL_JOB_NAME}={name}").items
+            namespace, label_selector=f"{keys.LABEL_JOB_NAME}={name}"
+        ).items
 
     assert operator.alive(), operator.logs()
     mpijobs.wait_condition("valid", "Succeeded", timeout=90)
@@ -77,8 +78,11 @@ def test_a_fixed_job_loses_its_invalid_condition_and_runs(
     job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"] = "oops"
     mpijobs.create(job)
     mpijobs.wait_condition("fixme", keys.COND_INVALID)
-    mpijobs.patch("fixme", {"spec": {"mpiReplicaSpecs": {"Worker": {"template": {
-        "spec": {"volumes": []}}}}}})
+    mpijobs.patch(
+        "fixme", {"spec": {"mpiReplicaSpecs": {"Worker": {"template": {"spec": {"volumes": []}}}}}}
+    )
     mpijobs.wait_condition("fixme", "Succeeded", timeout=90)
-    wait_until(lambda: mpijobs.condition("fixme", keys.COND_INVALID) is None,
-               what="the Invalid condition removed")
+    wait_until(
+        lambda: mpijobs.condition("fixme", keys.COND_INVALID) is None,
+        what="the Invalid condition removed",
+    )

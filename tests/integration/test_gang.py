@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
+from mpijob import keys
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import stays, wait_until
-
-from mpijob import keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
@@ -30,18 +30,33 @@ def job_pods(cluster: Cluster, ns: str, job: str, role: str = "") -> list[Any]:
 
 
 def pod_group(cluster: Cluster, kind: tuple[str, str], ns: str, name: str) -> dict[str, Any]:
-    return wait_until(lambda: cluster.resource(*kind).get(name=name, namespace=ns).to_dict(),
-                      what=f"PodGroup {name}")
+    return wait_until(
+        lambda: cluster.resource(*kind).get(name=name, namespace=ns).to_dict(),
+        what=f"PodGroup {name}",
+    )
 
 
 def fill(cluster: Cluster, ns: str, nodes: list[str]) -> None:
     """Take every GPU of ``nodes`` with one pod each."""
     for node in nodes:
-        cluster.core.create_namespaced_pod(ns, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=f"filler-{node}"),
-            spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(
-                name="main", image="busybox", resources=client.V1ResourceRequirements(
-                    limits={keys.GPU_RESOURCE: "8"}))])))
+        cluster.core.create_namespaced_pod(
+            ns,
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name=f"filler-{node}"),
+                spec=client.V1PodSpec(
+                    node_name=node,
+                    containers=[
+                        client.V1Container(
+                            name="main",
+                            image="busybox",
+                            resources=client.V1ResourceRequirements(
+                                limits={keys.GPU_RESOURCE: "8"}
+                            ),
+                        )
+                    ],
+                ),
+            ),
+        )
 
 
 def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
@@ -64,8 +79,11 @@ def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
     stays(none_bound, duration=12, what="no pod of the gang bound")
     for node in ("gpu-node-0", "gpu-node-1"):
         crds.core.delete_namespaced_pod(f"filler-{node}", namespace, grace_period_seconds=0)
-    wait_until(lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "gang")),
-               timeout=90, what="the whole gang bound once capacity freed")
+    wait_until(
+        lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "gang")),
+        timeout=90,
+        what="the whole gang bound once capacity freed",
+    )
     mpijobs.wait_condition("gang", "Running", timeout=60)
 
 
@@ -74,13 +92,17 @@ def test_schedule_timeout_updates_reach_the_pod_group(
 ) -> None:
     """Counterpart of upstream TestMPIJobWithSchedulerPlugins (900 -> 10)."""
     start_operator("--gang-scheduling", "default-scheduler")
-    mpijobs.create(mpijob("pg", workers=2, run_policy={
-        "schedulingPolicy": {"scheduleTimeoutSeconds": 900}}))
+    mpijobs.create(
+        mpijob("pg", workers=2, run_policy={"schedulingPolicy": {"scheduleTimeoutSeconds": 900}})
+    )
     assert pod_group(crds, SCHED, namespace, "pg")["spec"]["scheduleTimeoutSeconds"] == 900
-    mpijobs.patch("pg", {"spec": {"runPolicy": {"schedulingPolicy": {
-        "scheduleTimeoutSeconds": 10}}}})
-    wait_until(lambda: pod_group(crds, SCHED, namespace, "pg")["spec"]
-               ["scheduleTimeoutSeconds"] == 10, what="scheduleTimeoutSeconds 10")
+    mpijobs.patch(
+        "pg", {"spec": {"runPolicy": {"schedulingPolicy": {"scheduleTimeoutSeconds": 10}}}}
+    )
+    wait_until(
+        lambda: pod_group(crds, SCHED, namespace, "pg")["spec"]["scheduleTimeoutSeconds"] == 10,
+        what="scheduleTimeoutSeconds 10",
+    )
 
 
 def test_volcano_pod_group_and_decoration_follow_the_job(
@@ -98,11 +120,18 @@ def test_volcano_pod_group_and_decoration_follow_the_job(
     for p in job_pods(crds, namespace, "vc", "worker"):
         assert p.spec.scheduler_name == "volcano"
         assert p.metadata.annotations[keys.VOLCANO_GROUP_NAME_ANNOTATION] == "vc"
-    launcher = wait_until(lambda: crds.batch.read_namespaced_job("vc-launcher", namespace),
-                          what="launcher")
+    launcher = wait_until(
+        lambda: crds.batch.read_namespaced_job("vc-launcher", namespace), what="launcher"
+    )
     assert launcher.spec.template.spec.scheduler_name == "volcano"
-    mpijobs.patch("vc", {"spec": {"runPolicy": {"schedulingPolicy": {
-        "minAvailable": 2, "queue": "queue-for-mpijob"}}}})
+    mpijobs.patch(
+        "vc",
+        {
+            "spec": {
+                "runPolicy": {"schedulingPolicy": {"minAvailable": 2, "queue": "queue-for-mpijob"}}
+            }
+        },
+    )
 
     def updated() -> bool:
         spec = pod_group(crds, VOLCANO, namespace, "vc")["spec"]
@@ -116,15 +145,23 @@ def test_wait_for_workers_ready_with_a_gang_completes(
 ) -> None:
     """mpi-operator#608: the launcher is not counted in a quorum it cannot join yet."""
     start_operator("--gang-scheduling", "default-scheduler")
-    mpijobs.create(mpijob("wfr", workers=2, gpus=1,
-                          launcher_annotations={keys.SIM_SUCCEED_AFTER: "2s"},
-                          spec={"launcherCreationPolicy": "WaitForWorkersReady"},
-                          run_policy={"cleanPodPolicy": "Running"}))
+    mpijobs.create(
+        mpijob(
+            "wfr",
+            workers=2,
+            gpus=1,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "2s"},
+            spec={"launcherCreationPolicy": "WaitForWorkersReady"},
+            run_policy={"cleanPodPolicy": "Running"},
+        )
+    )
     assert pod_group(crds, SCHED, namespace, "wfr")["spec"]["minMember"] == 2
     mpijobs.wait_condition("wfr", "Succeeded", timeout=120)
     # At completion the PodGroup goes with the workers (cleanPodPolicy Running), as upstream.
-    wait_until(lambda: not crds.resource(*SCHED).get(namespace=namespace).items,
-               what="PodGroup deleted at completion")
+    wait_until(
+        lambda: not crds.resource(*SCHED).get(namespace=namespace).items,
+        what="PodGroup deleted at completion",
+    )
 
 
 # --- our own admission (no gang scheduler) ------------------------------------------------------
@@ -135,19 +172,36 @@ TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 def test_a_job_that_does_not_fit_waits_without_pods_then_is_admitted_when_another_finishes(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:
-    mpijobs.create(mpijob("big", workers=4, gpus=8, annotations=TOPOLOGY,
-                          launcher_annotations={keys.SIM_SUCCEED_AFTER: "8s"},
-                          run_policy={"cleanPodPolicy": "Running"}))
+    mpijobs.create(
+        mpijob(
+            "big",
+            workers=4,
+            gpus=8,
+            annotations=TOPOLOGY,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "8s"},
+            run_policy={"cleanPodPolicy": "Running"},
+        )
+    )
     mpijobs.wait_condition("big", keys.COND_GANG_ADMITTED)
-    mpijobs.create(mpijob("next", workers=2, gpus=4, annotations=TOPOLOGY,
-                          launcher_annotations={keys.SIM_SUCCEED_AFTER: "1s"}))
+    mpijobs.create(
+        mpijob(
+            "next",
+            workers=2,
+            gpus=4,
+            annotations=TOPOLOGY,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "1s"},
+        )
+    )
     waiting = mpijobs.wait_condition("next", keys.COND_GANG_ADMITTED, status="False")
     assert waiting["reason"] == "GangWaiting"
-    wait_until(lambda: "needs" in mpijobs.condition("next", keys.COND_GANG_ADMITTED)["message"],
-               what="a message saying what is missing")
+    wait_until(
+        lambda: "needs" in mpijobs.condition("next", keys.COND_GANG_ADMITTED)["message"],
+        what="a message saying what is missing",
+    )
     assert not job_pods(crds, namespace, "next")
-    assert not crds.batch.list_namespaced_job(namespace, field_selector=
-                                              "metadata.name=next-launcher").items
+    assert not crds.batch.list_namespaced_job(
+        namespace, field_selector="metadata.name=next-launcher"
+    ).items
 
     mpijobs.wait_condition("big", "Succeeded", timeout=90)
     admitted = mpijobs.wait_condition("next", keys.COND_GANG_ADMITTED, timeout=60)
@@ -159,8 +213,15 @@ def test_a_job_that_does_not_fit_waits_without_pods_then_is_admitted_when_anothe
 def test_a_job_waiting_past_its_timeout_fails_and_holds_nothing(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:
-    mpijobs.create(mpijob("late", workers=5, gpus=8, annotations=TOPOLOGY, run_policy={
-        "schedulingPolicy": {"scheduleTimeoutSeconds": 4}}))
+    mpijobs.create(
+        mpijob(
+            "late",
+            workers=5,
+            gpus=8,
+            annotations=TOPOLOGY,
+            run_policy={"schedulingPolicy": {"scheduleTimeoutSeconds": 4}},
+        )
+    )
     failed = mpijobs.wait_condition("late", "Failed", timeout=60)
     assert failed["reason"] == "GangScheduleTimeout"
     assert "scheduleTimeoutSeconds=4" in failed["message"]

@@ -75,7 +75,8 @@ def test_mpijob_success(
 
     core = crds.core
     svc = wait_until(lambda: core.read_namespaced_service("pi", namespace), what="Service")
-    assert svc.spec.cluster_ip == "None" and owned_by(svc, uid)
+    assert svc.spec.cluster_ip == "None"
+    assert owned_by(svc, uid)
     assert svc.spec.selector == {
         keys.LABEL_OPERATOR_NAME: "mpi-operator",
         keys.LABEL_JOB_NAME: "pi",
@@ -87,7 +88,8 @@ def test_mpijob_success(
     )
     assert cm.data["hostfile"] == expected_hosts
     secret = core.read_namespaced_secret("pi-ssh", namespace)
-    assert secret.type == "kubernetes.io/ssh-auth" and owned_by(secret, uid)
+    assert secret.type == "kubernetes.io/ssh-auth"
+    assert owned_by(secret, uid)
     assert set(secret.data) == {"ssh-privatekey", "ssh-publickey"}
 
     launcher = wait_until(
@@ -191,7 +193,8 @@ def test_mpijob_failure_reports_backoff_limit_exceeded_with_pod_reason(
     assert status["replicaStatuses"]["Launcher"]["failed"] == 2
     assert status["completionTime"]
     warning = mpijobs.wait_event("bad", "BackoffLimitExceeded/OOMKilled")
-    assert warning["type"] == "Warning" and warning["component"] == "mpi-job-controller"
+    assert warning["type"] == "Warning"
+    assert warning["component"] == "mpi-job-controller"
     assert operator.metric("mpi_operator_jobs_failed_total") == 1
 
 

@@ -55,7 +55,8 @@ def test_nodes_have_eight_allocatable_gpus(cluster: Cluster) -> None:
         "-o",
         "custom-columns=NAME:.metadata.name,GPU:.status.allocatable.nvidia\\.com/gpu",
     )
-    assert "gpu-node-0" in listed and " 8" in listed
+    assert "gpu-node-0" in listed
+    assert " 8" in listed
 
 
 def test_pod_requesting_one_gpu_runs(cluster: Cluster, namespace: str) -> None:
@@ -79,7 +80,8 @@ def test_pod_requesting_nine_gpus_is_unschedulable(cluster: Cluster, namespace: 
 
     wait_until(unschedulable, timeout=30, what="PodScheduled=False/Unschedulable")
     p = cluster.core.read_namespaced_pod("nine-gpus", namespace)
-    assert p.status.phase == "Pending" and not p.spec.node_name
+    assert p.status.phase == "Pending"
+    assert not p.spec.node_name
     assert "nvidia.com/gpu" in p.status.conditions[0].message
 
 
@@ -178,10 +180,11 @@ def test_job_pod_fails_when_told_and_the_job_fails(cluster: Cluster, namespace: 
         lambda: job_condition(cluster, namespace, "bad", "Failed"), timeout=60, what="Job Failed"
     )
     job = cluster.batch.read_namespaced_job("bad", namespace)
-    failed = [c for c in job.status.conditions if c.type == "Failed"][0]
+    failed = next(c for c in job.status.conditions if c.type == "Failed")
     assert failed.reason == "BackoffLimitExceeded"
     pods = cluster.core.list_namespaced_pod(namespace, label_selector="job-name=bad").items
-    assert pods[0].status.phase == "Failed" and pods[0].status.reason == "OOMKilled"
+    assert pods[0].status.phase == "Failed"
+    assert pods[0].status.reason == "OOMKilled"
 
 
 def test_pod_without_job_stays_running(cluster: Cluster, namespace: str) -> None:

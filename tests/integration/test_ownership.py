@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
-from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -26,46 +26,77 @@ BUSYBOX = [client.V1Container(name="main", image="busybox")]
 
 
 def _service(c: Cluster, ns: str) -> Any:
-    return c.core.create_namespaced_service(ns, client.V1Service(
-        metadata=META(name="foo"), spec=client.V1ServiceSpec(
-            selector={"app": "someone-else"}, ports=[client.V1ServicePort(port=80)])))
+    return c.core.create_namespaced_service(
+        ns,
+        client.V1Service(
+            metadata=META(name="foo"),
+            spec=client.V1ServiceSpec(
+                selector={"app": "someone-else"}, ports=[client.V1ServicePort(port=80)]
+            ),
+        ),
+    )
 
 
 def _config_map(c: Cluster, ns: str) -> Any:
-    return c.core.create_namespaced_config_map(ns, client.V1ConfigMap(
-        metadata=META(name="foo-config"), data={"hostfile": "not ours\n"}))
+    return c.core.create_namespaced_config_map(
+        ns, client.V1ConfigMap(metadata=META(name="foo-config"), data={"hostfile": "not ours\n"})
+    )
 
 
 def _secret(c: Cluster, ns: str) -> Any:
-    return c.core.create_namespaced_secret(ns, client.V1Secret(
-        metadata=META(name="foo-ssh"), string_data={"key": "not ours"}))
+    return c.core.create_namespaced_secret(
+        ns, client.V1Secret(metadata=META(name="foo-ssh"), string_data={"key": "not ours"})
+    )
 
 
 def _launcher(c: Cluster, ns: str) -> Any:
-    return c.batch.create_namespaced_job(ns, client.V1Job(
-        metadata=META(name="foo-launcher"), spec=client.V1JobSpec(suspend=True,
-            template=client.V1PodTemplateSpec(spec=client.V1PodSpec(
-                restart_policy="Never", containers=BUSYBOX)))))
+    return c.batch.create_namespaced_job(
+        ns,
+        client.V1Job(
+            metadata=META(name="foo-launcher"),
+            spec=client.V1JobSpec(
+                suspend=True,
+                template=client.V1PodTemplateSpec(
+                    spec=client.V1PodSpec(restart_policy="Never", containers=BUSYBOX)
+                ),
+            ),
+        ),
+    )
 
 
 def _worker(c: Cluster, ns: str) -> Any:
-    return c.core.create_namespaced_pod(ns, client.V1Pod(
-        metadata=META(name="foo-worker-0"), spec=client.V1PodSpec(containers=BUSYBOX)))
+    return c.core.create_namespaced_pod(
+        ns,
+        client.V1Pod(metadata=META(name="foo-worker-0"), spec=client.V1PodSpec(containers=BUSYBOX)),
+    )
 
 
 CASES: dict[str, tuple[str, Callable[[Cluster, str], Any], Callable[[Cluster, str], Any]]] = {
     "TestWorkerServiceNotControlledByUs": (
-        "foo", _service, lambda c, ns: c.core.read_namespaced_service("foo", ns)),
+        "foo",
+        _service,
+        lambda c, ns: c.core.read_namespaced_service("foo", ns),
+    ),
     "TestConfigMapNotControlledByUs": (
-        "foo-config", _config_map, lambda c, ns: c.core.read_namespaced_config_map(
-            "foo-config", ns)),
+        "foo-config",
+        _config_map,
+        lambda c, ns: c.core.read_namespaced_config_map("foo-config", ns),
+    ),
     "TestSecretNotControlledByUs": (
-        "foo-ssh", _secret, lambda c, ns: c.core.read_namespaced_secret("foo-ssh", ns)),
+        "foo-ssh",
+        _secret,
+        lambda c, ns: c.core.read_namespaced_secret("foo-ssh", ns),
+    ),
     "TestLauncherNotControlledByUs": (
-        "foo-launcher", _launcher, lambda c, ns: c.batch.read_namespaced_job(
-            "foo-launcher", ns)),
+        "foo-launcher",
+        _launcher,
+        lambda c, ns: c.batch.read_namespaced_job("foo-launcher", ns),
+    ),
     "TestWorkerNotControlledByUs": (
-        "foo-worker-0", _worker, lambda c, ns: c.core.read_namespaced_pod("foo-worker-0", ns)),
+        "foo-worker-0",
+        _worker,
+        lambda c, ns: c.core.read_namespaced_pod("foo-worker-0", ns),
+    ),
 }
 
 

@@ -153,7 +153,11 @@ async def podgroup_event(body: kopf.Body, namespace: str | None, memo: Any, **_:
 
 #: Every index registered above, by the name handlers receive it under.
 INDICES = (
-    "mpijobs_by_key", "pods_by_job", "gpu_pods_by_node", "nodes_by_name", "launchers_by_job",
+    "mpijobs_by_key",
+    "pods_by_job",
+    "gpu_pods_by_node",
+    "nodes_by_name",
+    "launchers_by_job",
     "podgroups_by_job",
 )
 

@@ -44,18 +44,29 @@ class RecordingRecorder:
 
 def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
     kube, recorder = RecordingKube(), RecordingRecorder()
-    rt = Runtime(settings=OperatorSettings(), kube=kube, recorder=recorder,  # type: ignore[arg-type]
-                 leader=None)
-    rt.indices = {"mpijobs_by_key": {
-        (b["metadata"]["namespace"], b["metadata"]["name"]): [b] for b in bodies}}
+    rt = Runtime(
+        settings=OperatorSettings(),
+        kube=kube,
+        recorder=recorder,  # type: ignore[arg-type]
+        leader=None,
+    )
+    rt.indices = {
+        "mpijobs_by_key": {(b["metadata"]["namespace"], b["metadata"]["name"]): [b] for b in bodies}
+    }
     return rt, kube, recorder
 
 
 def job(name: str = "foo", namespace: str = "bar", **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": keys.API_VERSION, "kind": keys.KIND,
-        "metadata": {"name": name, "namespace": namespace, "uid": "uid-foo",
-                     "resourceVersion": "1", "creationTimestamp": "2024-05-01T10:00:00Z"},
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": "uid-foo",
+            "resourceVersion": "1",
+            "creationTimestamp": "2024-05-01T10:00:00Z",
+        },
         "spec": spec,
     }
 
@@ -64,21 +75,24 @@ async def test_do_nothing_with_invalid_key() -> None:
     """Counterpart of upstream TestDoNothingWithInvalidKey: key foo/bar/baz."""
     rt, kube, recorder = runtime()
     await reconcile.reconcile(rt, ("foo/bar", "baz"))
-    assert kube.requests == [] and recorder.events == []
+    assert kube.requests == []
+    assert recorder.events == []
 
 
 async def test_do_nothing_with_nonexistent_mpijob() -> None:
     """Counterpart of upstream TestDoNothingWithNonexistentMPIJob."""
     rt, kube, recorder = runtime(job("other"))
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.requests == [] and recorder.events == []
+    assert kube.requests == []
+    assert recorder.events == []
 
 
 async def test_do_nothing_with_mpijob_managed_externally() -> None:
     """Counterpart of upstream TestDoNothingWithMPIJobManagedExternally: not even validated."""
     rt, kube, recorder = runtime(job(runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"}))
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.requests == [] and recorder.events == []
+    assert kube.requests == []
+    assert recorder.events == []
 
 
 async def test_do_nothing_with_invalid_mpijob() -> None:
@@ -92,7 +106,8 @@ async def test_do_nothing_with_invalid_mpijob() -> None:
     assert [verb for verb, _ in kube.requests] == ["replace_status"]
     written = kube.requests[0][1][0]["status"]["conditions"]
     assert [(c["type"], c["status"], c["reason"]) for c in written] == [
-        ("Invalid", "True", "ValidationError")]
+        ("Invalid", "True", "ValidationError")
+    ]
     assert "spec.mpiReplicaSpecs" in written[0]["message"]
     assert [(e.type, e.reason) for e in recorder.events] == [("Warning", "ValidationError")]
 
@@ -104,7 +119,8 @@ async def test_an_invalid_job_is_reported_once_not_on_every_sync() -> None:
     rt.indices["mpijobs_by_key"][("bar", "foo")] = [reported]
     rt.written.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert len(kube.requests) == 1 and len(recorder.events) == 1
+    assert len(kube.requests) == 1
+    assert len(recorder.events) == 1
 
 
 async def test_do_nothing_with_terminating_mpijob() -> None:
@@ -112,4 +128,5 @@ async def test_do_nothing_with_terminating_mpijob() -> None:
     body["metadata"]["deletionTimestamp"] = "2024-05-01T10:05:00Z"
     rt, kube, recorder = runtime(body)
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.requests == [] and recorder.events == []
+    assert kube.requests == []
+    assert recorder.events == []
