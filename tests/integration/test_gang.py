@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from mpijob import keys
+from support.gpus import hold
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
@@ -36,35 +36,13 @@ def pod_group(cluster: Cluster, kind: tuple[str, str], ns: str, name: str) -> di
     )
 
 
-def fill(cluster: Cluster, ns: str, nodes: list[str]) -> None:
-    """Take every GPU of ``nodes`` with one pod each."""
-    for node in nodes:
-        cluster.core.create_namespaced_pod(
-            ns,
-            client.V1Pod(
-                metadata=client.V1ObjectMeta(name=f"filler-{node}"),
-                spec=client.V1PodSpec(
-                    node_name=node,
-                    containers=[
-                        client.V1Container(
-                            name="main",
-                            image="busybox",
-                            resources=client.V1ResourceRequirements(
-                                limits={keys.GPU_RESOURCE: "8"}
-                            ),
-                        )
-                    ],
-                ),
-            ),
-        )
-
-
 def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
     """Counterpart of upstream e2e 'with scheduler-plugins ... should create pending pods'."""
     start_operator("--gang-scheduling", "default-scheduler")
-    fill(crds, namespace, ["gpu-node-0", "gpu-node-1"])
+    for node in ("gpu-node-0", "gpu-node-1"):  # take every GPU of two nodes
+        hold(crds, namespace, node)
     mpijobs.create(mpijob("gang", workers=3, gpus=8))  # needs three whole nodes; two are free
     group = pod_group(crds, SCHED, namespace, "gang")
     assert group["spec"]["minMember"] == 4
@@ -78,7 +56,7 @@ def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
 
     stays(none_bound, duration=12, what="no pod of the gang bound")
     for node in ("gpu-node-0", "gpu-node-1"):
-        crds.core.delete_namespaced_pod(f"filler-{node}", namespace, grace_period_seconds=0)
+        crds.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
     wait_until(
         lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "gang")),
         timeout=90,

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from mpijob import keys
 from mpijob.placement import allocator, codec
 from mpijob.placement.scoring import ring_gbps
+from support.gpus import hold
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
@@ -54,29 +54,6 @@ def node_topology(cluster: Cluster, node: str) -> Any:
     return codec.loads(cluster.core.read_node(node).metadata.annotations[keys.GPU_TOPOLOGY])
 
 
-def seed(cluster: Cluster, ns: str, node: str, gpu_ids: str) -> None:
-    """A pod someone else placed: bound to ``node``, holding ``gpu_ids``."""
-    count = len(gpu_ids.split(","))
-    cluster.core.create_namespaced_pod(
-        ns,
-        client.V1Pod(
-            metadata=client.V1ObjectMeta(name=f"seed-{node}", annotations={keys.GPU_IDS: gpu_ids}),
-            spec=client.V1PodSpec(
-                node_name=node,
-                containers=[
-                    client.V1Container(
-                        name="main",
-                        image="busybox",
-                        resources=client.V1ResourceRequirements(
-                            limits={keys.GPU_RESOURCE: str(count)}
-                        ),
-                    )
-                ],
-            ),
-        ),
-    )
-
-
 def test_four_by_one_job_lands_on_one_node_on_an_nvlink_ring(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -109,8 +86,8 @@ def test_preseeded_gpus_leave_the_best_free_ring(
 ) -> None:
     """DGX-1 V100 with {0,3,4,7} taken: {1,2,5,6} is the free 4-GPU NVLink ring."""
     for i in range(1, 4):  # every other node full
-        seed(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
-    seed(crds, namespace, "gpu-node-0", "0,3,4,7")
+        hold(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
+    hold(crds, namespace, "gpu-node-0", "0,3,4,7")
     wait_until(
         lambda: all(
             p.status.phase == "Running" for p in crds.core.list_namespaced_pod(namespace).items
@@ -183,7 +160,7 @@ def test_seed_scenarios_topology_aware_against_ordinary_on_two_v100_nodes(
     by the scheduler alone and carries no placement; both succeed.
     """
     for i in (2, 3):  # leave two 8-GPU V100 nodes
-        seed(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
+        hold(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
     mpijobs.create(example("pytorch-vgg16-topology.yaml"))
     topo = workers(crds, namespace, "pytorch-vgg16-topology", 4)
     mpijobs.create(example("pytorch-vgg16.yaml"))
