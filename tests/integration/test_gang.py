@@ -208,3 +208,22 @@ def test_a_job_waiting_past_its_timeout_fails_and_holds_nothing(
     assert warning["type"] == "Warning"
     assert not job_pods(crds, namespace, "late")
     assert keys.PLACEMENT_DECISION not in (mpijobs.get("late")["metadata"].get("annotations") or {})
+
+
+def test_wait_for_workers_ready_under_our_admission_completes(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    """Our admission places the workers; the launcher follows once they are Ready."""
+    mpijobs.create(
+        mpijob(
+            "wfr-own",
+            workers=2,
+            gpus=4,
+            annotations=TOPOLOGY,
+            worker_annotations={keys.SIM_READY_AFTER: "3s"},
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "1s"},
+            spec={"launcherCreationPolicy": "WaitForWorkersReady"},
+        )
+    )
+    mpijobs.wait_condition("wfr-own", keys.COND_GANG_ADMITTED)
+    mpijobs.wait_condition("wfr-own", "Succeeded", timeout=90)

@@ -128,6 +128,7 @@ def test_mpijob_success(
     status = mpijobs.get("pi")["status"]
     assert status["replicaStatuses"]["Launcher"] == {"succeeded": 1}
     assert status["completionTime"]
+    assert status["lastReconcileTime"] >= status["completionTime"]
     assert mpijobs.condition("pi", "Running")["status"] == "False"
     mpijobs.wait_event("pi", "MPIJobSucceeded")
     # cleanPodPolicy Running: the running workers are deleted.
@@ -314,3 +315,34 @@ def test_managed_by_another_controller_is_left_alone(
         s for s in crds.core.list_namespaced_service(namespace).items if s.metadata.name == "ext"
     ]
     assert not pods(crds, namespace, "ext")
+
+
+def test_scaling_workers_up_and_down_follows_the_spec(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """Scale up creates the missing workers; scale down deletes the extra ones by name; the
+    hostfile follows the replicas and discover_hosts.sh the Running workers."""
+    mpijobs.create(mpijob("scale", workers=2))
+
+    def state() -> tuple[list[str], str, int]:
+        names = sorted(
+            p.metadata.name
+            for p in pods(crds, namespace, "scale", "worker")
+            if not p.metadata.deletion_timestamp
+        )
+        data = crds.core.read_namespaced_config_map("scale-config", namespace).data
+        return names, data["hostfile"], data["discover_hosts.sh"].count("echo ")
+
+    def at(n: int) -> bool:
+        names, hostfile, running = state()
+        return (
+            names == [f"scale-worker-{i}" for i in range(n)]
+            and hostfile.count("slots=1") == n
+            and running == n
+        )
+
+    wait_until(lambda: at(2), what="2 workers")
+    mpijobs.patch("scale", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 4}}}})
+    wait_until(lambda: at(4), what="scaled up to 4")
+    mpijobs.patch("scale", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}})
+    wait_until(lambda: at(1), timeout=60, what="scaled down to 1")

@@ -287,8 +287,13 @@ def _observe(
 
 
 async def _write_status(rt: Runtime, key: JobKey, body: JSON, new_status: JSON) -> None:
-    """Replace the status (PUT, with the resourceVersion read: a conflict means re-reconcile)."""
-    update = {**body, "status": new_status}
+    """Replace the status (PUT, with the resourceVersion read: a conflict means re-reconcile).
+
+    ``lastReconcileTime`` (which upstream never sets) is stamped on each write only: the time the
+    operator last changed the status, without a write per sync just to move a clock.
+    """
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    update = {**body, "status": {**new_status, "lastReconcileTime": stamp}}
     fresh = await rt.kube.replace_status(update)
     rt.written[key] = (body["metadata"]["resourceVersion"], fresh)
 
