@@ -36,10 +36,15 @@ def run(
     interval: float,
     echo: Callable[[str], None] = click.echo,
     sleep: Callable[[float], None] = time.sleep,
+    beat: Callable[[], None] = lambda: None,
 ) -> int:
-    """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run."""
+    """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run.
+
+    ``beat`` is called on every turn of the loop (the health endpoint's proof of life).
+    """
     published: str | None = None
     while True:
+        beat()
         try:
             text = codec.dumps(nvml_reader.discover(nvml))
         except nvml_reader.NoTopology as reason:
@@ -78,12 +83,24 @@ def run(
 )
 @click.option("--dry-run", is_flag=True, help="Print the annotation JSON; do not patch the Node.")
 @click.option(
+    "--health-port",
+    type=click.IntRange(min=0),
+    default=8081,
+    show_default=True,
+    help="Port of /healthz (OK while the loop keeps turning); 0 turns it off.",
+)
+@click.option(
     "--simulate",
     type=click.Choice(topologies.NAMES),
     help="Publish this shipped topology through a fake NVML (nodes without GPUs).",
 )
 def main(
-    node_name: str | None, once: bool, interval: float, dry_run: bool, simulate: str | None
+    node_name: str | None,
+    once: bool,
+    interval: float,
+    dry_run: bool,
+    health_port: int,
+    simulate: str | None,
 ) -> None:
     """Publish this node's GPU topology as the mpijob.io/gpu-topology annotation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -95,8 +112,21 @@ def main(
         from mpijob.agent.publish import NodeAnnotator  # keeps dry runs client-free
 
         annotate = NodeAnnotator()
+    last = [time.monotonic()]
+    if health_port and not once:
+        from mpijob import metrics
+
+        # A reading takes well under a second; two missed turns mean the loop is stuck.
+        metrics.serve(health_port, lambda: time.monotonic() - last[0] < 2 * interval + 30)
     raise SystemExit(
-        run(_nvml(simulate, node), node=node, annotate=annotate, once=once, interval=interval)
+        run(
+            _nvml(simulate, node),
+            node=node,
+            annotate=annotate,
+            once=once,
+            interval=interval,
+            beat=lambda: last.__setitem__(0, time.monotonic()),
+        )
     )
 
 

@@ -119,3 +119,20 @@ def test_cli_on_a_node_without_driver_exits_zero(
     assert result.exit_code == 0, result.output
     assert result.output == ""
     assert "NVML Shared Library Not Found" in caplog.text
+
+
+def test_every_turn_of_the_loop_beats_for_the_health_endpoint() -> None:
+    """/healthz stays OK only while the loop turns; without NVML it still turns (and beats)."""
+    beats: list[int] = []
+    _, sleep = sleeps(3)
+    with pytest.raises(Stop):
+        main.run(
+            FakeNvml(topologies.load("dgx1-v100"), init_error=fake_nvml.ERROR_DRIVER_NOT_LOADED),
+            node="n",
+            annotate=Recorder(),
+            once=False,
+            interval=30,
+            sleep=sleep,
+            beat=lambda: beats.append(1),
+        )
+    assert len(beats) == 3

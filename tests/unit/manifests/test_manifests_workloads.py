@@ -146,3 +146,11 @@ def test_every_overlay_is_a_kustomization_over_the_base() -> None:
         kustomization = yaml.safe_load((overlays / name / "kustomization.yaml").read_text())
         resources = kustomization["resources"]
         assert "../../base" in resources or "../standalone" in resources
+
+
+def test_agent_daemonset_probes_its_health_endpoint() -> None:
+    c = container(one(BASE / "agent-daemonset.yaml", "DaemonSet"))
+    assert "--health-port=8081" in c["args"]
+    assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
