@@ -65,7 +65,7 @@ crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/
 
 run: install ## Run the operator in the foreground against $$KUBECONFIG (default .cluster/kubeconfig)
-	$(PY) -m mpijob run
+	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
 demo: cluster crds ## Local cluster + operator + a sample MPIJob going to Succeeded
 	$(PY) hack/demo.py

@@ -51,6 +51,28 @@ class LeaderElector:
     def stop(self) -> None:
         self._stop.set()
 
+    def _wait_for_namespace(self) -> None:
+        """The Lease needs its namespace; say so plainly instead of failing quietly forever."""
+        core = client.CoreV1Api()
+        warned = False
+        while not self._stop.is_set():
+            try:
+                core.read_namespace(self._namespace)
+                return
+            except client.ApiException as e:
+                if e.status != 404:
+                    return  # no right to read namespaces, or a passing error: just campaign
+            if not warned:
+                log.error(
+                    "Leader election needs namespace %r for its Lease, and it does not exist: "
+                    "create it (kubectl create namespace %s), pass --lock-namespace, or run a "
+                    "single process with --no-leader-elect. Reconciling waits until then.",
+                    self._namespace,
+                    self._namespace,
+                )
+                warned = True
+            self._stop.wait(10)
+
     def _set(self, leading: bool) -> None:
         metrics.IS_LEADER.set(1 if leading else 0)
         if leading:
@@ -69,6 +91,7 @@ class LeaderElector:
         # The elector reads the default configuration; give it ours.
         client.Configuration.set_default(cfg)
         lock = LeaseLock(self._name, self._namespace, self.identity)
+        self._wait_for_namespace()
         while not self._stop.is_set():
             election = electionconfig.Config(
                 lock,
