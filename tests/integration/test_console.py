@@ -21,7 +21,7 @@ from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 ANSI = re.compile(r"\x1b\[")
 WORKERS = 4

@@ -31,7 +31,7 @@ from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
 from support.wait import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 SCRAPE_JOB = "mpijob-operator-metrics"
 #: Grafana's variables, as the dashboard resolves them: every job, a window covering the run.
