@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpijob import keys
+from mpijob.api.errors import FieldError, invalid
 from mpijob.api.models import MPIJob
 from mpijob.build import names
 from mpijob.gang import min_resources
@@ -105,6 +106,22 @@ def gang_min_resources(
         include_launcher=launcher_in_quorum(job),
     )
     return min_resources.min_resources(entries, min_member(job))
+
+
+def min_resources_errors(job: MPIJob) -> list[FieldError]:
+    """Quantities in ``schedulingPolicy.minResources`` that are not Kubernetes quantities.
+
+    The CRD accepts any string there (as upstream's does); the PodGroup could not be built.
+    """
+    policy = job.spec.run_policy.scheduling_policy
+    errors = []
+    for name, text in ((policy.min_resources or {}) if policy else {}).items():
+        try:
+            Quantity.parse(text)
+        except ValueError as e:
+            path = f"spec.runPolicy.schedulingPolicy.minResources[{name}]"
+            errors.append(invalid(path, text, str(e)))
+    return errors
 
 
 def build_pod_group(

@@ -17,7 +17,7 @@ from typing import Any
 from mpijob import api, keys, metrics
 from mpijob.build import events, names, service, ssh, status, sync
 from mpijob.build.status import Counter
-from mpijob.gang import admission, binding, outcome, topology
+from mpijob.gang import admission, binding, outcome, podgroup, topology
 from mpijob.gang.mode import GangMode
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import JSON, JobKey, Known, OwnershipError, Runtime
@@ -46,7 +46,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> float | None:
         return None
     try:
         job = api.with_defaults(api.parse(body))
-        errors = api.validate(job)
+        errors = api.validate(job) + podgroup.min_resources_errors(job)
     except api.InvalidMPIJob as exc:
         errors = list(exc.errors)
     if errors:

@@ -230,3 +230,11 @@ def test_gang_mode_names_the_pod_group_api() -> None:
     assert VOLCANO.pod_group_api_version == "scheduling.volcano.sh/v1beta1"
     assert SCHED.pod_group_api_version == "scheduling.x-k8s.io/v1alpha1"
     assert OFF.pod_group_api_version is None
+
+
+def test_malformed_min_resources_are_reported_with_their_field() -> None:
+    """Upstream's CRD accepts any string in minResources; we name the field instead of failing."""
+    bad = job(workers=1, policy={"minResources": {"cpu": "lots", "memory": "1Gi"}})
+    errors = podgroup.min_resources_errors(bad)
+    assert [e.path for e in errors] == ["spec.runPolicy.schedulingPolicy.minResources[cpu]"]
+    assert "lots" in str(errors[0])
