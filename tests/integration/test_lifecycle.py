@@ -346,3 +346,54 @@ def test_scaling_workers_up_and_down_follows_the_spec(
     wait_until(lambda: at(4), what="scaled up to 4")
     mpijobs.patch("scale", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}})
     wait_until(lambda: at(1), timeout=60, what="scaled down to 1")
+
+
+def test_active_deadline_fails_the_job_with_deadline_exceeded(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """runPolicy.activeDeadlineSeconds goes to the launcher Job; its DeadlineExceeded fails
+    the MPIJob with that reason, as upstream."""
+    mpijobs.create(mpijob("slow", workers=1, run_policy={"activeDeadlineSeconds": 3}))
+    failed = mpijobs.wait_condition("slow", "Failed", timeout=90)
+    assert failed["reason"] == "DeadlineExceeded"
+    assert (
+        crds.batch.read_namespaced_job("slow-launcher", namespace).spec.active_deadline_seconds == 3
+    )
+
+
+def test_ttl_after_finished_deletes_the_launcher_job_only(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """ttlSecondsAfterFinished applies to the launcher Job (upstream #644): the MPIJob stays."""
+    mpijobs.create(
+        mpijob(
+            "ttl",
+            workers=1,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "1s"},
+            run_policy={"ttlSecondsAfterFinished": 1},
+        )
+    )
+    mpijobs.wait_condition("ttl", "Succeeded", timeout=90)
+    wait_until(
+        lambda: not crds.batch.list_namespaced_job(namespace).items,
+        timeout=90,
+        what="the TTL controller deleting the launcher Job",
+    )
+    assert mpijobs.condition("ttl", "Succeeded")["status"] == "True"
+
+
+def test_clean_pod_policy_none_keeps_the_workers(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(
+        mpijob(
+            "keep",
+            workers=2,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "1s"},
+            run_policy={"cleanPodPolicy": "None"},
+        )
+    )
+    mpijobs.wait_condition("keep", "Succeeded", timeout=90)
+    stays(
+        lambda: len(pods(crds, namespace, "keep", "worker")) == 2, duration=5, what="workers kept"
+    )
