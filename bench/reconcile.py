@@ -203,31 +203,36 @@ class Watches:
 
     def _follow(self, kind: str, url: str) -> None:
         # Metadata is enough for children; MPIJobs are read whole for their conditions.
-        full = kind == "mpijobs"
+        listing, watching = (
+            ("application/json",) * 2
+            if kind == "mpijobs"
+            else (METADATA.format("List"), METADATA.format(""))
+        )
         rv = ""
-        with contextlib.suppress(Exception):  # stopped, or the cluster went away
-            while not self._stopped.is_set():
-                if not rv:
-                    with self._open(
-                        url, "application/json" if full else METADATA.format("List")
-                    ) as r:
-                        body = json.load(r)
-                    rv = body["metadata"]["resourceVersion"]
-                    items = {"items": body.get("items") or []}
-                    self.events.put((time.monotonic(), kind, "SYNC", items))
-                query = f"?watch=1&allowWatchBookmarks=true&resourceVersion={rv}"
-                stream = self._open(
-                    url + query, "application/json" if full else METADATA.format("")
-                )
-                self._streams[kind] = stream
-                for line in stream:
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":  # 410 Gone: relist
-                        rv = ""
-                        break
-                    rv = event["object"]["metadata"]["resourceVersion"]
-                    if event["type"] != "BOOKMARK":
-                        self.events.put((time.monotonic(), kind, event["type"], event["object"]))
+        while not self._stopped.is_set():
+            try:
+                rv = self._list_and_watch(kind, url, listing, watching, rv)
+            except Exception:  # stopped, or a dropped connection: the loop decides
+                time.sleep(0.2)
+
+    def _list_and_watch(self, kind: str, url: str, listing: str, watching: str, rv: str) -> str:
+        """List if ``rv`` is empty, then watch until the stream ends; returns where to resume."""
+        if not rv:
+            with self._open(url, listing) as r:
+                body = json.load(r)
+            rv = body["metadata"]["resourceVersion"]
+            self.events.put((time.monotonic(), kind, "SYNC", {"items": body.get("items") or []}))
+        query = f"?watch=1&allowWatchBookmarks=true&resourceVersion={rv}"
+        with self._open(url + query, watching) as stream:
+            self._streams[kind] = stream
+            for line in stream:
+                event = json.loads(line)
+                if event["type"] == "ERROR":  # 410 Gone: relist
+                    return ""
+                rv = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    self.events.put((time.monotonic(), kind, event["type"], event["object"]))
+        return rv
 
     def stop(self) -> None:
         self._stopped.set()
