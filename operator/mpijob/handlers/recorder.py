@@ -13,6 +13,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,11 +30,21 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass
+class Series:
+    """One Event object and how many times it happened."""
+
+    name: str
+    count: int = 1
+    created: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: bool = False
+
+
 class Recorder:
     def __init__(self, kube: Kube, *, instance: str) -> None:
         self._kube = kube
         self._instance = instance
-        self._seen: OrderedDict[tuple[str, str, str, str], tuple[str, int]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
@@ -51,21 +62,29 @@ class Recorder:
         ns, uid = meta.get("namespace", "default"), meta.get("uid", "")
         key = (uid, event.type, event.reason, event.message)
         now = _now()
+        series = self._seen.get(key)
         try:
-            if key in self._seen:
-                name, count = self._seen[key]
-                self._seen[key] = (name, count + 1)
+            if series is not None:
+                # A repeat: count up the series' Event, once its creation is through.
+                series.count += 1
                 self._seen.move_to_end(key)
+                await series.created.wait()
+                if series.failed:
+                    return
                 await self._kube.patch(
-                    "v1", "Event", ns, name, {"count": count + 1, "lastTimestamp": now}
+                    "v1", "Event", ns, series.name, {"count": series.count, "lastTimestamp": now}
                 )
                 return
-            name = f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}"
+            # Registered before the create is awaited, so a repeat arriving meanwhile joins it.
+            series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}")
+            self._seen[key] = series
+            while len(self._seen) > MAX_TRACKED:
+                self._seen.popitem(last=False)
             await self._kube.create(
                 {
                     "apiVersion": "v1",
                     "kind": "Event",
-                    "metadata": {"name": name, "namespace": ns},
+                    "metadata": {"name": series.name, "namespace": ns},
                     "involvedObject": {
                         "apiVersion": obj.get("apiVersion", keys.API_VERSION),
                         "kind": obj.get("kind", keys.KIND),
@@ -85,12 +104,17 @@ class Recorder:
                     "count": 1,
                 }
             )
-            self._seen[key] = (name, 1)
-            while len(self._seen) > MAX_TRACKED:
-                self._seen.popitem(last=False)
+            series.created.set()
         except ApiError as e:
-            if e.not_found:  # the aggregated event expired; start a new series next time
-                self._seen.pop(key, None)
+            if series is not None and not series.created.is_set():
+                series.failed = True
+                series.created.set()
+            if e.not_found or (series is not None and series.failed):
+                self._seen.pop(key, None)  # expired or never made: start anew next time
             log.warning("Failed to post event", extra={"reason": event.reason, "error": str(e)})
         except Exception:
+            if series is not None and not series.created.is_set():
+                series.failed = True
+                series.created.set()
+                self._seen.pop(key, None)
             log.exception("Failed to post event")
