@@ -18,7 +18,7 @@ KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
         lint demo run crds bench bench-gang bench-placement kind-e2e clean dashboards
 
 help: ## Show this help
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -64,7 +64,7 @@ dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (da
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/
 
-run: install ## Run the operator in the foreground against $$KUBECONFIG (default .cluster/kubeconfig)
+run: install ## Run the operator in the foreground against KUBECONFIG (default .cluster/kubeconfig)
 	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
 demo: cluster crds ## Local cluster + operator + a sample MPIJob going to Succeeded
