@@ -8,7 +8,7 @@ the handlers through Kopf's ``memo``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mpijob import keys
 
@@ -57,8 +57,6 @@ class OperatorSettings:
 
     kubeconfig: str | None = None
     """Path of a kubeconfig; unset means $KUBECONFIG, ~/.kube/config, then in-cluster."""
-
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def cluster_wide(self) -> bool:

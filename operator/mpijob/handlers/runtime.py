@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,7 +220,3 @@ def _expected_error(exc: Exception) -> bool:
 
 class OwnershipError(Exception):
     """A child's name is taken by an object this MPIJob does not control."""
-
-
-def job_keys(bodies: Iterable[Mapping[str, Any]]) -> list[JobKey]:
-    return [(b["metadata"]["namespace"], b["metadata"]["name"]) for b in bodies]

@@ -71,9 +71,6 @@ class WorkQueue(Generic[K]):
         """Reset the backoff of ``key`` after a successful reconcile."""
         self._failures.pop(key, None)
 
-    def failures(self, key: K) -> int:
-        return self._failures.get(key, 0)
-
     async def get(self) -> K:
         """Wait for the next key and mark it as being processed."""
         async with self._ready:
