@@ -236,7 +236,7 @@ async def _admission(
     if decision is not None:
         rt.admission.drop(key)
         waiting = admission.waiting_job(job, priority_values={})
-        placement = topology.pod_placements(decision, {n.name: n for n in _node_states(rt)})
+        placement = topology.pod_placements(decision, _nodes_of(rt, decision))
         admitted = admission.Admit(waiting, decision)
         return True, placement, outcome.outcome(admitted, now=now), False
     last = rt.admission.decision(key)
@@ -249,8 +249,10 @@ async def _admission(
     return False, None, outcome.outcome(last, now=now), False
 
 
-def _node_states(rt: Runtime) -> list[Any]:
-    return topology.node_states(rt.nodes().values())
+def _nodes_of(rt: Runtime, decision: topology.Decision) -> dict[str, Any]:
+    """The decision's own nodes only: on a big cluster, not every node per reconcile."""
+    nodes = rt.nodes({a.node for a in decision.assignments})
+    return {n.name: n for n in topology.node_states(nodes.values())}
 
 
 def _observe(

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,13 +119,11 @@ class Runtime:
             return obj
         return None
 
-    def nodes(self) -> dict[str, JSON]:
-        """Opted-in nodes by name."""
-        return {
-            name: dict(v)
-            for name, store in self.indices.get("nodes_by_name", {}).items()
-            for v in store
-        }
+    def nodes(self, names: Iterable[str] | None = None) -> dict[str, JSON]:
+        """Opted-in nodes by name: all of them, or only ``names``."""
+        index = self.indices.get("nodes_by_name", {})
+        wanted = index.keys() if names is None else [n for n in names if n in index]
+        return {name: dict(v) for name in wanted for v in index[name]}
 
     def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
         """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""
