@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, metrics
-from mpijob.gang import admission, topology
+from mpijob.admission import decision as topology
+from mpijob.admission import queue as admission
 from mpijob.placement.job import Placement, claim, place_job
 
 log = logging.getLogger(__name__)

@@ -15,10 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, keys, metrics
-from mpijob.build import events, names, service, ssh, status, sync
-from mpijob.build.status import Counter
-from mpijob.gang import admission, binding, outcome, podgroup, topology
-from mpijob.gang.mode import GangMode
+from mpijob.admission import decision as topology
+from mpijob.admission import outcome
+from mpijob.admission import queue as admission
+from mpijob.desired import binding, events, names, podgroup, service, ssh, status, sync
+from mpijob.desired.gang_mode import GangMode
+from mpijob.desired.status import Counter
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import JSON, JobKey, Known, OwnershipError, Runtime
 

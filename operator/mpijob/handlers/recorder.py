@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import keys
-from mpijob.build.events import Event
+from mpijob.desired.events import Event
 from mpijob.handlers.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)

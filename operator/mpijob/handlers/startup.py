@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.gang.mode import GangKind, GangMode
+from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.handlers import reconcile, watches
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import Kube

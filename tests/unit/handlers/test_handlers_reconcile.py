@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from mpijob.build.events import Event
+from mpijob.desired.events import Event
 from mpijob.handlers import reconcile
 from mpijob.handlers.runtime import Runtime
 from mpijob.settings import OperatorSettings

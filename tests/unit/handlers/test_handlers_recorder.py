@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mpijob.build.events import normal
+from mpijob.desired.events import normal
 from mpijob.handlers.recorder import Recorder
 
 pytestmark = pytest.mark.unit

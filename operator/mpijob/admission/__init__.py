@@ -1,0 +1,11 @@
+"""Our own all-or-nothing admission of topology-placed jobs, as pure decisions.
+
+* :mod:`queue` orders waiting jobs fairly and decides which are admitted, wait or time out;
+  :mod:`timeout` gives their deadlines.
+* :mod:`decision` translates between Kubernetes objects and the placement engine: what a job
+  asks for, which GPUs of which nodes are taken, and the decision recorded on the MPIJob.
+* :mod:`outcome` turns a decision into the conditions and Event the status function applies.
+
+Its I/O shell is :mod:`mpijob.handlers.admission`; it imports the builders, placement and api,
+never kopf or the kubernetes client.
+"""

@@ -1,0 +1,206 @@
+"""Between Kubernetes objects and the placement engine: requests, node states, decisions.
+
+The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
+
+- which jobs are placed topology-aware, and what they ask for (:func:`request_of`);
+- which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from live
+  pods' ``mpijob.io/gpu-ids`` and from the decisions of admitted jobs whose pods may not exist
+  yet;
+- a decision written on the MPIJob (``mpijob.io/placement-decision``, compact JSON) so that a
+  restarted operator knows every reservation, plus the one-line summary for people
+  (``mpijob.io/placement``);
+- the per-pod annotations and node of each worker (:func:`pod_placements`).
+
+Called by :mod:`mpijob.handlers.admission` and the reconciler.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mpijob import keys
+from mpijob.api import MPIJob
+from mpijob.desired.sync import PodPlacement
+from mpijob.placement import codec
+from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
+
+DECISION_VERSION = 1
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def gpus_per_worker(job: MPIJob) -> int:
+    """Whole GPUs one worker asks for: the sum over its containers (limits, else requests)."""
+    worker = job.spec.worker
+    if worker is None:
+        return 0
+    total = 0
+    for container in (worker.template.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(keys.GPU_RESOURCE)
+        if value is None:
+            value = (resources.get("requests") or {}).get(keys.GPU_RESOURCE)
+        try:
+            total += int(str(value)) if value is not None else 0
+        except ValueError:
+            continue  # a malformed quantity is the API server's to reject, not ours
+    return total
+
+
+def wants_topology(job: MPIJob, *, default: bool) -> bool:
+    """Opted in by ``mpijob.io/gpu-topology: "true"`` (or the operator's default), with GPUs."""
+    value = (job.metadata.annotations or {}).get(keys.GPU_TOPOLOGY, "").strip().lower()
+    opted = value == "true" or (default and value != "false")
+    return opted and job.spec.worker_replicas > 0 and gpus_per_worker(job) > 0
+
+
+def request_of(job: MPIJob) -> JobRequest:
+    return JobRequest(workers=job.spec.worker_replicas, gpus_per_worker=gpus_per_worker(job))
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The placement an admitted job holds, as written on the MPIJob."""
+
+    assignments: tuple[WorkerAssignment, ...]
+    ring_gbps: float
+
+
+def dump_decision(placement: Placement) -> str:
+    return json.dumps(
+        {
+            "v": DECISION_VERSION,
+            "ring": placement.ring_gbps,
+            "workers": [[a.node, list(a.gpus)] for a in placement.assignments],
+        },
+        separators=(",", ":"),
+    )
+
+
+def load_decision(job: MPIJob) -> Decision | None:
+    """The job's decision, or None when it has none (or an unreadable one: placed anew)."""
+    text = (job.metadata.annotations or {}).get(keys.PLACEMENT_DECISION)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        if data.get("v") != DECISION_VERSION:
+            return None
+        assignments = tuple(
+            WorkerAssignment(str(node), tuple(int(g) for g in gpus))
+            for node, gpus in data["workers"]
+        )
+        if len(assignments) != job.spec.worker_replicas:
+            return None  # scaled since: the old decision no longer describes the job
+        return Decision(assignments, float(data["ring"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def decision_patch(placement: Placement | None) -> dict[str, Any]:
+    """The MPIJob metadata patch recording (or, with None, releasing) a decision."""
+    if placement is None:
+        annotations: dict[str, str | None] = {keys.PLACEMENT_DECISION: None, keys.PLACEMENT: None}
+    else:
+        annotations = {
+            keys.PLACEMENT_DECISION: dump_decision(placement),
+            keys.PLACEMENT: placement.summary,
+        }
+    return {"metadata": {"annotations": annotations}}
+
+
+def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[PodPlacement]:
+    """Per worker: its node, and the annotations that tell the device layer its GPUs."""
+    out = []
+    for assignment in decision.assignments:
+        annotations = {
+            keys.GPU_IDS: ",".join(str(g) for g in assignment.gpus),
+            keys.RING_BANDWIDTH: f"{decision.ring_gbps:g}",
+        }
+        node = nodes.get(assignment.node)
+        uuids = node.topology.uuids_of(assignment.gpus) if node is not None else None
+        if uuids:
+            annotations[keys.GPU_UUIDS] = ",".join(uuids)
+        out.append(PodPlacement(assignment.node, annotations))
+    return out
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+def opted_in(node: Mapping[str, Any]) -> bool:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
+        return False
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def used_by_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
+    """GPUs held by live pods bound to a node and annotated with ``mpijob.io/gpu-ids``."""
+    used: dict[str, set[int]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.GPU_IDS)
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or not ids or phase in TERMINAL_PHASES:
+            continue
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        used.setdefault(node, set()).update(_ints(ids))
+    return used
+
+
+def used_by_decisions(decisions: Iterable[Decision]) -> dict[str, set[int]]:
+    used: dict[str, set[int]] = {}
+    for decision in decisions:
+        for assignment in decision.assignments:
+            used.setdefault(assignment.node, set()).update(assignment.gpus)
+    return used
+
+
+def node_states(
+    nodes: Iterable[Mapping[str, Any]], *used: Mapping[str, set[int]]
+) -> list[NodeState]:
+    """Opted-in, Ready, schedulable nodes with a readable topology, and their taken GPUs.
+
+    A node whose annotation cannot be read is skipped (the agent, or a person, must fix it);
+    placement never guesses a topology.
+    """
+    states = []
+    for node in nodes:
+        if not opted_in(node):
+            continue
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        text = (meta.get("annotations") or {}).get(keys.GPU_TOPOLOGY)
+        if not text:
+            continue
+        try:
+            topology = codec.loads(text)
+        except ValueError:
+            continue
+        taken = frozenset(g for u in used for g in u.get(name, ()) if 0 <= g < topology.size)
+        states.append(NodeState(name, topology, taken))
+    return sorted(states, key=lambda s: s.name)
+
+
+def _ints(text: str) -> set[int]:
+    out = set()
+    for part in text.split(","):
+        try:
+            out.add(int(part))
+        except ValueError:
+            continue
+    return out

@@ -1,0 +1,180 @@
+"""Our own all-or-nothing gang admission, for clusters with no gang scheduler.
+
+When topology-aware placement is on, a job's worker pods are created only once the whole job
+fits; until then it waits. This module decides, for every waiting job, whether it is admitted
+now, keeps waiting, or has waited past its ``scheduleTimeoutSeconds``. The handler gathers the
+waiting jobs, calls :func:`decide`, and applies the decisions (creating pods, writing the
+``GangAdmitted`` condition, failing timed-out jobs, posting Events).
+
+**Order.** Waiting jobs are considered by priority (the value of the job's PriorityClass,
+higher first), then by submission time (``creationTimestamp``, older first), then by
+namespace and name, so the order is total and the same on every pass.
+
+**No starvation: strict head-of-line blocking per pool.** Within a pool, once a job does not
+fit, no job behind it in the order is admitted in that pass; they wait "behind" it. Capacity
+that running jobs release therefore accumulates for the first job in line until it fits, and a
+big job cannot be overtaken forever by a stream of small ones: it is overtaken only by jobs of
+higher priority (which is what priority means), never by later or equal-priority ones. Pools
+(``WaitingJob.pool``) let jobs that can never compete for the same nodes, such as jobs with
+disjoint node selectors, proceed independently; when in doubt a caller uses one pool. Two
+exceptions keep a blocked head from holding a pool forever: a job that would not fit even on an
+empty pool (``fits_when_empty=False``) waits without blocking anyone, and a job past its
+deadline times out and leaves the line. We chose this over backfilling small jobs around the
+head, because backfilling without knowing when running jobs end cannot promise the head a start.
+
+**Placement stays outside.** The caller passes ``try_place(job, granted)``, which returns a
+placement or a no-fit with a ``reason`` message (``mpijob.placement.job``'s ``Placement`` and
+``NoFit``; any result with a ``reason`` attribute counts as a no-fit). ``granted`` lists the
+placements already admitted earlier in the same pass, which the callback must count as taken
+(``placement.job.claim`` does that). ``try_place`` is called only for a job that is admitted if
+it fits, in order, at most once per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, Protocol, TypeVar, runtime_checkable
+
+from mpijob.admission import timeout
+from mpijob.api.models import MPIJob
+from mpijob.desired import podgroup
+
+P = TypeVar("P")
+
+
+@runtime_checkable
+class NoFit(Protocol):
+    """What ``try_place`` returns when the job does not fit: anything with a ``reason``."""
+
+    @property
+    def reason(self) -> str:
+        """Human-readable: what is missing, e.g. "needs 4 GPUs on one opted-in node"."""
+        ...
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """A job waiting for admission, with what the order and the deadline need."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: datetime
+    """Submission time (``metadata.creationTimestamp``)."""
+    priority: int = 0
+    """Value of the job's PriorityClass; 0 when it has none."""
+    deadline: datetime | None = None
+    """When it times out (creation + ``scheduleTimeoutSeconds``); None never."""
+    pool: str = ""
+    """Jobs in different pools never compete for the same capacity."""
+    fits_when_empty: bool = True
+    """False when the job would not fit even with nothing running; it then blocks no one."""
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Admit(Generic[P]):
+    """The whole job fits: create its pods as placed."""
+
+    job: WaitingJob
+    placement: P
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The job keeps waiting; ``message`` says why."""
+
+    job: WaitingJob
+    message: str
+    behind: WaitingJob | None = None
+    """The job ahead of it in its pool that does not fit yet, when that is the reason."""
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The job waited past its deadline: fail it and release everything it holds."""
+
+    job: WaitingJob
+    message: str
+
+
+Decision = Admit[P] | Wait | TimedOut
+
+
+def waiting_job(
+    job: MPIJob,
+    *,
+    priority_values: Mapping[str, int],
+    pool: str = "",
+    fits_when_empty: bool = True,
+) -> WaitingJob:
+    """The admission view of an MPIJob; PriorityClass values are looked up by the caller.
+
+    The job's priority is that of its PodGroup's PriorityClass (policy, launcher, worker).
+    Raises ValueError when the job has no creation timestamp (it has not been stored).
+    """
+    created = job.metadata.creation_timestamp
+    if created is None:
+        raise ValueError(f"MPIJob {job.key} has no creationTimestamp")
+    return WaitingJob(
+        namespace=job.namespace,
+        name=job.name,
+        uid=job.metadata.uid,
+        created=created,
+        priority=priority_values.get(podgroup.priority_class_name(job), 0),
+        deadline=timeout.admission_deadline(job),
+        pool=pool,
+        fits_when_empty=fits_when_empty,
+    )
+
+
+def admission_order(waiting: Iterable[WaitingJob]) -> list[WaitingJob]:
+    """Waiting jobs in admission order: priority, then submission time, then namespace/name."""
+    return sorted(waiting, key=lambda job: (-job.priority, job.created, job.namespace, job.name))
+
+
+def decide(
+    waiting: Iterable[WaitingJob],
+    try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit],
+    *,
+    now: datetime,
+) -> list[Decision[P]]:
+    """One admission pass: a decision for every waiting job, in admission order."""
+    decisions: list[Decision[P]] = []
+    granted: list[P] = []
+    heads: dict[str, WaitingJob] = {}
+    for job in admission_order(waiting):
+        head = heads.get(job.pool)
+        if head is not None:
+            message = f"queued behind {head.key}, which is ahead in the admission order"
+            decisions.append(_unplaced(job, message, now, behind=head))
+            continue
+        result = try_place(job, tuple(granted))
+        if isinstance(result, NoFit):
+            decision = _unplaced(job, result.reason, now)
+            if isinstance(decision, Wait) and job.fits_when_empty:
+                heads[job.pool] = job
+            decisions.append(decision)
+            continue
+        granted.append(result)
+        decisions.append(Admit(job, result))
+    return decisions
+
+
+def _unplaced(
+    job: WaitingJob, message: str, now: datetime, behind: WaitingJob | None = None
+) -> Wait | TimedOut:
+    if job.deadline is not None and now >= job.deadline:
+        seconds = int((job.deadline - job.created).total_seconds())
+        return TimedOut(
+            job,
+            f"MPIJob {job.key} was not admitted within scheduleTimeoutSeconds={seconds} "
+            f"of its creation: {message}",
+        )
+    return Wait(job, message, behind)

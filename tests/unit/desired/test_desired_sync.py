@@ -1,0 +1,262 @@
+"""One sync as data: the action lists of upstream ``mpi_job_controller_test.go``.
+
+Each test names the upstream scenario it covers. The plan says what to write, in order; the
+status it carries is covered in test_build_status.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from desired_jobs import make_job, pod
+
+from mpijob import api
+from mpijob.desired import status as rules
+from mpijob.desired import sync
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
+
+
+def worker(name: str, phase: str, job: str = "test", **kw: Any) -> dict[str, Any]:
+    """A worker pod as the reconciler sees it: labelled with its role, controlled by the job."""
+    p = pod(name, phase, **kw)
+    p["metadata"]["labels"] = {"training.kubeflow.org/job-role": "worker"}
+    p["metadata"]["ownerReferences"] = [{"kind": "MPIJob", "uid": f"uid-{job}", "controller": True}]
+    return p
+
+
+def created(job: api.MPIJob) -> api.MPIJob:
+    job.status = rules.mark_created(job, NOW).status
+    return job
+
+
+def kinds(plan: sync.Plan) -> list[str]:
+    out = []
+    for a in plan.actions:
+        match a:
+            case sync.EnsureService():
+                out.append("Service")
+            case sync.EnsureConfigMap():
+                out.append("ConfigMap")
+            case sync.EnsureSecret():
+                out.append("Secret")
+            case sync.Ensure(obj=obj):
+                out.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            case sync.Delete(kind=kind, name=name):
+                out.append(f"delete {kind}/{name}")
+            case sync.UpdateLauncher(patch=patch):
+                out.append("suspend launcher" if patch else "resume launcher")
+            case sync.ApplyPodGroup():
+                out.append("PodGroup")
+    return out
+
+
+def launcher_job(job: api.MPIJob, *, suspended: bool = False, **status: Any) -> dict[str, Any]:
+    built, _ = sync.launcher.build_launcher_job(job)
+    built["metadata"]["uid"] = "uid-launcher"
+    built["spec"]["suspend"] = suspended
+    built["status"] = status
+    return built
+
+
+@pytest.mark.parametrize("implementation", ["OpenMPI", "Intel", "MPICH"])
+def test_all_resources_created(implementation: str) -> None:
+    """Counterpart of upstream TestAllResourcesCreated/{OpenMPI,Intel,MPICH}: creation order."""
+    job = make_job(name="foo", namespace="default", workers=5, implementation=implementation)
+    plan = sync.plan(job, sync.Observed(), NOW)
+    assert kinds(plan) == [
+        "Service",
+        "ConfigMap",
+        "Secret",
+        *[f"Pod/foo-worker-{i}" for i in range(5)],
+        "Job/foo-launcher",
+    ]
+    config = next(a for a in plan.actions if isinstance(a, sync.EnsureConfigMap))
+    assert config.obj["data"]["discover_hosts.sh"] == "#!/bin/sh\n"
+    assert plan.result is not None
+    assert plan.result.changed
+    assert [e.reason for e in plan.events] == ["MPIJobCreated"]
+
+
+def test_shutdown_worker() -> None:
+    """Counterpart of upstream TestShutdownWorker: finished with cleanPodPolicy All."""
+    job = created(
+        make_job(name="test", namespace="default", workers=8, run_policy={"cleanPodPolicy": "All"})
+    )
+    rules.set_condition(job.status, "Succeeded", "True", "MPIJobSucceeded", "done", NOW)
+    job.status.completion_time = NOW
+    workers = [worker(f"test-worker-{i}", "Running") for i in range(8)]
+    plan = sync.plan(job, sync.Observed(pods=workers), NOW)
+    assert kinds(plan) == [f"delete Pod/test-worker-{i}" for i in range(8)]
+    assert plan.force_status
+    assert plan.result is not None
+    assert plan.result.status.to_body()["replicaStatuses"] == {"Worker": {}}
+
+
+@pytest.mark.parametrize("implementation", ["OpenMPI", "Intel", "MPICH"])
+def test_create_suspended_mpijob(implementation: str) -> None:
+    """Counterpart of upstream TestCreateSuspendedMPIJob: children and a suspended launcher,
+    no workers."""
+    job = make_job(
+        name="test",
+        namespace="default",
+        workers=2,
+        implementation=implementation,
+        run_policy={"suspend": True},
+    )
+    plan = sync.plan(job, sync.Observed(), NOW)
+    assert kinds(plan) == ["Service", "ConfigMap", "Secret", "Job/test-launcher"]
+    launcher = plan.actions[-1]
+    assert isinstance(launcher, sync.Ensure)
+    assert launcher.obj["spec"]["suspend"] is True
+
+
+def test_suspended_running_mpijob() -> None:
+    """Counterpart of upstream TestSuspendedRunningMPIJob: suspend the Job, delete workers."""
+    job = created(
+        make_job(name="test", namespace="default", workers=8, run_policy={"suspend": True})
+    )
+    workers = [worker(f"test-worker-{i}", "Running") for i in range(8)]
+    seen = sync.Observed(launcher_job=launcher_job(job), pods=workers)
+    plan = sync.plan(job, seen, NOW)
+    assert kinds(plan) == [
+        "Service",
+        "ConfigMap",
+        "Secret",
+        "suspend launcher",
+        *[f"delete Pod/test-worker-{i}" for i in range(8)],
+    ]
+
+
+def test_resume_mpijob() -> None:
+    """Counterpart of upstream TestResumeMPIJob: create the workers, then resume the Job."""
+    job = created(make_job(name="test", namespace="default", workers=8))
+    rules.set_condition(job.status, "Suspended", "True", "MPIJobSuspended", "MPIJob suspended", NOW)
+    seen = sync.Observed(launcher_job=launcher_job(job, suspended=True))
+    plan = sync.plan(job, seen, NOW)
+    assert kinds(plan) == [
+        "Service",
+        "ConfigMap",
+        "Secret",
+        *[f"Pod/test-worker-{i}" for i in range(8)],
+        "resume launcher",
+    ]
+    resumed = plan.actions[-1]
+    assert isinstance(resumed, sync.UpdateLauncher)
+    assert resumed.replace is not None
+    assert resumed.replace["spec"]["suspend"] is False
+    assert not resumed.clear_start_time
+
+
+def test_resume_mpijob_clears_start_time() -> None:
+    """Counterpart of upstream TestResumeMPIJobClearsStartTime: status.startTime first."""
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen = sync.Observed(
+        launcher_job=launcher_job(job, suspended=True, startTime="2024-05-01T09:00:00Z")
+    )
+    resumed = sync.plan(job, seen, NOW).actions[-1]
+    assert isinstance(resumed, sync.UpdateLauncher)
+    assert resumed.clear_start_time
+    assert "status" not in (resumed.replace or {})
+
+
+def test_resume_mpijob_with_existing_launcher() -> None:
+    """Counterpart of upstream TestResumeMPIJobWithExistingLauncher: scheduling directives."""
+    directives = {
+        "metadata": {"annotations": {"kueue.x-k8s.io/workload": "my-workload"}},
+        "spec": {
+            "containers": [{"name": "launcher", "image": "mpi"}],
+            "nodeSelector": {"foo": "bar"},
+            "tolerations": [{"key": "foo", "operator": "Exists", "effect": "NoSchedule"}],
+            "schedulingGates": [{"name": "kueue.x-k8s.io/topology"}],
+        },
+    }
+    suspended = make_job(name="test", namespace="default", workers=1)
+    job = created(
+        make_job(name="test", namespace="default", workers=1, launcher_template=directives)
+    )
+    seen = sync.Observed(launcher_job=launcher_job(suspended, suspended=True))
+    resumed = sync.plan(job, seen, NOW).actions[-1]
+    assert isinstance(resumed, sync.UpdateLauncher)
+    assert resumed.replace is not None
+    template = resumed.replace["spec"]["template"]
+    assert template["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == "my-workload"
+    assert template["spec"]["nodeSelector"] == {"foo": "bar"}
+    assert template["spec"]["tolerations"] == directives["spec"]["tolerations"]
+    assert template["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/topology"}]
+
+
+def test_unsuspend_launcher_update_failure_does_not_poison_cache() -> None:
+    """Counterpart of upstream TestUnsuspendLauncherUpdateFailureDoesNotPoisonCache.
+
+    Planning a resume never modifies the observed launcher (the cache's object): if the update
+    then fails, the cache still says suspended, and the next sync tries again.
+    """
+    job = created(make_job(name="test", namespace="default", workers=1))
+    observed = launcher_job(job, suspended=True, startTime="2024-05-01T09:00:00Z")
+    before = copy.deepcopy(observed)
+    sync.plan(job, sync.Observed(launcher_job=observed), NOW)
+    assert observed == before
+
+
+def test_worker_ready_creates_the_launcher() -> None:
+    """Counterpart of upstream TestWorkerReady: 16 ready workers and no launcher."""
+    job = created(
+        make_job(
+            name="test",
+            namespace="default",
+            workers=16,
+            launcherCreationPolicy="WaitForWorkersReady",
+        )
+    )
+    workers = [worker(f"test-worker-{i}", "Running", ready=True) for i in range(16)]
+    plan = sync.plan(job, sync.Observed(pods=workers), NOW)
+    assert kinds(plan)[-1] == "Job/test-launcher"
+    not_ready = [worker(f"test-worker-{i}", "Running", ready=i != 3) for i in range(16)]
+    assert "Job/test-launcher" not in kinds(sync.plan(job, sync.Observed(pods=not_ready), NOW))
+
+
+def test_scale_down_deletes_workers_by_name() -> None:
+    """Beyond upstream: with runLauncherAsWorker the last wanted worker is not deleted."""
+    job = created(make_job(name="test", namespace="default", workers=2, launcher_as_worker=True))
+    workers = [worker(f"test-worker-{i}", "Running") for i in range(4)]
+    plan = sync.plan(job, sync.Observed(pods=workers), NOW)
+    assert [k for k in kinds(plan) if k.startswith("delete")] == [
+        "delete Pod/test-worker-2",
+        "delete Pod/test-worker-3",
+    ]
+
+
+def test_not_admitted_job_gets_no_workers_and_no_launcher() -> None:
+    job = make_job(name="test", namespace="default", workers=2)
+    plan = sync.plan(job, sync.Observed(), NOW, sync.Options(admitted=False))
+    assert kinds(plan) == ["Service", "ConfigMap", "Secret"]
+
+
+def test_placement_pins_each_worker_to_its_node_with_its_gpus() -> None:
+    job = make_job(name="test", namespace="default", workers=2)
+    where = [
+        sync.PodPlacement("node-a", {"mpijob.io/gpu-ids": "1"}),
+        sync.PodPlacement("node-b", {"mpijob.io/gpu-ids": "5"}),
+    ]
+    plan = sync.plan(job, sync.Observed(), NOW, sync.Options(placement=where))
+    pods = [a.obj for a in plan.actions if isinstance(a, sync.Ensure) and a.obj["kind"] == "Pod"]
+    for p, w in zip(pods, where, strict=True):
+        assert (
+            p["metadata"]["annotations"]["mpijob.io/gpu-ids"] == w.annotations["mpijob.io/gpu-ids"]
+        )
+        terms = p["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms == [
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [w.node]}
+                ]
+            }
+        ]
