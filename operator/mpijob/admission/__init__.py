@@ -2,7 +2,7 @@
 
 * :mod:`queue` orders waiting jobs fairly and decides which are admitted, wait or time out;
   :mod:`timeout` gives their deadlines.
-* :mod:`decision` translates between Kubernetes objects and the placement engine: what a job
+* :mod:`topology` translates between Kubernetes objects and the placement engine: what a job
   asks for, which GPUs of which nodes are taken, and the decision recorded on the MPIJob.
 * :mod:`outcome` turns a decision into the conditions and Event the status function applies.
 

@@ -1,13 +1,15 @@
 """The MPIJob API: models, parsing, upstream defaulting and validation. Pure; no I/O.
 
 Handlers call :func:`parse`, then :func:`with_defaults`, then :func:`validate`; everything else
-(builders, status rules, gang) reads the resulting :class:`MPIJob`.
+(builders, status rules, admission) reads the resulting :class:`MPIJob`.
 """
 
 from mpijob.api.defaults import with_defaults
 from mpijob.api.errors import FieldError, InvalidMPIJob, validation_message
 from mpijob.api.models import (
+    JSON,
     JobCondition,
+    JobKey,
     MPIJob,
     MPIJobSpec,
     MPIJobStatus,
@@ -18,12 +20,15 @@ from mpijob.api.models import (
     SchedulingPolicy,
 )
 from mpijob.api.parsing import managed_by, parse
+from mpijob.api.resources import gpu_count
 from mpijob.api.validation import validate
 
 __all__ = [
+    "JSON",
     "FieldError",
     "InvalidMPIJob",
     "JobCondition",
+    "JobKey",
     "MPIJob",
     "MPIJobSpec",
     "MPIJobStatus",
@@ -32,6 +37,7 @@ __all__ = [
     "ReplicaStatus",
     "RunPolicy",
     "SchedulingPolicy",
+    "gpu_count",
     "managed_by",
     "parse",
     "validate",

@@ -6,8 +6,8 @@ from "zero" exactly as upstream's Go pointers do. Pod templates are kept as plai
 are deep-copied into children and never modelled. Unknown fields are kept (``extra="allow"``)
 so that a newer upstream field survives a round trip.
 
-Built by :func:`mpijob.api.parse`; read by the builders, the status rules, ``gang`` and the
-handlers.
+Built by :func:`mpijob.api.parse`; read by the builders, the status rules, admission and the
+handlers. :data:`JSON` and :data:`JobKey` name the two shapes every layer passes around.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ from pydantic.alias_generators import to_camel
 
 from mpijob import keys
 
+JSON = dict[str, Any]
+"""A Kubernetes object or fragment as plain JSON."""
+JobKey = tuple[str, str]
+"""(namespace, name) of an MPIJob: the work queue's key."""
+
 _INT32 = 2**31
 _INT64 = 2**63
 
@@ -49,6 +54,18 @@ def utc_seconds(value: datetime) -> datetime:
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with second precision, as Kubernetes writes ``metav1.Time``."""
     return utc_seconds(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: object) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339 string or datetime) in UTC, or None if it is not one."""
+    if isinstance(value, datetime):
+        return utc_seconds(value)
+    if isinstance(value, str) and value:
+        try:
+            return utc_seconds(datetime.fromisoformat(value))
+        except ValueError:
+            return None
+    return None
 
 
 Time = Annotated[
@@ -245,7 +262,7 @@ class MPIJobStatus(_Model):
     completion_time: Time | None = None
     """When the job succeeded or failed."""
     last_reconcile_time: Time | None = None
-    """Part of the upstream schema; never set."""
+    """Part of the upstream schema, which never sets it; we stamp it on each status write."""
 
     def condition(self, condition_type: str) -> JobCondition | None:
         """The condition of a type, or None."""

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from mpijob.api.models import parse_time
+
 
 def bound_at(pod: Mapping[str, Any]) -> datetime | None:
     """When the pod was bound to its node, or None while it is not (or the time is unknown)."""
@@ -21,8 +23,7 @@ def bound_at(pod: Mapping[str, Any]) -> datetime | None:
         return None
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
-            stamp = condition.get("lastTransitionTime")
-            return datetime.fromisoformat(stamp) if isinstance(stamp, str) else None
+            return parse_time(condition.get("lastTransitionTime"))
     return None
 
 

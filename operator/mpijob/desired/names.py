@@ -6,6 +6,7 @@ Used by every builder here and by the handlers to look children up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mpijob import keys
@@ -87,7 +88,23 @@ def child_metadata(job: MPIJob, name: str, labels: dict[str, str]) -> dict[str, 
     }
 
 
-def is_controlled_by(obj: dict[str, Any], job: MPIJob) -> bool:
-    """Whether ``obj``'s controller owner reference points at this MPIJob (by UID)."""
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("controller") and ref.get("uid") == job.metadata.uid for ref in refs)
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``obj``'s controller owner reference, or None: the one owner that reconciles it."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref  # type: ignore[no-any-return]
+    return None
+
+
+def controlling_job(obj: Mapping[str, Any]) -> str | None:
+    """The name of the MPIJob that controls ``obj``, or None when no MPIJob does."""
+    ref = controller_of(obj)
+    if ref is None or (ref.get("apiVersion"), ref.get("kind")) != (keys.API_VERSION, keys.KIND):
+        return None
+    return str(ref.get("name") or "") or None
+
+
+def is_controlled_by(obj: Mapping[str, Any], owner_uid: str | None) -> bool:
+    """Whether ``obj``'s controller owner reference points at the owner with that UID."""
+    ref = controller_of(obj)
+    return ref is not None and bool(owner_uid) and ref.get("uid") == owner_uid

@@ -1,16 +1,42 @@
-"""Readers of raw child objects (Pods, batch Jobs) as the status rules need them.
+"""What the caches saw of a job's children, and readers of raw child objects.
 
-Children arrive as plain dicts from the API; these accessors tolerate missing fields so that
-a half-written object never raises. Used by :mod:`mpijob.desired.status`.
+:class:`Observed` is the input of one sync: every child the job controls, as the watches (and
+the creations not yet seen on them) show it. Children arrive as plain dicts from the API; the
+accessors here tolerate missing fields, so a half-written object never raises. Read by
+:mod:`mpijob.desired.sync` and :mod:`mpijob.desired.status`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
-from mpijob.api.models import utc_seconds
+from mpijob import keys
+from mpijob.api import JSON, MPIJob
+from mpijob.desired import names
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The job's children as the caches see them; only objects the job controls.
+
+    ``None`` means the child does not exist (or is not controlled by the job), so a sync
+    creates it: a child deleted by hand comes back on the next sync.
+    """
+
+    launcher_job: JSON | None = None
+    """The launcher batch/v1 Job."""
+    pods: Sequence[JSON] = ()
+    """Pods labelled with the job's name: workers and launcher pods."""
+    pod_group: JSON | None = None
+    """The job's PodGroup, in gang mode."""
+    service: JSON | None = None
+    """The headless Service (its selector and ``publishNotReadyAddresses`` at least)."""
+    config_map: JSON | None = None
+    """The hostfile ConfigMap, with its data."""
+    secret: JSON | None = None
+    """The SSH Secret: its metadata and the names of its keys (never the key material)."""
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
@@ -21,6 +47,22 @@ def name_of(obj: Mapping[str, Any]) -> str:
 def phase_of(pod: Mapping[str, Any]) -> str:
     """``status.phase`` of a pod, or an empty string."""
     return str((pod.get("status") or {}).get("phase") or "")
+
+
+def role_of(pod: Mapping[str, Any]) -> str:
+    """The pod's ``training.kubeflow.org/job-role`` label: worker or launcher."""
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(keys.LABEL_JOB_ROLE, ""))
+
+
+def workers_of(job: MPIJob, pods: Sequence[JSON]) -> list[JSON]:
+    """The job's worker pods among ``pods``: the role label, and controlled by the job."""
+    uid = job.metadata.uid
+    return [p for p in pods if role_of(p) == keys.ROLE_WORKER and names.is_controlled_by(p, uid)]
+
+
+def launcher_pods_of(pods: Sequence[JSON]) -> list[JSON]:
+    """Pods with the launcher role label (the launcher Job's, and any leftovers)."""
+    return [p for p in pods if role_of(p) == keys.ROLE_LAUNCHER]
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -44,23 +86,4 @@ def controlled_by(
     uid = (owner.get("metadata") or {}).get("uid")
     if not uid:
         return list(pods)
-    return [
-        pod
-        for pod in pods
-        if any(
-            ref.get("controller") and ref.get("uid") == uid
-            for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
-        )
-    ]
-
-
-def parse_time(value: object) -> datetime | None:
-    """A Kubernetes timestamp (RFC 3339 string or datetime) in UTC, or None."""
-    if isinstance(value, datetime):
-        return utc_seconds(value)
-    if isinstance(value, str) and value:
-        try:
-            return utc_seconds(datetime.fromisoformat(value))
-        except ValueError:
-            return None
-    return None
+    return [pod for pod in pods if names.is_controlled_by(pod, uid)]

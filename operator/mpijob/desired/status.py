@@ -1,12 +1,11 @@
-"""Upstream's status rules for an MPIJob: conditions, replica counts, times, events, counters.
+"""The status of an MPIJob after one sync: upstream's rules, plus our admission conditions.
 
-Everything here is pure: callers pass the observed children and ``now``, and get back the new
-status, the Events to post and the metric counters to increment. The reconcile loop calls
-:func:`mark_invalid` for a job that fails validation (and :func:`clear_invalid` otherwise),
-:func:`mark_created` first, then checks :func:`finished_with_completion` (upstream's
-short-circuit, with :func:`worker_pods_to_delete` and :func:`finished_cleanup_status`), and
-otherwise calls :func:`compute_status` at the end of the sync; it writes the status only when
-:attr:`StatusResult.changed` is true.
+:func:`next_status` is the one place a job's status is composed. It takes the job, its children
+as the sync leaves them (the plan's :attr:`~mpijob.desired.sync.Plan.projected` observation) and
+the admission outcome, and returns the new status with the Events to post and the counters to
+increment; the handler only writes it, when :attr:`StatusResult.changed`. :func:`mark_invalid`
+is its counterpart for a job that fails validation (no model of the spec exists then, only of
+the status). Everything here is pure: ``now`` is passed in.
 """
 
 from __future__ import annotations
@@ -20,10 +19,11 @@ from typing import Any
 from mpijob import keys
 from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus
 from mpijob.api.errors import truncate_message
-from mpijob.api.models import utc_seconds
+from mpijob.api.models import parse_time, utc_seconds
 from mpijob.desired import events, names, observed
 from mpijob.desired.conditions import set_condition
 from mpijob.desired.events import Event
+from mpijob.desired.observed import Observed
 
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 EVICTED = "Evicted"
@@ -66,26 +66,128 @@ class StatusResult:
     """The launcher Job exists: set ``mpi_operator_job_info{launcher,namespace}`` to 1."""
 
 
+@dataclass(frozen=True)
+class ConditionChange:
+    """One condition to set: the arguments of upstream's ``setCondition``."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class AdmissionOutcome:
+    """What our gang admission's latest decision means for the status (see
+    :mod:`mpijob.admission.outcome`, which builds it)."""
+
+    conditions: Sequence[ConditionChange] = ()
+    """Conditions to set, in order."""
+    event: Event | None = None
+    """An Event to post on the MPIJob when the conditions change."""
+    failed: bool = False
+    """The job is now Failed: set ``completionTime`` and count it as failed."""
+
+
+# --- the one status function -----------------------------------------------------------------
+
+
+def next_status(
+    job: MPIJob,
+    seen: Observed,
+    now: datetime,
+    *,
+    admission: AdmissionOutcome | None = None,
+) -> StatusResult:
+    """The job's status after this sync, with its Events and counters.
+
+    Upstream's order: ``Created`` first; a job already finished with a completion time is only
+    cleaned up (worker counts reset when cleanPodPolicy deletes its workers); otherwise the
+    status follows from the launcher and worker pods (§4.2). Then our own conditions: a job
+    that validates again sheds ``Invalid``, and the admission outcome sets ``GangAdmitted``
+    (and ``Failed`` on timeout).
+    """
+    current = job.status.model_copy(deep=True)
+    was_invalid = clear_invalid(current)
+    job = job.model_copy(update={"status": current})
+    created = mark_created(job, now)
+    job = job.model_copy(update={"status": created.status})
+    if finished_with_completion(job.status):
+        if cleans_up_at_finish(job):
+            # Upstream writes this status unconditionally after the cleanup.
+            result = StatusResult(finished_cleanup_status(job), changed=True)
+        else:
+            result = created
+    else:
+        result = compute_status(
+            job,
+            launcher_job=seen.launcher_job,
+            launcher_pods=observed.launcher_pods_of(seen.pods),
+            worker_pods=observed.workers_of(job, seen.pods),
+            now=now,
+        )
+        result.changed = result.changed or created.changed
+        result.events[:0] = created.events
+        result.counters[:0] = created.counters
+    if admission is not None:
+        if _apply_admission(result.status, admission, now):
+            result.changed = True
+            if admission.event is not None:
+                result.events.append(admission.event)
+        if admission.failed and result.status.completion_time is None:
+            result.status.completion_time = utc_seconds(now)
+            result.counters.append(Counter.FAILED)
+            result.changed = True
+    result.changed = result.changed or was_invalid
+    return result
+
+
+def _apply_admission(status: MPIJobStatus, outcome: AdmissionOutcome, now: datetime) -> bool:
+    """Set the outcome's conditions on ``status`` in place; True when anything changed.
+
+    Upstream's rule keeps the message of a condition whose status and reason are unchanged;
+    a waiting job's message is the news (what it waits for), so it is refreshed.
+    """
+    changed = False
+    for change in outcome.conditions:
+        if set_condition(status, change.type, change.status, change.reason, change.message, now):
+            changed = True
+            continue
+        current = status.condition(change.type)
+        if (
+            change.reason == keys.REASON_GANG_WAITING
+            and current is not None
+            and current.message != change.message
+        ):
+            current.message = change.message
+            current.last_update_time = utc_seconds(now)
+            changed = True
+    return changed
+
+
 # --- sync steps before the children ----------------------------------------------------------
 
 
-def mark_invalid(job: MPIJob, message: str, now: datetime) -> StatusResult:
+def mark_invalid(current: MPIJobStatus, message: str, now: datetime) -> StatusResult:
     """An invalid job: upstream's Warning ``ValidationError``, and ``Invalid=True`` in status.
 
-    ``message`` is :attr:`mpijob.api.InvalidMPIJob.message`. Upstream posts the Event on every
-    sync of an invalid job and writes no status; the condition is ours, so that the problem
-    also shows in ``kubectl describe``.
+    ``current`` is the job's status as stored (a spec that does not parse has no model, its
+    status still does); ``message`` is :attr:`mpijob.api.InvalidMPIJob.message`. Upstream
+    posts the Event on every sync of an invalid job and writes no status; the condition is ours,
+    so that the problem shows in ``kubectl describe``, and the Event is posted only when the
+    message changes, not on every sync of the unchanged job.
     """
-    status = job.status.model_copy(deep=True)
+    status = current.model_copy(deep=True)
     reason = keys.REASON_VALIDATION_ERROR
     changed = set_condition(status, keys.COND_INVALID, "True", reason, message, now)
-    current = status.condition(keys.COND_INVALID)
-    if not changed and current is not None and current.message != message:
+    condition = status.condition(keys.COND_INVALID)
+    if not changed and condition is not None and condition.message != message:
         # A different error keeps the reason; upstream's rule would hide the new message.
-        current.message = message
-        current.last_update_time = utc_seconds(now)
+        condition.message = message
+        condition.last_update_time = utc_seconds(now)
         changed = True
-    return StatusResult(status, changed=changed, events=[events.warning(reason, message)])
+    posted = [events.warning(reason, message)] if changed else []
+    return StatusResult(status, changed=changed, events=posted)
 
 
 def clear_invalid(status: MPIJobStatus) -> bool:
@@ -284,7 +386,7 @@ def _launcher(
         message = f"MPIJob {job.key} successfully completed."
         result.events.append(events.normal(keys.REASON_SUCCEEDED, message))
         if status.completion_time is None:
-            status.completion_time = observed.parse_time(job_status.get("completionTime"))
+            status.completion_time = parse_time(job_status.get("completionTime"))
         set_condition(status, keys.COND_SUCCEEDED, "True", keys.REASON_SUCCEEDED, message, now)
         result.counters.append(Counter.SUCCESSFUL)
     elif failed is not None:
@@ -342,7 +444,7 @@ def _last_failed(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     for pod in pods:
         if observed.phase_of(pod) != "Failed":
             continue
-        created = observed.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
         stamp = created.replace(tzinfo=None) if created else datetime.min
         if last is None or stamp > last_created:
             last, last_created = pod, stamp

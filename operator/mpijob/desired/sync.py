@@ -1,9 +1,13 @@
 """One sync of one MPIJob, as data: upstream's ``syncHandler`` order, without the I/O.
 
 Given the validated, defaulted job and what the caches hold of its children, :func:`plan`
-returns the ordered writes that bring the cluster to the desired state and the status that
-follows from them. The reconciler applies the actions in order, stops at the first one that
-fails (as upstream returns early), and writes the status last.
+returns the ordered writes that bring the cluster to the desired state. Each action is complete:
+the built object, or the exact patch a drifted child needs, decided here from the observation;
+the handler only dispatches them, in order, and stops at the first that fails (as upstream
+returns early). The status is :func:`mpijob.desired.status.next_status`'s.
+
+Every sync ensures every child (level-based, as upstream): a child missing from the observation
+is created, one that drifted is corrected, so an object deleted or edited by hand comes back.
 
 Differences from upstream, on purpose (see the README's compatibility section):
 - scale-down deletes workers by name (``<job>-worker-<i>`` with ``i >= replicas``), not by the
@@ -14,34 +18,39 @@ Differences from upstream, on purpose (see the README's compatibility section):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 from mpijob import keys
-from mpijob.api import MPIJob
-from mpijob.desired import config_map, launcher, names, observed, podgroup, status, worker
+from mpijob.api import JSON, MPIJob
+from mpijob.desired import (
+    config_map,
+    launcher,
+    names,
+    observed,
+    podgroup,
+    service,
+    ssh,
+    status,
+    worker,
+)
 from mpijob.desired.events import Event
 from mpijob.desired.gang_mode import OFF, GangMode
-from mpijob.desired.status import Counter
+from mpijob.desired.observed import Observed
 
-JSON = dict[str, Any]
-
-
-# --- what the caller observed ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Observed:
-    """The job's children as the caches see them; only objects the job controls."""
-
-    launcher_job: JSON | None = None
-    """The launcher batch/v1 Job, if it exists."""
-    pods: Sequence[JSON] = ()
-    """Pods labelled with the job's name: workers and launcher pods."""
-    pod_group: JSON | None = None
-    """The job's PodGroup, in gang mode, if it exists."""
+__all__ = [
+    "Action",
+    "Create",
+    "Delete",
+    "Observed",
+    "Options",
+    "Patch",
+    "Plan",
+    "PodPlacement",
+    "Replace",
+    "plan",
+]
 
 
 @dataclass(frozen=True)
@@ -62,45 +71,39 @@ class Options:
     """False while our own gang admission holds the job back: no workers, no launcher."""
     placement: Sequence[PodPlacement] | None = None
     """Per worker index, when the job is placed topology-aware."""
+    job_patch: JSON | None = None
+    """A metadata patch on the MPIJob itself, applied first (releasing a placement decision)."""
+    new_key_pair: Callable[[], tuple[bytes, bytes]] = ssh.generate_ssh_key_pair
+    """Makes the SSH key pair of a Secret that must be (re)created."""
 
 
 # --- what the caller must do -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Ensure:
-    """Create ``obj`` if it does not exist; if it exists, keep it (after an ownership check)."""
+class Create:
+    """Create ``obj``. If the name is taken, the object must be controlled by the job: one that
+    is not is never touched (upstream's ``ErrResourceExists``)."""
 
     obj: JSON
 
 
 @dataclass(frozen=True)
-class EnsureService:
-    """Create the Service, or correct its selector and publishNotReadyAddresses if drifted."""
+class Patch:
+    """A JSON merge patch on a child (or the job) in the job's namespace."""
 
-    job: MPIJob
-
-
-@dataclass(frozen=True)
-class EnsureSecret:
-    """Create the SSH Secret with a new key pair if missing (or its key set is wrong)."""
-
-    job: MPIJob
+    api_version: str
+    kind: str
+    name: str
+    patch: JSON
+    subresource: str = ""
 
 
 @dataclass(frozen=True)
-class EnsureConfigMap:
-    """Create the ConfigMap, or update its data when it differs."""
+class Replace:
+    """Replace ``obj`` (a PUT; its ``resourceVersion`` makes a concurrent change a conflict)."""
 
     obj: JSON
-
-
-@dataclass(frozen=True)
-class ApplyPodGroup:
-    """Create the PodGroup, or replace its spec when :attr:`update` is set."""
-
-    obj: JSON
-    update: bool
 
 
 @dataclass(frozen=True)
@@ -109,83 +112,54 @@ class Delete:
     kind: str
     name: str
     uid: str | None = None
+    """A precondition, so that a same-named successor is never deleted."""
 
 
-@dataclass(frozen=True)
-class UpdateLauncher:
-    """Suspend the launcher Job (a patch), or resume it: clear ``status.startTime`` if set,
-    then replace the Job with the synced scheduling directives and ``suspend: false``."""
-
-    patch: JSON | None = None
-    replace: JSON | None = None
-    clear_start_time: bool = False
-
-
-Action = (
-    Ensure
-    | EnsureService
-    | EnsureSecret
-    | EnsureConfigMap
-    | ApplyPodGroup
-    | Delete
-    | UpdateLauncher
-)
+Action = Create | Patch | Replace | Delete
 
 
 @dataclass
 class Plan:
     actions: list[Action] = field(default_factory=list)
-    result: status.StatusResult | None = None
-    """The status to write when ``result.changed`` (or :attr:`force_status`)."""
-    force_status: bool = False
-    """Upstream writes the finish-time cleanup status unconditionally."""
     events: list[Event] = field(default_factory=list)
-    counters: list[Counter] = field(default_factory=list)
+    """Events about the built children (the job's status Events are the status function's)."""
+    projected: Observed = field(default_factory=Observed)
+    """The children as they will be once the actions succeed: what the status is computed
+    from, as upstream computes it from the objects its creates return."""
 
 
 # --- the sync ----------------------------------------------------------------------------------
 
 
-def workers_of(job: MPIJob, pods: Sequence[JSON]) -> list[JSON]:
-    return [p for p in pods if _role(p) == keys.ROLE_WORKER and names.is_controlled_by(p, job)]
-
-
-def launcher_pods_of(pods: Sequence[JSON]) -> list[JSON]:
-    return [p for p in pods if _role(p) == keys.ROLE_LAUNCHER]
-
-
 def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options()) -> Plan:
-    """The writes and the status of one sync of a valid, defaulted job."""
-    out = Plan()
-    created = status.mark_created(job, now)
-    out.events += created.events
-    out.counters += created.counters
-    job = job.model_copy(update={"status": created.status})
-    workers = workers_of(job, seen.pods)
+    """The writes of one sync of a valid, defaulted job."""
+    out = Plan(projected=seen)
+    if options.job_patch is not None:
+        out.actions.append(Patch(keys.API_VERSION, keys.KIND, job.name, options.job_patch))
+    job = job.model_copy(update={"status": status.mark_created(job, now).status})
+    workers = observed.workers_of(job, seen.pods)
 
     if status.finished_with_completion(job.status):
         if status.cleans_up_at_finish(job):
             out.actions += _delete_workers(job, workers)
             out.actions += _delete_pod_group(job, seen, options)
-            out.result = status.StatusResult(status.finished_cleanup_status(job), changed=True)
-            out.force_status = True
-        else:
-            out.result = created
         return out
 
     launcher_job = seen.launcher_job
     suspended = job.spec.suspended
     if not status.launcher_done(launcher_job):
-        out.actions.append(EnsureService(job))
+        out.actions += _service(job, seen)
         running = sorted(observed.name_of(p) for p in workers if observed.phase_of(p) == "Running")
-        out.actions.append(
-            EnsureConfigMap(config_map.build_config_map(job, running, options.cluster_domain))
+        out.actions += _config_map(
+            config_map.build_config_map(job, running, options.cluster_domain), seen
         )
-        out.actions.append(EnsureSecret(job))
+        out.actions += _secret(job, seen, options)
         if not suspended and options.admitted:
             out.actions += _pod_group(job, seen, options)
             created_workers, worker_actions = _workers(job, workers, options)
             out.actions += worker_actions
+            new = [a.obj for a in worker_actions if isinstance(a, Create)]
+            out.projected = replace(out.projected, pods=[*seen.pods, *new])
             workers = created_workers
         if launcher_job is None and options.admitted and status.launcher_may_start(job, workers):
             built, template_events = launcher.build_launcher_job(job)
@@ -193,7 +167,8 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             built["spec"]["template"] = podgroup.decorate_pod(
                 built["spec"]["template"], job.name, options.gang
             )
-            out.actions.append(Ensure(built))
+            out.actions.append(Create(built))
+            out.projected = replace(out.projected, launcher_job=built)
 
     if launcher_job is not None:
         out.actions += _suspend_or_resume(job, launcher_job, options)
@@ -201,23 +176,35 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
     if suspended:
         out.actions += _delete_workers(job, workers)
         out.actions += _delete_pod_group(job, seen, options)
-
-    result = status.compute_status(
-        job,
-        launcher_job=launcher_job,
-        launcher_pods=launcher_pods_of(seen.pods),
-        worker_pods=workers,
-        now=now,
-    )
-    result.changed = result.changed or created.changed
-    out.result = result
-    out.events += result.events
-    out.counters += result.counters
     return out
 
 
-def _role(pod: JSON) -> str:
-    return str(((pod.get("metadata") or {}).get("labels") or {}).get(keys.LABEL_JOB_ROLE, ""))
+def _service(job: MPIJob, seen: Observed) -> list[Action]:
+    if seen.service is None:
+        return [Create(service.build_service(job))]
+    drift = service.service_drift(job, seen.service)
+    return [Patch("v1", "Service", names.service_name(job), {"spec": drift})] if drift else []
+
+
+def _config_map(desired: JSON, seen: Observed) -> list[Action]:
+    if seen.config_map is None:
+        return [Create(desired)]
+    live = seen.config_map.get("data") or {}
+    if live == desired["data"]:
+        return []
+    # A merge patch keeps keys it does not name: name the extra ones with null to drop them.
+    data = {**dict.fromkeys(live), **desired["data"]}
+    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data})]
+
+
+def _secret(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
+    if seen.secret is not None and not ssh.secret_needs_regeneration(seen.secret):
+        return []
+    built = ssh.build_ssh_secret(job, *options.new_key_pair())
+    if seen.secret is None:
+        return [Create(built)]
+    version = (seen.secret.get("metadata") or {}).get("resourceVersion")
+    return [Replace({**built, "metadata": {**built["metadata"], "resourceVersion": version}})]
 
 
 def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
@@ -227,9 +214,11 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
         job, mode=options.gang, priority_values=options.priority_values
     )
     if seen.pod_group is None:
-        return [ApplyPodGroup(desired, update=False)]
+        return [Create(desired)]
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
-        return [ApplyPodGroup(desired, update=True)]
+        # Fields the desired spec leaves out are dropped, not kept: a merge patch needs nulls.
+        spec = {**dict.fromkeys(seen.pod_group.get("spec") or {}), **desired["spec"]}
+        return [Patch(desired["apiVersion"], "PodGroup", job.name, {"spec": spec})]
     return []
 
 
@@ -259,7 +248,7 @@ def _workers(job: MPIJob, workers: list[JSON], options: Options) -> tuple[list[J
         )
         if options.placement is not None:
             _place(pod, options.placement[index])
-        actions.append(Ensure(pod))
+        actions.append(Create(pod))
         projected.append(pod)
     return projected, actions
 
@@ -295,9 +284,12 @@ def _delete_workers(job: MPIJob, workers: list[JSON]) -> list[Action]:
 
 
 def _suspend_or_resume(job: MPIJob, launcher_job: JSON, options: Options) -> list[Action]:
+    """Suspend the launcher Job (a patch), or resume it: clear ``status.startTime`` if set,
+    then replace the Job with the synced scheduling directives and ``suspend: false``."""
+    name = observed.name_of(launcher_job)
     job_suspended = bool((launcher_job.get("spec") or {}).get("suspend"))
     if job.spec.suspended and not job_suspended:
-        return [UpdateLauncher(patch={"spec": {"suspend": True}})]
+        return [Patch("batch/v1", "Job", name, {"spec": {"suspend": True}})]
     if not job.spec.suspended and job_suspended:
         built, _ = launcher.build_launcher_job(job)
         built["spec"]["template"] = podgroup.decorate_pod(
@@ -306,6 +298,9 @@ def _suspend_or_resume(job: MPIJob, launcher_job: JSON, options: Options) -> lis
         synced = launcher.sync_scheduling_directives(launcher_job, built)
         synced["spec"]["suspend"] = False
         synced.pop("status", None)
-        started = (launcher_job.get("status") or {}).get("startTime") is not None
-        return [UpdateLauncher(replace=synced, clear_start_time=started)]
+        actions: list[Action] = []
+        if (launcher_job.get("status") or {}).get("startTime") is not None:
+            clear = {"status": {"startTime": None}}
+            actions.append(Patch("batch/v1", "Job", name, clear, subresource="status"))
+        return [*actions, Replace(synced)]
     return []

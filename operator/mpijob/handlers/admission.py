@@ -16,21 +16,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, metrics
-from mpijob.admission import decision as topology
-from mpijob.admission import queue as admission
+from mpijob.admission import queue, topology
+from mpijob.api import JobKey
 from mpijob.placement.job import Placement, claim, place_job
 
 log = logging.getLogger(__name__)
 
 PASS_INTERVAL_SECONDS = 2.0
-
-JobKey = tuple[str, str]
 
 
 @dataclass
@@ -42,11 +40,11 @@ class Admission:
     enqueue: Callable[[JobKey], None]
     snapshot: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]], list[api.MPIJob]]]
     """(opted-in nodes, GPU-annotated pods, every parsed MPIJob) from the caches."""
-    priority_values: Callable[[], Any]
-    """Coroutine function returning PriorityClass name -> value."""
+    priority_values: Callable[[], Mapping[str, int]]
+    """PriorityClass name -> value, from the watch."""
     inter_node_gbps: float
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
-    last: dict[JobKey, admission.Decision[Placement]] = field(default_factory=dict)
+    last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -63,7 +61,7 @@ class Admission:
         self.last.pop(key, None)
         self._gauges()
 
-    def decision(self, key: JobKey) -> admission.Decision[Placement] | None:
+    def decision(self, key: JobKey) -> queue.Decision[Placement] | None:
         return self.last.get(key)
 
     def wake(self) -> None:
@@ -96,7 +94,7 @@ class Admission:
                 nodes_raw, topology.used_by_pods(pods), topology.used_by_decisions(held)
             )
             empty = topology.node_states(nodes_raw)
-            values = await self.priority_values()
+            values = self.priority_values()
             by_uid = {}
             waiting = []
             for job in self.waiting.values():
@@ -108,11 +106,11 @@ class Admission:
                     ),
                     Placement,
                 )
-                w = admission.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
+                w = queue.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
                 waiting.append(w)
                 by_uid[w.uid] = job
 
-            def try_place(w: admission.WaitingJob, granted: Sequence[Placement]) -> Any:
+            def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
                 free = nodes
                 for g in granted:
                     free = list(claim(free, g))
@@ -123,21 +121,21 @@ class Admission:
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
                 return result
 
-            for decision in admission.decide(waiting, try_place, now=datetime.now(UTC)):
+            for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
                 await self._apply(decision)
             self._gauges()
 
-    async def _apply(self, decision: admission.Decision[Placement]) -> None:
+    async def _apply(self, decision: queue.Decision[Placement]) -> None:
         key = (decision.job.namespace, decision.job.name)
         previous = self.last.get(key)
         self.last[key] = decision
-        if isinstance(decision, admission.Admit):
+        if isinstance(decision, queue.Admit):
             await self.patch_job(key, topology.decision_patch(decision.placement))
             metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)
             self.waiting.pop(key, None)
             log.info("Admitted MPIJob %s/%s: %s", *key, decision.placement.summary)
             self.enqueue(key)
-        elif isinstance(decision, admission.TimedOut):
+        elif isinstance(decision, queue.TimedOut):
             self.waiting.pop(key, None)
             metrics.GANG_TIMEOUTS.inc()
             self.enqueue(key)

@@ -1,33 +1,36 @@
-"""The level-based reconcile of one MPIJob: observe, plan (pure), apply, write status.
+"""The level-based reconcile of one MPIJob: observe, plan and compute status (pure), apply, write.
 
-Called by the runtime's workers with a job key. The steps before planning mirror upstream's
+Called by the workers with a job key. The steps before planning mirror upstream's
 ``syncHandler``: a missing job ends the reconcile; a job managed by another controller is left
 alone (checked before validation, as upstream); a terminating job is left to garbage collection;
 an invalid job gets upstream's ``ValidationError`` Warning plus an ``Invalid`` condition naming
 the fields, and is not retried until it changes.
+
+Every read happens first (the caches, our admission's latest decision); then
+:func:`mpijob.desired.sync.plan` and :func:`mpijob.desired.status.next_status` decide, and
+:func:`_apply` dispatches the plan's actions in order, stopping at the first failure. The status
+is written last, only when it changed.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from mpijob import api, keys, metrics
-from mpijob.admission import decision as topology
-from mpijob.admission import outcome
-from mpijob.admission import queue as admission
-from mpijob.desired import binding, events, names, podgroup, service, ssh, status, sync
+from mpijob.admission import outcome, queue, topology
+from mpijob.api import JSON, JobKey
+from mpijob.api.models import format_time
+from mpijob.desired import binding, events, names, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
-from mpijob.desired.status import Counter
+from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.handlers.kube import ApiError
-from mpijob.handlers.runtime import JSON, JobKey, Known, OwnershipError, Runtime
+from mpijob.handlers.runtime import Runtime
+from mpijob.handlers.workers import OwnershipError
 
 log = logging.getLogger(__name__)
 
-COND_INVALID = keys.COND_INVALID
-PRIORITY_TTL_SECONDS = 30.0
 COUNTERS = {
     Counter.CREATED: metrics.JOBS_CREATED,
     Counter.SUCCESSFUL: metrics.JOBS_SUCCESSFUL,
@@ -35,17 +38,17 @@ COUNTERS = {
 }
 
 
-async def reconcile(rt: Runtime, key: JobKey) -> float | None:
-    body = rt.job_body(key)
+async def reconcile(rt: Runtime, key: JobKey) -> None:
+    body = rt.cache.job_body(key)
     if body is None:
         rt.forget(key)
-        return None
+        return
     meta = body.get("metadata") or {}
     owner = api.managed_by(body)
     if owner and owner not in rt.settings.controller_names:
-        return None
+        return
     if meta.get("deletionTimestamp"):
-        return None
+        return
     try:
         job = api.with_defaults(api.parse(body))
         errors = api.validate(job) + podgroup.min_resources_errors(job)
@@ -53,137 +56,62 @@ async def reconcile(rt: Runtime, key: JobKey) -> float | None:
         errors = list(exc.errors)
     if errors:
         await _report_invalid(rt, key, body, api.validation_message(errors))
-        return None
+        return
 
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
     now = datetime.now(UTC)
-    admitted, placement, admission_changes, timed_out = await _admission(rt, key, job, now)
-    options = sync.Options(
-        cluster_domain=rt.settings.cluster_domain,
-        gang=gang,
-        priority_values=await priority_values(rt) if gang.enabled else {},
-        admitted=admitted,
-        placement=placement,
+    gate = _admission(rt, key, job, now)
+    seen = rt.cache.observe(key, job)
+    plan = sync.plan(
+        job,
+        seen,
+        now,
+        sync.Options(
+            cluster_domain=rt.settings.cluster_domain,
+            gang=gang,
+            priority_values=rt.cache.priority_values() if gang.enabled else {},
+            admitted=gate.admitted,
+            placement=gate.placement,
+            job_patch=topology.decision_patch(None) if gate.release else None,
+        ),
     )
-    seen = sync.Observed(
-        launcher_job=rt.launcher_job(key),
-        pods=rt.pods(key),
-        pod_group=rt.pod_group(key) if gang.enabled else None,
-    )
-    # A fixed job sheds the condition that said it was invalid.
-    was_invalid = status.clear_invalid(job.status)
-    before = job.status.model_copy(deep=True)
-    plan = sync.plan(job, seen, now, options)
-    known = rt.known.setdefault(job.metadata.uid, Known())
-    for action in plan.actions:
-        await _apply(rt, key, job, body, known, action)
+    result = status.next_status(job, plan.projected, now, admission=gate.outcome)
 
-    result = plan.result
-    if result is not None:
-        if outcome.apply(result.status, admission_changes, now):
-            result.changed = True
-            if admission_changes.event is not None:
-                plan.events.append(admission_changes.event)
-        if timed_out and result.status.completion_time is None:
-            result.status.completion_time = now
-            plan.counters.append(Counter.FAILED)
-        if result.changed or plan.force_status or was_invalid:
-            await _write_status(rt, key, body, result.status.to_body())
-        if result.launcher_seen:
-            metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(
-                1
-            )
-        _observe(rt, key, job, before, result.status, seen, now)
-    for event in plan.events:
+    for action in plan.actions:
+        await _apply(rt, key, job, body, action)
+    if result.changed:
+        await _write_status(rt, key, body, result.status.to_body())
+    if result.launcher_seen:
+        metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
+    _observe(rt, key, job, result.status, seen, now)
+    for event in [*result.events, *plan.events]:
         rt.recorder.post(body, event)
-    for counter in plan.counters:
+    for counter in result.counters:
         COUNTERS[counter].inc()
-    return None
 
 
 # --- actions -------------------------------------------------------------------------------------
 
 
 async def _apply(
-    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, known: Known, action: sync.Action
+    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, action: sync.Action
 ) -> None:
     match action:
-        case sync.Ensure(obj=obj):
-            await _create_or_adopt(rt, key, job, body, obj)
-        case sync.EnsureService(job=job):
-            if known.service:
-                return
-            live = await _create_or_adopt(rt, key, job, body, service.build_service(job))
-            if live is not None and (drift := service.service_drift(job, live)):
-                await rt.kube.patch("v1", "Service", job.namespace, job.name, {"spec": drift})
-            known.service = True
-        case sync.EnsureSecret(job=job):
-            if known.secret:
-                return
-            private, public = ssh.generate_ssh_key_pair()
-            secret = ssh.build_ssh_secret(job, private, public)
-            live = await _create_or_adopt(rt, key, job, body, secret)
-            if live is not None and ssh.secret_needs_regeneration(live):
-                await rt.kube.replace(
-                    {
-                        **secret,
-                        "metadata": {
-                            **secret["metadata"],
-                            "resourceVersion": live["metadata"]["resourceVersion"],
-                        },
-                    }
-                )
-            known.secret = True
-        case sync.EnsureConfigMap(obj=obj):
-            data = obj["data"]
-            if known.config_data == data:
-                return
-            if known.config_data is None:
-                live = await _create_or_adopt(rt, key, job, body, obj)
-                if live is not None and live.get("data") != data:
-                    await _patch_config_data(rt, obj)
-            else:
-                await _patch_config_data(rt, obj)
-            known.config_data = data
-        case sync.ApplyPodGroup(obj=obj, update=False):
-            await _create_or_adopt(rt, key, job, body, obj)
-        case sync.ApplyPodGroup(obj=obj, update=True):
-            existing = rt.pod_group(key) or {}
-            spec = dict.fromkeys(existing.get("spec") or {}) | obj["spec"]
-            await rt.kube.patch(
-                obj["apiVersion"], "PodGroup", job.namespace, job.name, {"spec": spec}
-            )
-        case sync.Delete(api_version=api_version, kind=kind, name=name, uid=uid):
-            await rt.kube.delete(api_version, kind, job.namespace, name, uid=uid)
-        case sync.UpdateLauncher(patch=patch, replace=replace, clear_start_time=clear):
-            name = names.launcher_name(job)
-            if clear:
-                await rt.kube.patch(
-                    "batch/v1",
-                    "Job",
-                    job.namespace,
-                    name,
-                    {"status": {"startTime": None}},
-                    subresource="status",
-                )
-            if patch is not None:
-                await rt.kube.patch("batch/v1", "Job", job.namespace, name, patch)
-            if replace is not None:
-                await rt.kube.replace(replace)
+        case sync.Create(obj=obj):
+            await _create(rt, key, job, body, obj)
+        case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
+            await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
+        case sync.Replace(obj=obj):
+            await rt.kube.replace(obj)
+        case sync.Delete(api_version=version, kind=kind, name=name, uid=uid):
+            await rt.kube.delete(version, kind, job.namespace, name, uid=uid)
 
 
-async def _patch_config_data(rt: Runtime, obj: JSON) -> None:
-    meta = obj["metadata"]
-    await rt.kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": obj["data"]})
+async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JSON) -> None:
+    """Create ``obj``; if its name is taken, it must be the job's own (not yet seen) child.
 
-
-async def _create_or_adopt(
-    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JSON
-) -> JSON | None:
-    """Create ``obj``; on AlreadyExists return the live object if this job controls it.
-
-    Returns None when it was created. A same-named object the job does not control is never
-    touched: upstream's ``ErrResourceExists`` Warning, and the reconcile fails (and retries).
+    A same-named object the job does not control is never touched: upstream's
+    ``ErrResourceExists`` Warning, and the reconcile fails (and retries).
     """
     try:
         created = await rt.kube.create(obj)
@@ -199,92 +127,87 @@ async def _create_or_adopt(
         live = await rt.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         if live is None:
             raise  # deleted meanwhile: retry from a fresh observation
-        if not names.is_controlled_by(live, job):
+        if not names.is_controlled_by(live, job.metadata.uid):
             message = (
                 f'Resource "{meta["name"]}" of Kind "{obj["kind"]}" already exists '
                 "and is not managed by MPIJob"
             )
             rt.recorder.post(body, events.warning(keys.REASON_RESOURCE_EXISTS, message))
             raise OwnershipError(message) from None
-        if obj["kind"] in ("Pod", "Job"):
-            rt.expect(key, live)
-        return live
-    if obj["kind"] in ("Pod", "Job"):
-        rt.expect(key, created)
-    return None
+        rt.cache.expect(key, {**live, "apiVersion": obj["apiVersion"], "kind": obj["kind"]})
+        return
+    rt.cache.expect(key, {**created, "apiVersion": obj["apiVersion"], "kind": obj["kind"]})
 
 
 # --- admission ----------------------------------------------------------------------------------
 
 
-async def _admission(
-    rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime
-) -> tuple[bool, list[sync.PodPlacement] | None, outcome.Outcome, bool]:
-    """(admitted, per-worker placement, condition changes, timed out) of a topology job."""
-    nothing = outcome.Outcome()
+@dataclass(frozen=True)
+class Gate:
+    """Where a job stands with our own gang admission, as the plan and the status need it."""
+
+    admitted: bool = True
+    placement: list[sync.PodPlacement] | None = None
+    outcome: AdmissionOutcome | None = None
+    release: bool = False
+    """The job holds a decision it must give back (it was suspended)."""
+
+
+def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate:
+    """A topology job's admission state; reads only (the release is a planned action)."""
     if rt.admission is None or not topology.wants_topology(
         job, default=rt.settings.gpu_topology_default
     ):
-        return True, None, nothing, False
+        return Gate()
     if job.status.finished:
         rt.admission.drop(key)
-        return True, None, nothing, False
+        return Gate()
     decision = topology.load_decision(job)
     if job.spec.suspended:
         rt.admission.drop(key)
-        if decision is not None:  # a suspended job holds no GPUs; it is placed anew on resume
-            await rt.kube.patch(keys.API_VERSION, keys.KIND, *key, topology.decision_patch(None))
-        return False, None, nothing, False
+        # A suspended job holds no GPUs; it is placed anew on resume.
+        return Gate(admitted=False, release=decision is not None)
     if decision is not None:
         rt.admission.drop(key)
-        waiting = admission.waiting_job(job, priority_values={})
-        placement = topology.pod_placements(decision, _nodes_of(rt, decision))
-        admitted = admission.Admit(waiting, decision)
-        return True, placement, outcome.outcome(admitted, now=now), False
+        waiting = queue.waiting_job(job, priority_values={})
+        nodes = rt.cache.nodes({a.node for a in decision.assignments})
+        states = {n.name: n for n in topology.node_states(nodes.values())}
+        return Gate(
+            placement=topology.pod_placements(decision, states),
+            outcome=outcome.outcome(queue.Admit(waiting, decision), now=now),
+        )
     last = rt.admission.decision(key)
-    if isinstance(last, admission.TimedOut):
-        return False, None, outcome.outcome(last, now=now), True
+    if isinstance(last, queue.TimedOut):
+        return Gate(admitted=False, outcome=outcome.outcome(last, now=now))
     rt.admission.want(key, job)
     if last is None:
-        waiting = admission.waiting_job(job, priority_values={})
-        last = admission.Wait(waiting, "waiting for the next admission pass")
-    return False, None, outcome.outcome(last, now=now), False
-
-
-def _nodes_of(rt: Runtime, decision: topology.Decision) -> dict[str, Any]:
-    """The decision's own nodes only: on a big cluster, not every node per reconcile."""
-    nodes = rt.nodes({a.node for a in decision.assignments})
-    return {n.name: n for n in topology.node_states(nodes.values())}
+        waiting = queue.waiting_job(job, priority_values={})
+        last = queue.Wait(waiting, "waiting for the next admission pass")
+    return Gate(admitted=False, outcome=outcome.outcome(last, now=now))
 
 
 def _observe(
     rt: Runtime,
     key: JobKey,
     job: api.MPIJob,
-    before: Any,
-    after: Any,
+    after: api.MPIJobStatus,
     seen: sync.Observed,
     now: datetime,
 ) -> None:
     """Job-level histograms and gauges, fed on transitions only."""
     created = job.metadata.creation_timestamp
-    was_running = before.is_true(keys.COND_RUNNING)
     running = after.is_true(keys.COND_RUNNING)
-    if running and not was_running and created is not None:
+    if running and not job.status.is_true(keys.COND_RUNNING) and created is not None:
         metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
-    if after.finished and not before.finished and after.start_time and after.completion_time:
+    if after.finished and not job.status.finished and after.start_time and after.completion_time:
         metrics.JOB_DURATION.observe((after.completion_time - after.start_time).total_seconds())
-    if running:
-        rt.running.add(key)
-    else:
-        rt.running.discard(key)
-    metrics.JOBS_RUNNING.set(len(rt.running))
-    if key not in rt.bound and created is not None:
+    rt.job_metrics.set_running(key, running)
+    if key not in rt.job_metrics.bound and created is not None:
         expected = job.spec.worker_replicas + 1
         seconds = binding.seconds_to_bind(created, seen.pods, expected)
         if seconds is not None:
             metrics.GANG_BIND_SECONDS.observe(seconds)
-            rt.bound.add(key)
+            rt.job_metrics.bound.add(key)
 
 
 # --- status --------------------------------------------------------------------------------------
@@ -296,48 +219,28 @@ async def _write_status(rt: Runtime, key: JobKey, body: JSON, new_status: JSON) 
     ``lastReconcileTime`` (which upstream never sets) is stamped on each write only: the time the
     operator last changed the status, without a write per sync just to move a clock.
     """
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(datetime.now(UTC))
     update = {**body, "status": {**new_status, "lastReconcileTime": stamp}}
     fresh = await rt.kube.replace_status(update)
-    rt.written[key] = (body["metadata"]["resourceVersion"], fresh)
+    rt.cache.wrote_status(key, body["metadata"]["resourceVersion"], fresh)
 
 
 async def _report_invalid(rt: Runtime, key: JobKey, body: JSON, message: str) -> None:
     """Upstream's Warning, plus a condition so ``kubectl describe`` shows what to fix.
 
-    Works on the raw body, since a job that fails to parse has no model. The Event is posted
-    once per distinct message, not on every sync of the unchanged job.
+    A spec that does not parse has no model; its status still does (an unreadable status,
+    which only someone else can have written, is replaced).
     """
-    status = dict(body.get("status") or {})
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != COND_INVALID]
-    current = next(
-        (c for c in status.get("conditions") or [] if c.get("type") == COND_INVALID), None
-    )
-    if current is not None and current.get("message") == message:
-        return  # already reported for this generation of the spec
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    conditions.append(
-        {
-            "type": COND_INVALID,
-            "status": "True",
-            "reason": keys.REASON_VALIDATION_ERROR,
-            "message": message,
-            "lastUpdateTime": now,
-            "lastTransitionTime": now,
-        }
-    )
-    rt.recorder.post(body, events.warning(keys.REASON_VALIDATION_ERROR, message))
     try:
-        await _write_status(rt, key, body, {**status, "conditions": conditions})
+        current = api.MPIJobStatus.model_validate(body.get("status") or {})
+    except ValueError:
+        current = api.MPIJobStatus()
+    result = status.mark_invalid(current, message, datetime.now(UTC))
+    if not result.changed:
+        return  # already reported for this spec
+    for event in result.events:
+        rt.recorder.post(body, event)
+    try:
+        await _write_status(rt, key, body, result.status.to_body())
     except ApiError as e:
         log.warning("Could not record the validation error in the status: %s", e)
-
-
-async def priority_values(rt: Runtime) -> dict[str, int]:
-    fetched_at, values = rt.priority_values
-    if time.monotonic() - fetched_at < PRIORITY_TTL_SECONDS:
-        return values
-    items = await rt.kube.list("scheduling.k8s.io/v1", "PriorityClass", None)
-    values = {i["metadata"]["name"]: int(i.get("value", 0)) for i in items}
-    rt.priority_values = (time.monotonic(), values)
-    return values

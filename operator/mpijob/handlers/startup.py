@@ -3,7 +3,7 @@
 ``run`` is the programmatic entry (the CLI calls it). Kopf is configured here and nowhere else:
 its peering is off (a Lease elects the leader instead), Event posting is off (we post our own,
 with upstream's source component), its finalizer and storage keys use our prefix so that if
-anything is ever stored it is ours, and pod watches are filtered server-side to our pods.
+anything is ever stored it is ours, and node watches are filtered server-side to opted-in nodes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mpijob.handlers.kube import Kube
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
+from mpijob.handlers.workers import Workers
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -68,23 +69,27 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         metrics.IS_LEADER.set(1)
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
     rt = Runtime(
-        settings=ours, kube=kube, recorder=Recorder(kube, instance=instance), leader=leader
+        settings=ours,
+        kube=kube,
+        recorder=Recorder(kube, instance=instance),
+        workers=Workers(ours.threadiness, leader=leader),
     )
     # Indices are live mappings: empty now, complete before any resource handler runs.
-    rt.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
     memo["runtime"] = rt
     rt.admission = Admission(
         patch_job=lambda key, patch: kube.patch(keys.API_VERSION, keys.KIND, *key, patch),
-        enqueue=rt.enqueue,
-        snapshot=rt.placement_snapshot,
-        priority_values=lambda: reconcile.priority_values(rt),
+        enqueue=rt.workers.enqueue,
+        snapshot=rt.cache.placement_snapshot,
+        priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
     )
-    rt.workers.append(asyncio.create_task(rt.admission.run_forever(), name="admission"))
-    rt.start_workers(reconcile.reconcile)
-    rt.workers.append(asyncio.create_task(_heartbeat(rt), name="heartbeat"))
+    rt.workers.run(rt.admission.run_forever(), name="admission")
+    rt.workers.start(lambda key: reconcile.reconcile(rt, key))
     if ours.monitoring_port:
-        metrics.serve(ours.monitoring_port, healthy=lambda: rt.alive(HEALTHY_WITHIN_SECONDS))
+        metrics.serve(
+            ours.monitoring_port, healthy=lambda: rt.workers.alive(HEALTHY_WITHIN_SECONDS)
+        )
     log.info(
         "Started mpijob-operator",
         extra={
@@ -97,13 +102,6 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
 
 
 HEALTHY_WITHIN_SECONDS = 30.0
-
-
-async def _heartbeat(rt: Runtime) -> None:
-    """Proves to /healthz (served from another thread) that the event loop is not stuck."""
-    while True:
-        rt.beat()
-        await asyncio.sleep(5)
 
 
 async def cleanup(memo: Any, **_: Any) -> None:

@@ -1,10 +1,14 @@
 """Kopf indices (the caches) and event handlers (the triggers), registered per settings.
 
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
-controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label, launcher
-Jobs and PodGroups by their controller owner reference. Only low-level handlers are used, so
-Kopf adds no finalizer, progress annotation or diff-base to anyone's objects. They are async and
-never block: Kopf would otherwise run each call in a thread.
+controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label; the
+Service, hostfile ConfigMap, SSH Secret, launcher Job and PodGroup by their controller owner
+reference. So a child deleted or edited by hand triggers the sync that restores it. Each index
+keeps only what the reconciler reads (of a Secret, its key names, never the key material).
+An event for a child also ends the expectation its creation left (see
+:mod:`mpijob.handlers.cache`). Only low-level handlers are used, so Kopf adds no finalizer,
+progress annotation or diff-base to anyone's objects. They are async and never block: Kopf
+would otherwise run each call in a thread.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from typing import Any
 import kopf
 
 from mpijob import keys
-from mpijob.handlers.runtime import JSON, JobKey, Runtime
+from mpijob.api import JSON, JobKey
+from mpijob.desired import names
+from mpijob.handlers.runtime import Runtime
 
 POD_SUMMARY_METADATA = (
     "name",
@@ -37,19 +43,13 @@ def _runtime(memo: Any) -> Runtime:
     return memo["runtime"]  # type: ignore[no-any-return]
 
 
-def _owner(body: kopf.Body, kind: str, api_version: str) -> str | None:
-    for ref in body.metadata.get("ownerReferences") or []:
-        if ref.get("controller") and (ref.get("kind"), ref.get("apiVersion")) == (
-            kind,
-            api_version,
-        ):
-            return str(ref.get("name"))
-    return None
+def _metadata(body: kopf.Body) -> JSON:
+    return {k: body.metadata.get(k) for k in POD_SUMMARY_METADATA if body.metadata.get(k)}
 
 
 def pod_summary(body: kopf.Body) -> JSON:
     """What the reconciler and placement read of a pod: no container specs."""
-    meta = {k: body.metadata.get(k) for k in POD_SUMMARY_METADATA if body.metadata.get(k)}
+    meta = _metadata(body)
     spec = {k: body.spec.get(k) for k in ("nodeName", "schedulerName") if body.spec.get(k)}
     status = {
         k: body.status.get(k)
@@ -73,8 +73,8 @@ async def mpijob_event(
 ) -> None:
     rt = _runtime(memo)
     if type == "DELETED":
-        rt.forget(_key(namespace, name), body.metadata.get("uid"))
-    rt.enqueue(_key(namespace, name))
+        rt.forget(_key(namespace, name))
+    rt.workers.enqueue(_key(namespace, name))
 
 
 # --- pods ---------------------------------------------------------------------------------------
@@ -93,9 +93,9 @@ async def pods_by_job(
     return {_key(namespace, job): pod_summary(body)} if job else {}
 
 
-async def pod_event(namespace: str | None, labels: Any, memo: Any, **_: Any) -> None:
+async def pod_event(namespace: str | None, name: str, labels: Any, memo: Any, **_: Any) -> None:
     if job := _pod_job(labels):
-        _runtime(memo).enqueue(_key(namespace, job))
+        _child_changed(_runtime(memo), _key(namespace, job), "Pod", name)
 
 
 async def gpu_pods_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
@@ -123,32 +123,66 @@ async def node_event(memo: Any, **_: Any) -> None:
         rt.admission.wake()  # capacity may have appeared
 
 
-# --- launcher Jobs ------------------------------------------------------------------------------
+# --- children found by their controller owner reference -----------------------------------
+
+
+def _job_of(body: kopf.Body) -> str | None:
+    return names.controlling_job({"metadata": dict(body.metadata)})
+
+
+def _child_changed(rt: Runtime, key: JobKey, kind: str, name: str) -> None:
+    rt.cache.seen(key, kind, name)
+    rt.workers.enqueue(key)
+
+
+async def child_event(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    if job := _job_of(body):
+        _child_changed(_runtime(memo), _key(namespace, job), str(body.get("kind")), name)
+
+
+def _child(body: kopf.Body, **fields: Any) -> JSON:
+    summary = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind")}
+    return {**summary, "metadata": _metadata(body), **fields}
+
+
+async def services_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+    """The selector and DNS settings the sync corrects when they drift."""
+    if not (job := _job_of(body)):
+        return {}
+    spec = {k: body.spec.get(k) for k in ("selector", "publishNotReadyAddresses", "clusterIP")}
+    return {_key(namespace, job): _child(body, spec=spec)}
+
+
+async def configmaps_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+    if not (job := _job_of(body)):
+        return {}
+    return {_key(namespace, job): _child(body, data=dict(body.get("data") or {}))}
+
+
+async def secrets_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+    """Only the key names: the sync checks the key set; the keys themselves stay in the API."""
+    if not (job := _job_of(body)):
+        return {}
+    data = dict.fromkeys(body.get("data") or {}, "")
+    return {_key(namespace, job): _child(body, type=body.get("type"), data=data)}
 
 
 async def launchers_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    owner = _owner(body, keys.KIND, keys.API_VERSION)
-    return {_key(namespace, owner): dict(body)} if owner else {}
-
-
-async def launcher_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    if owner := _owner(body, keys.KIND, keys.API_VERSION):
-        rt = _runtime(memo)
-        rt.seen_launcher(_key(namespace, owner))
-        rt.enqueue(_key(namespace, owner))
-
-
-# --- PodGroups ----------------------------------------------------------------------------------
+    return {_key(namespace, job): dict(body)} if (job := _job_of(body)) else {}
 
 
 async def podgroups_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    owner = _owner(body, keys.KIND, keys.API_VERSION)
-    return {_key(namespace, owner): dict(body)} if owner else {}
+    return {_key(namespace, job): dict(body)} if (job := _job_of(body)) else {}
 
 
-async def podgroup_event(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    if owner := _owner(body, keys.KIND, keys.API_VERSION):
-        _runtime(memo).enqueue(_key(namespace, owner))
+# --- PriorityClasses ----------------------------------------------------------------------------
+
+
+async def priorities_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, int]:
+    """Values for a PodGroup's minResources and the admission order."""
+    return {name: int(body.get("value") or 0)}
 
 
 #: Every index registered above, by the name handlers receive it under.
@@ -157,8 +191,12 @@ INDICES = (
     "pods_by_job",
     "gpu_pods_by_node",
     "nodes_by_name",
+    "services_by_job",
+    "configmaps_by_job",
+    "secrets_by_job",
     "launchers_by_job",
     "podgroups_by_job",
+    "priorities_by_name",
 )
 
 
@@ -175,9 +213,17 @@ def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -
     opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     kopf.index("v1", "nodes", labels=opted_in, registry=registry)(nodes_by_name)
     kopf.on.event("v1", "nodes", labels=opted_in, registry=registry)(node_event)
-    kopf.index("batch", "v1", "jobs", registry=registry)(launchers_by_job)
-    kopf.on.event("batch", "v1", "jobs", registry=registry)(launcher_event)
+    children = [
+        (("v1", "services"), services_by_job),
+        (("v1", "configmaps"), configmaps_by_job),
+        (("v1", "secrets"), secrets_by_job),
+        (("batch", "v1", "jobs"), launchers_by_job),
+    ]
     if gang_api_version:
         group, version = gang_api_version.split("/")
-        kopf.index(group, version, "podgroups", registry=registry)(podgroups_by_job)
-        kopf.on.event(group, version, "podgroups", registry=registry)(podgroup_event)
+        children.append(((group, version, "podgroups"), podgroups_by_job))
+    for resource, index in children:
+        kopf.index(*resource, registry=registry)(index)
+        kopf.on.event(*resource, registry=registry)(child_event)
+    priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
+    kopf.index(*priorities, registry=registry)(priorities_by_name)

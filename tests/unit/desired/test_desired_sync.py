@@ -1,7 +1,7 @@
 """One sync as data: the action lists of upstream ``mpi_job_controller_test.go``.
 
 Each test names the upstream scenario it covers. The plan says what to write, in order; the
-status it carries is covered in test_build_status.py.
+status is covered in test_desired_status.py.
 """
 
 from __future__ import annotations
@@ -35,25 +35,34 @@ def created(job: api.MPIJob) -> api.MPIJob:
     return job
 
 
+WHOLE = ("Service", "ConfigMap", "Secret", "PodGroup")
+
+
 def kinds(plan: sync.Plan) -> list[str]:
     out = []
     for a in plan.actions:
         match a:
-            case sync.EnsureService():
-                out.append("Service")
-            case sync.EnsureConfigMap():
-                out.append("ConfigMap")
-            case sync.EnsureSecret():
-                out.append("Secret")
-            case sync.Ensure(obj=obj):
+            case sync.Create(obj=obj) if obj["kind"] in WHOLE:
+                out.append(obj["kind"])
+            case sync.Create(obj=obj):
                 out.append(f"{obj['kind']}/{obj['metadata']['name']}")
             case sync.Delete(kind=kind, name=name):
                 out.append(f"delete {kind}/{name}")
-            case sync.UpdateLauncher(patch=patch):
-                out.append("suspend launcher" if patch else "resume launcher")
-            case sync.ApplyPodGroup():
-                out.append("PodGroup")
+            case sync.Patch(kind="Job", subresource="status"):
+                out.append("clear launcher startTime")
+            case sync.Patch(kind="Job"):
+                out.append("suspend launcher")
+            case sync.Replace(obj=obj) if obj["kind"] == "Job":
+                out.append("resume launcher")
+            case sync.Patch(kind=kind):
+                out.append(f"patch {kind}")
+            case sync.Replace(obj=obj):
+                out.append(f"replace {obj['kind']}")
     return out
+
+
+def creates(plan: sync.Plan) -> list[sync.Create]:
+    return [a for a in plan.actions if isinstance(a, sync.Create)]
 
 
 def launcher_job(job: api.MPIJob, *, suspended: bool = False, **status: Any) -> dict[str, Any]:
@@ -76,11 +85,11 @@ def test_all_resources_created(implementation: str) -> None:
         *[f"Pod/foo-worker-{i}" for i in range(5)],
         "Job/foo-launcher",
     ]
-    config = next(a for a in plan.actions if isinstance(a, sync.EnsureConfigMap))
-    assert config.obj["data"]["discover_hosts.sh"] == "#!/bin/sh\n"
-    assert plan.result is not None
-    assert plan.result.changed
-    assert [e.reason for e in plan.events] == ["MPIJobCreated"]
+    config = next(a.obj for a in creates(plan) if a.obj["kind"] == "ConfigMap")
+    assert config["data"]["discover_hosts.sh"] == "#!/bin/sh\n"
+    result = rules.next_status(job, sync.Observed(), NOW)
+    assert result.changed
+    assert [e.reason for e in result.events] == ["MPIJobCreated"]
 
 
 def test_shutdown_worker() -> None:
@@ -93,9 +102,9 @@ def test_shutdown_worker() -> None:
     workers = [worker(f"test-worker-{i}", "Running") for i in range(8)]
     plan = sync.plan(job, sync.Observed(pods=workers), NOW)
     assert kinds(plan) == [f"delete Pod/test-worker-{i}" for i in range(8)]
-    assert plan.force_status
-    assert plan.result is not None
-    assert plan.result.status.to_body()["replicaStatuses"] == {"Worker": {}}
+    result = rules.next_status(job, sync.Observed(pods=workers), NOW)
+    assert result.changed, "upstream writes the cleanup status unconditionally"
+    assert result.status.to_body()["replicaStatuses"] == {"Worker": {}}
 
 
 @pytest.mark.parametrize("implementation", ["OpenMPI", "Intel", "MPICH"])
@@ -112,7 +121,7 @@ def test_create_suspended_mpijob(implementation: str) -> None:
     plan = sync.plan(job, sync.Observed(), NOW)
     assert kinds(plan) == ["Service", "ConfigMap", "Secret", "Job/test-launcher"]
     launcher = plan.actions[-1]
-    assert isinstance(launcher, sync.Ensure)
+    assert isinstance(launcher, sync.Create)
     assert launcher.obj["spec"]["suspend"] is True
 
 
@@ -147,10 +156,9 @@ def test_resume_mpijob() -> None:
         "resume launcher",
     ]
     resumed = plan.actions[-1]
-    assert isinstance(resumed, sync.UpdateLauncher)
-    assert resumed.replace is not None
-    assert resumed.replace["spec"]["suspend"] is False
-    assert not resumed.clear_start_time
+    assert isinstance(resumed, sync.Replace)
+    assert resumed.obj["spec"]["suspend"] is False
+    assert "clear launcher startTime" not in kinds(plan)
 
 
 def test_resume_mpijob_clears_start_time() -> None:
@@ -159,10 +167,13 @@ def test_resume_mpijob_clears_start_time() -> None:
     seen = sync.Observed(
         launcher_job=launcher_job(job, suspended=True, startTime="2024-05-01T09:00:00Z")
     )
-    resumed = sync.plan(job, seen, NOW).actions[-1]
-    assert isinstance(resumed, sync.UpdateLauncher)
-    assert resumed.clear_start_time
-    assert "status" not in (resumed.replace or {})
+    plan = sync.plan(job, seen, NOW)
+    assert kinds(plan)[-2:] == ["clear launcher startTime", "resume launcher"]
+    clear, resumed = plan.actions[-2:]
+    assert isinstance(clear, sync.Patch)
+    assert clear.patch == {"status": {"startTime": None}}
+    assert isinstance(resumed, sync.Replace)
+    assert "status" not in resumed.obj
 
 
 def test_resume_mpijob_with_existing_launcher() -> None:
@@ -182,9 +193,8 @@ def test_resume_mpijob_with_existing_launcher() -> None:
     )
     seen = sync.Observed(launcher_job=launcher_job(suspended, suspended=True))
     resumed = sync.plan(job, seen, NOW).actions[-1]
-    assert isinstance(resumed, sync.UpdateLauncher)
-    assert resumed.replace is not None
-    template = resumed.replace["spec"]["template"]
+    assert isinstance(resumed, sync.Replace)
+    template = resumed.obj["spec"]["template"]
     assert template["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == "my-workload"
     assert template["spec"]["nodeSelector"] == {"foo": "bar"}
     assert template["spec"]["tolerations"] == directives["spec"]["tolerations"]
@@ -245,7 +255,7 @@ def test_placement_pins_each_worker_to_its_node_with_its_gpus() -> None:
         sync.PodPlacement("node-b", {"mpijob.io/gpu-ids": "5"}),
     ]
     plan = sync.plan(job, sync.Observed(), NOW, sync.Options(placement=where))
-    pods = [a.obj for a in plan.actions if isinstance(a, sync.Ensure) and a.obj["kind"] == "Pod"]
+    pods = [a.obj for a in creates(plan) if a.obj["kind"] == "Pod"]
     for p, w in zip(pods, where, strict=True):
         assert (
             p["metadata"]["annotations"]["mpijob.io/gpu-ids"] == w.annotations["mpijob.io/gpu-ids"]
@@ -260,3 +270,92 @@ def test_placement_pins_each_worker_to_its_node_with_its_gpus() -> None:
                 ]
             }
         ]
+
+
+# --- every sync ensures every child ------------------------------------------------------------
+
+
+def children(job: api.MPIJob) -> dict[str, dict[str, Any]]:
+    """The job's Service, ConfigMap and Secret as the watches show them when nothing drifted."""
+    built = {a.obj["kind"]: a.obj for a in creates(sync.plan(job, sync.Observed(), NOW))}
+    secret = {**built["Secret"], "data": dict.fromkeys(built["Secret"]["data"], "")}
+    secret["metadata"] = {**secret["metadata"], "resourceVersion": "7"}
+    return {"service": built["Service"], "config_map": built["ConfigMap"], "secret": secret}
+
+
+def test_a_sync_with_every_child_in_place_writes_nothing() -> None:
+    job = created(make_job(name="test", namespace="default", workers=2))
+    pods = [worker(f"test-worker-{i}", "Pending") for i in range(2)]
+    seen = sync.Observed(launcher_job=launcher_job(job), pods=pods, **children(job))
+    assert sync.plan(job, seen, NOW).actions == []
+
+
+@pytest.mark.parametrize("deleted", ["service", "config_map", "secret"])
+def test_a_child_deleted_by_hand_is_created_again(deleted: str) -> None:
+    job = created(make_job(name="test", namespace="default", workers=2))
+    pods = [worker(f"test-worker-{i}", "Pending") for i in range(2)]
+    present = {k: v for k, v in children(job).items() if k != deleted}
+    plan = sync.plan(job, sync.Observed(launcher_job=launcher_job(job), pods=pods, **present), NOW)
+    expected = {"service": "Service", "config_map": "ConfigMap", "secret": "Secret"}[deleted]
+    assert kinds(plan) == [expected]
+
+
+def test_a_worker_deleted_by_hand_is_created_again() -> None:
+    job = created(make_job(name="test", namespace="default", workers=3))
+    pods = [worker(f"test-worker-{i}", "Running") for i in (0, 2)]
+    seen = sync.Observed(launcher_job=launcher_job(job), pods=pods, **children(job))
+    assert kinds(sync.plan(job, seen, NOW)) == ["patch ConfigMap", "Pod/test-worker-1"]
+
+
+def pending_worker() -> dict[str, Any]:
+    return worker("test-worker-0", "Pending")
+
+
+def test_a_drifted_service_gets_its_selector_back() -> None:
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen_children = children(job)
+    seen_children["service"] = {**seen_children["service"], "spec": {"selector": {"app": "x"}}}
+    plan = sync.plan(
+        job,
+        sync.Observed(launcher_job=launcher_job(job), pods=[pending_worker()], **seen_children),
+        NOW,
+    )
+    [patch] = plan.actions
+    assert isinstance(patch, sync.Patch)
+    assert (patch.kind, patch.name) == ("Service", "test")
+    assert patch.patch["spec"]["selector"]["training.kubeflow.org/job-name"] == "test"
+
+
+def test_hostfile_drift_is_patched_and_foreign_keys_are_dropped() -> None:
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen_children = children(job)
+    desired = seen_children["config_map"]["data"]
+    seen_children["config_map"] = {
+        **seen_children["config_map"],
+        "data": {"hostfile": "stale\n", "extra": "x"},
+    }
+    plan = sync.plan(
+        job,
+        sync.Observed(launcher_job=launcher_job(job), pods=[pending_worker()], **seen_children),
+        NOW,
+    )
+    [patch] = plan.actions
+    assert isinstance(patch, sync.Patch)
+    assert patch.patch == {"data": {**desired, "extra": None}}
+
+
+def test_a_secret_with_the_wrong_keys_is_replaced_with_a_new_pair() -> None:
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen_children = children(job)
+    seen_children["secret"] = {**seen_children["secret"], "data": {"only-one": ""}}
+    options = sync.Options(new_key_pair=lambda: (b"PRIVATE", b"PUBLIC"))
+    plan = sync.plan(
+        job,
+        sync.Observed(launcher_job=launcher_job(job), pods=[pending_worker()], **seen_children),
+        NOW,
+        options,
+    )
+    [replace] = plan.actions
+    assert isinstance(replace, sync.Replace)
+    assert replace.obj["metadata"]["resourceVersion"] == "7", "a concurrent change conflicts"
+    assert set(replace.obj["data"]) == {"ssh-privatekey", "ssh-publickey"}

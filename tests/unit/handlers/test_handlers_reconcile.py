@@ -1,8 +1,9 @@
-"""The reconcile's early exits, against a client that records every request it is asked to send.
+"""The reconcile against a client that records every request it is asked to send.
 
 Counterparts of upstream's "do nothing" syncs in ``mpi_job_controller_test.go``: there, the fake
 clients must see no action; here, the API must receive no request (or, for an invalid job, only
-our documented status condition).
+our documented status condition). Then the level-based syncs: from the caches alone, a sync
+creates what is missing and nothing else, and a child deleted by hand comes back.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from mpijob import keys
 from mpijob.desired.events import Event
 from mpijob.handlers import reconcile
 from mpijob.handlers.runtime import Runtime
+from mpijob.handlers.workers import Workers
 from mpijob.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
@@ -29,9 +31,18 @@ class RecordingKube:
     def __getattr__(self, verb: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
             self.requests.append((verb, args))
+            if verb == "create":
+                return {**args[0], "metadata": {**args[0]["metadata"], "uid": "new"}}
+            if verb == "replace_status":  # the API returns the object as written
+                return {**args[0], "metadata": {**args[0]["metadata"], "resourceVersion": "2"}}
             return {"metadata": {"resourceVersion": "2"}}
 
         return call
+
+    def created(self) -> list[str]:
+        return [
+            f"{a[0]['kind']}/{a[0]['metadata']['name']}" for v, a in self.requests if v == "create"
+        ]
 
 
 class RecordingRecorder:
@@ -46,11 +57,11 @@ def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingR
     kube, recorder = RecordingKube(), RecordingRecorder()
     rt = Runtime(
         settings=OperatorSettings(),
-        kube=kube,
+        kube=kube,  # type: ignore[arg-type]
         recorder=recorder,  # type: ignore[arg-type]
-        leader=None,
+        workers=Workers(threadiness=1),
     )
-    rt.indices = {
+    rt.cache.indices = {
         "mpijobs_by_key": {(b["metadata"]["namespace"], b["metadata"]["name"]): [b] for b in bodies}
     }
     return rt, kube, recorder
@@ -116,8 +127,8 @@ async def test_an_invalid_job_is_reported_once_not_on_every_sync() -> None:
     rt, kube, recorder = runtime(job())
     await reconcile.reconcile(rt, ("bar", "foo"))
     reported = kube.requests[0][1][0]
-    rt.indices["mpijobs_by_key"][("bar", "foo")] = [reported]
-    rt.written.clear()
+    rt.cache.indices["mpijobs_by_key"][("bar", "foo")] = [reported]
+    rt.cache.written.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert len(kube.requests) == 1
     assert len(recorder.events) == 1
@@ -130,3 +141,71 @@ async def test_do_nothing_with_terminating_mpijob() -> None:
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == []
     assert recorder.events == []
+
+
+# --- level-based syncs -------------------------------------------------------------------------
+
+
+def valid_job() -> dict[str, Any]:
+    template = {"spec": {"containers": [{"name": "c", "image": "mpi"}]}}
+    return job(
+        mpiReplicaSpecs={
+            "Launcher": {"replicas": 1, "template": template},
+            "Worker": {"replicas": 2, "template": template},
+        }
+    )
+
+
+def index_created(rt: Runtime, kube: RecordingKube, *, but: str = "") -> None:
+    """Put what the reconcile created into the indices, as the watches would, except ``but``."""
+    by_index = {
+        "Service": "services_by_job",
+        "ConfigMap": "configmaps_by_job",
+        "Secret": "secrets_by_job",
+        "Job": "launchers_by_job",
+        "Pod": "pods_by_job",
+    }
+    for verb, args in kube.requests:
+        obj = args[0] if verb == "create" else None
+        if obj is None or f"{obj['kind']}/{obj['metadata']['name']}" == but:
+            continue
+        store = rt.cache.indices.setdefault(by_index[obj["kind"]], {})
+        store.setdefault(("bar", "foo"), []).append({**obj, "status": {}})
+        rt.cache.seen(("bar", "foo"), obj["kind"], obj["metadata"]["name"])
+
+
+async def test_the_first_sync_creates_every_child_in_upstream_order() -> None:
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.created() == [
+        "Service/foo",
+        "ConfigMap/foo-config",
+        "Secret/foo-ssh",
+        "Pod/foo-worker-0",
+        "Pod/foo-worker-1",
+        "Job/foo-launcher",
+    ]
+
+
+async def test_a_sync_before_the_watch_catches_up_creates_nothing_twice() -> None:
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    first = len(kube.created())
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert first == 6
+    assert kube.requests == [], "expectations stand in for the missing watch events"
+
+
+@pytest.mark.parametrize(
+    "deleted",
+    ["Service/foo", "ConfigMap/foo-config", "Secret/foo-ssh", "Pod/foo-worker-1"],
+)
+async def test_a_child_deleted_by_hand_is_created_again(deleted: str) -> None:
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    index_created(rt, kube, but=deleted)
+    rt.cache.seen(("bar", "foo"), *deleted.split("/"))  # the DELETED event
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.created() == [deleted]

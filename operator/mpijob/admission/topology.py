@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import MPIJob
+from mpijob.api import MPIJob, gpu_count
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
@@ -35,21 +35,9 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 def gpus_per_worker(job: MPIJob) -> int:
-    """Whole GPUs one worker asks for: the sum over its containers (limits, else requests)."""
+    """Whole GPUs one worker asks for."""
     worker = job.spec.worker
-    if worker is None:
-        return 0
-    total = 0
-    for container in (worker.template.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(keys.GPU_RESOURCE)
-        if value is None:
-            value = (resources.get("requests") or {}).get(keys.GPU_RESOURCE)
-        try:
-            total += int(str(value)) if value is not None else 0
-        except ValueError:
-            continue  # a malformed quantity is the API server's to reject, not ours
-    return total
+    return gpu_count(worker.template) if worker is not None else 0
 
 
 def wants_topology(job: MPIJob, *, default: bool) -> bool:

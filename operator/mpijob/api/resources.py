@@ -1,0 +1,32 @@
+"""What a pod template asks for, read the way the scheduler reads it.
+
+One reading of ``nvidia.com/gpu`` for the operator (placement requests) and the console (what a
+job asked for), so the two never disagree about a job's GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mpijob import keys
+
+
+def gpu_count(template: Mapping[str, Any] | None) -> int:
+    """Whole GPUs one pod of ``template`` asks for: the sum over its containers.
+
+    Each container counts its limit, else its request (Kubernetes defaults an extended
+    resource's request to its limit). A malformed quantity counts as none: the API server
+    rejects it before any pod exists.
+    """
+    total = 0
+    for container in ((template or {}).get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(keys.GPU_RESOURCE)
+        if value is None:
+            value = (resources.get("requests") or {}).get(keys.GPU_RESOURCE)
+        try:
+            total += int(str(value)) if value is not None else 0
+        except ValueError:
+            continue
+    return total

@@ -1,0 +1,168 @@
+"""What the reconciler reads: Kopf's indices, the creations not yet seen, our last status write.
+
+Kopf's indices are the informer caches: every watched kind feeds one (see
+:mod:`mpijob.handlers.watches`). This object reads them into what one sync needs
+(:meth:`Cache.observe`), and keeps the two memories a level-based reconciler must have, each
+bounded by what it remembers:
+
+- **expectations**: children created by us whose watch event has not arrived yet, so the next
+  sync neither creates them twice nor misses them (client-go's expectations). An expectation
+  ends when the child's event arrives, when the index shows it, or after
+  :data:`EXPECTATION_SECONDS`, whichever comes first;
+- **our last status write**, until the MPIJob's watch event carries it, so that a sync right
+  after a write never computes from the stale status.
+
+Created in ``on.startup``; read and fed by the reconciler and the watch handlers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpijob import api, keys
+from mpijob.api import JSON, JobKey, MPIJob
+from mpijob.desired import names
+from mpijob.desired.observed import Observed
+
+EXPECTATION_SECONDS = 60.0
+
+#: Index name -> the kind it holds, for the children looked up by job key.
+CHILD_INDICES = {
+    "services_by_job": "Service",
+    "configmaps_by_job": "ConfigMap",
+    "secrets_by_job": "Secret",
+    "launchers_by_job": "Job",
+    "podgroups_by_job": "PodGroup",
+}
+
+
+@dataclass
+class Cache:
+    indices: Mapping[str, Any] = field(default_factory=dict)
+    """Kopf's live index mappings, by index name (empty until the indices are filled)."""
+    expected: dict[JobKey, dict[tuple[str, str], tuple[float, JSON]]] = field(default_factory=dict)
+    """Per job: (kind, name) -> (when created, the object the API returned)."""
+    written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
+    """Per job: (the resourceVersion our last status write replaced, the body it returned)."""
+
+    # --- the MPIJob --------------------------------------------------------------------------
+
+    def job_body(self, key: JobKey) -> JSON | None:
+        """The newest body of the MPIJob: the cache's, unless our own write is newer."""
+        body = next(iter(self._all("mpijobs_by_key", key)), None)
+        if body is None:
+            return None
+        written = self.written.get(key)
+        if written is not None:
+            stale_version, fresh = written
+            if (body.get("metadata") or {}).get("resourceVersion") == stale_version:
+                return fresh
+            del self.written[key]
+        return body
+
+    def wrote_status(self, key: JobKey, replaced_version: str, fresh: JSON) -> None:
+        self.written[key] = (replaced_version, fresh)
+
+    # --- the job's children ------------------------------------------------------------------
+
+    def observe(self, key: JobKey, job: MPIJob) -> Observed:
+        """Every child ``job`` controls, as the indices and our unseen creations show them."""
+        uid = job.metadata.uid
+        ours = {
+            kind: next(
+                (c for c in self._all(index, key) if names.is_controlled_by(c, uid)),
+                None,
+            )
+            for index, kind in CHILD_INDICES.items()
+        }
+        pods = [dict(p) for p in self._all("pods_by_job", key)]
+        present = {("Pod", str(p["metadata"]["name"])) for p in pods}
+        present |= {(kind, _name(obj)) for kind, obj in ours.items() if obj is not None}
+        for (kind, _), obj in self._pending(key, present).items():
+            if kind == "Pod":
+                pods.append(obj)
+            elif ours.get(kind) is None and names.is_controlled_by(obj, uid):
+                ours[kind] = obj
+        return Observed(
+            launcher_job=ours["Job"],
+            pods=pods,
+            pod_group=ours["PodGroup"],
+            service=ours["Service"],
+            config_map=ours["ConfigMap"],
+            secret=ours["Secret"],
+        )
+
+    def launcher_job(self, key: JobKey) -> JSON | None:
+        return next(iter(self._all("launchers_by_job", key)), None)
+
+    # --- expectations ------------------------------------------------------------------------
+
+    def expect(self, key: JobKey, obj: JSON) -> None:
+        """Remember a child we created (or found) until its watch event arrives."""
+        name = (obj["kind"], _name(obj))
+        self.expected.setdefault(key, {})[name] = (time.monotonic(), obj)
+
+    def seen(self, key: JobKey, kind: str, name: str) -> None:
+        """A watch event for the child arrived: the index is the truth about it from now on."""
+        pending = self.expected.get(key)
+        if pending is not None:
+            pending.pop((kind, name), None)
+            if not pending:
+                del self.expected[key]
+
+    def forget(self, key: JobKey) -> None:
+        """Drop every memory of a deleted job."""
+        self.expected.pop(key, None)
+        self.written.pop(key, None)
+
+    def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
+        pending = self.expected.get(key)
+        if not pending:
+            return {}
+        now = time.monotonic()
+        for child, (at, _) in list(pending.items()):
+            if child in present or now - at > EXPECTATION_SECONDS:
+                del pending[child]
+        if not pending:
+            del self.expected[key]
+        return {child: obj for child, (_, obj) in pending.items()}
+
+    # --- cluster-wide views ------------------------------------------------------------------
+
+    def nodes(self, wanted: Iterable[str] | None = None) -> dict[str, JSON]:
+        """Opted-in nodes by name: all of them, or only ``wanted``."""
+        index = self.indices.get("nodes_by_name", {})
+        names_ = index.keys() if wanted is None else [n for n in wanted if n in index]
+        return {name: dict(v) for name in names_ for v in index[name]}
+
+    def priority_values(self) -> dict[str, int]:
+        """PriorityClass name -> value, from the watch."""
+        index = self.indices.get("priorities_by_name", {})
+        return {name: int(v) for name in index for v in index[name]}
+
+    def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
+        """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""
+        pods = [
+            dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
+        ]
+        jobs = []
+        for store in self.indices.get("mpijobs_by_key", {}).values():
+            for body in store:
+                if keys.PLACEMENT_DECISION in (
+                    (body.get("metadata") or {}).get("annotations") or {}
+                ):
+                    try:
+                        jobs.append(api.parse(body))
+                    except api.InvalidMPIJob:
+                        continue
+        return list(self.nodes().values()), pods, jobs
+
+    def _all(self, index: str, key: JobKey) -> list[JSON]:
+        return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
