@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import MPIJob, gpu_count
+from mpijob.api import MPIJob, gpu_count, gpu_ids
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
@@ -146,7 +146,7 @@ def used_by_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
             continue
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        used.setdefault(node, set()).update(_ints(ids))
+        used.setdefault(node, set()).update(gpu_ids(ids))
     return used
 
 
@@ -182,13 +182,3 @@ def node_states(
         taken = frozenset(g for u in used for g in u.get(name, ()) if 0 <= g < topology.size)
         states.append(NodeState(name, topology, taken))
     return sorted(states, key=lambda s: s.name)
-
-
-def _ints(text: str) -> set[int]:
-    out = set()
-    for part in text.split(","):
-        try:
-            out.add(int(part))
-        except ValueError:
-            continue
-    return out

@@ -20,7 +20,7 @@ from mpijob.api.models import (
     SchedulingPolicy,
 )
 from mpijob.api.parsing import managed_by, parse
-from mpijob.api.resources import gpu_count
+from mpijob.api.resources import gpu_count, gpu_ids
 from mpijob.api.validation import validate
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "RunPolicy",
     "SchedulingPolicy",
     "gpu_count",
+    "gpu_ids",
     "managed_by",
     "parse",
     "validate",

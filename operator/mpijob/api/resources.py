@@ -1,7 +1,7 @@
-"""What a pod template asks for, read the way the scheduler reads it.
+"""What a pod asks for and holds, read one way for the operator and the console.
 
-One reading of ``nvidia.com/gpu`` for the operator (placement requests) and the console (what a
-job asked for), so the two never disagree about a job's GPUs.
+One reading of ``nvidia.com/gpu`` (placement requests; what a job asked for) and of our
+``mpijob.io/gpu-ids`` annotation, so the two never disagree about a job's GPUs.
 """
 
 from __future__ import annotations
@@ -30,3 +30,8 @@ def gpu_count(template: Mapping[str, Any] | None) -> int:
         except ValueError:
             continue
     return total
+
+
+def gpu_ids(text: str | None) -> tuple[int, ...]:
+    """The GPU indices of an ``mpijob.io/gpu-ids`` value (``"1,2,5,6"``); junk is skipped."""
+    return tuple(int(part) for part in (text or "").split(",") if part.strip().isdigit())

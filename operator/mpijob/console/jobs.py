@@ -3,6 +3,10 @@
 Pure: MPIJob and Pod bodies (dicts, as the API returns them) and ``now`` in, frozen views out;
 :mod:`mpijob.console.render` turns them into tables. The status words are arena's (PENDING,
 RUNNING, SUCCEEDED, FAILED) plus upstream's SUSPENDED and RESTARTING.
+
+A job's GPU count is what its spec requests; a pod's is what that pod requests. Pods come and
+go (not yet created, suspended, deleted by ``cleanPodPolicy`` or the launcher Job's TTL once the
+job finishes), so a count summed over live pods would say 0 for every finished job.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from mpijob import keys
+from mpijob.api import gpu_count
+from mpijob.api.models import parse_time
 
 JSON = Mapping[str, Any]
 
@@ -29,6 +35,9 @@ _STATUS_BY_CONDITION: Final = (
     (keys.COND_RUNNING, "RUNNING"),
 )
 FINAL_STATUSES: Final = frozenset({"SUCCEEDED", "FAILED"})
+
+#: Pods of a replica type whose spec leaves ``replicas`` out: upstream's defaults.
+_DEFAULT_REPLICAS: Final = {keys.REPLICA_LAUNCHER: 1, keys.REPLICA_WORKER: 0}
 
 
 @dataclass(frozen=True)
@@ -57,26 +66,15 @@ class JobView:
     priority: str
     duration: str
     trainer: str
+    gpus: int
+    """GPUs the job's spec requests (:func:`requested_gpus`), whether or not its pods exist."""
     placement: str | None
     """The operator's one-line placement summary (``mpijob.io/placement``), if any."""
     instances: tuple[Instance, ...]
 
     @property
-    def gpus(self) -> int:
-        return sum(i.gpus for i in self.instances)
-
-    @property
     def launcher_node(self) -> str:
         return next((i.node for i in self.instances if i.is_chief), NONE)
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp from the API (or a datetime from the client), else None."""
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str) or not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def human_duration(seconds: float) -> str:
@@ -149,14 +147,25 @@ def pod_status(pod: JSON) -> str:
 
 
 def pod_gpus(pod: JSON) -> int:
-    """GPUs the pod's containers request (limits, else requests)."""
+    """GPUs a pod, or a pod template, requests (the operator's own reading of them)."""
+    return gpu_count(pod)
+
+
+def requested_gpus(job: JSON) -> int:
+    """GPUs the job's spec requests: for each replica type, its pods times one pod's GPUs.
+
+    The launcher counts what its own template requests. ``runLauncherAsWorker`` gives it ranks
+    but no resources: it holds the GPUs its template asks for, with the flag or without.
+    """
+    replica_specs = (job.get("spec") or {}).get("mpiReplicaSpecs") or {}
     total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        amount = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (
-            resources.get("requests") or {}
-        ).get(keys.GPU_RESOURCE)
-        total += int(amount or 0)
+    for replica_type, default in _DEFAULT_REPLICAS.items():
+        replica = replica_specs.get(replica_type)
+        if not replica:
+            continue
+        replicas = replica.get("replicas")
+        count = default if replicas is None else int(replicas)
+        total += count * pod_gpus(replica.get("template") or {})
     return total
 
 
@@ -186,6 +195,7 @@ def job_view(job: JSON, pods: Iterable[JSON], now: datetime) -> JobView:
         priority=job_priority(job),
         duration=job_duration(job, now),
         trainer=TRAINER,
+        gpus=requested_gpus(job),
         placement=(meta.get("annotations") or {}).get(keys.PLACEMENT),
         instances=tuple(rows),
     )
@@ -196,22 +206,28 @@ def _instance_order(row: Instance) -> tuple[bool, int, str]:
     return (not row.is_chief, int(index) if index.isdigit() else -1, row.name)
 
 
-def pods_by_job(pods: Iterable[JSON]) -> dict[str, list[JSON]]:
-    """Pods grouped by their job-name label (pods without it are left out)."""
-    groups: dict[str, list[JSON]] = {}
+def pods_by_job(pods: Iterable[JSON]) -> dict[tuple[str, str], list[JSON]]:
+    """Pods grouped by (namespace, job-name label); pods without the label are left out.
+
+    The namespace is part of the key because jobs of the same name in two namespaces are two
+    jobs when every namespace is listed.
+    """
+    groups: dict[tuple[str, str], list[JSON]] = {}
     for pod in pods:
-        job = ((pod.get("metadata") or {}).get("labels") or {}).get(keys.LABEL_JOB_NAME)
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME)
         if job:
-            groups.setdefault(str(job), []).append(pod)
+            groups.setdefault((str(meta.get("namespace") or ""), str(job)), []).append(pod)
     return groups
 
 
 def job_views(jobs: Sequence[JSON], pods: Iterable[JSON], now: datetime) -> list[JobView]:
-    """Every job with its own pods, by name."""
+    """Every job with its own pods, by namespace, then name (as ``kubectl get -A`` orders)."""
     groups = pods_by_job(pods)
-    views = [job_view(j, groups.get(_name(j), []), now) for j in jobs]
-    return sorted(views, key=lambda v: v.name)
+    views = [job_view(j, groups.get(_key(j), []), now) for j in jobs]
+    return sorted(views, key=lambda v: (v.namespace, v.name))
 
 
-def _name(body: JSON) -> str:
-    return str((body.get("metadata") or {}).get("name"))
+def _key(body: JSON) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name"))

@@ -83,13 +83,20 @@ class Api:
             raise explain(exc, f"MPIJob {self.namespace}/{name}") from None
         return job
 
-    def list_jobs(self) -> list[JSON]:
+    def list_jobs(self, *, all_namespaces: bool = False) -> list[JSON]:
+        """The namespace's MPIJobs, or with ``all_namespaces`` those of every namespace."""
         try:
-            result: JSON = self._custom.list_namespaced_custom_object(
-                keys.GROUP, keys.VERSION, self.namespace, keys.PLURAL
-            )
+            if all_namespaces:
+                result: JSON = self._custom.list_cluster_custom_object(
+                    keys.GROUP, keys.VERSION, keys.PLURAL
+                )
+            else:
+                result = self._custom.list_namespaced_custom_object(
+                    keys.GROUP, keys.VERSION, self.namespace, keys.PLURAL
+                )
         except ApiException as exc:
-            raise explain(exc, f"MPIJobs in {self.namespace}") from None
+            where = "all namespaces" if all_namespaces else self.namespace
+            raise explain(exc, f"MPIJobs in {where}") from None
         return list(result.get("items", []))
 
     def delete_job(self, name: str) -> None:
@@ -107,15 +114,22 @@ class Api:
 
     # --- pods -----------------------------------------------------------------------------------
 
-    def job_pods(self, job: str | None = None) -> list[JSON]:
-        """Pods of one job (or of every job) in the namespace, launcher pods included."""
+    def job_pods(self, job: str | None = None, *, all_namespaces: bool = False) -> list[JSON]:
+        """Pods of one job (or of every job) in the namespace, launcher pods included.
+
+        With ``all_namespaces``, the pods of every job in every namespace.
+        """
         selector = f"{keys.LABEL_OPERATOR_NAME}={keys.OPERATOR_NAME}"
         if job:
             selector += f",{keys.LABEL_JOB_NAME}={job}"
         try:
-            pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector)
+            if all_namespaces:
+                pods = self._core.list_pod_for_all_namespaces(label_selector=selector)
+            else:
+                pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector)
         except ApiException as exc:
-            raise explain(exc, f"pods in {self.namespace}") from None
+            where = "all namespaces" if all_namespaces else self.namespace
+            raise explain(exc, f"pods in {where}") from None
         return [self._plain(p) for p in pods.items]
 
     def node_pods(self, node: str) -> tuple[list[JSON], bool]:

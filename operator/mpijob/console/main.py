@@ -178,7 +178,11 @@ def wait_for_job(api: Api, name: str, timeout: float, out: Console) -> None:
 @click.argument("name")
 @cluster_options
 def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
-    """Show one MPIJob and its instances (pods, GPUs, nodes)."""
+    """Show one MPIJob and its instances (pods, GPUs, nodes).
+
+    GPUs is what the job's spec requests, so a finished job whose pods are gone still shows it;
+    each instance's GPU(Requested) and GPU(IDs) are those of that live pod.
+    """
 
     def action() -> None:
         api = Api(kubeconfig, namespace)
@@ -191,17 +195,37 @@ def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
 
 @main.command(name="list")
 @cluster_options
-def list_(namespace: str | None, kubeconfig: str | None) -> None:
-    """List the MPIJobs of a namespace."""
+@click.option(
+    "--all-namespaces",
+    "-A",
+    is_flag=True,
+    help="List the MPIJobs of every namespace, with a NAMESPACE column first "
+    "(needs the right to list MPIJobs and pods cluster-wide). Not with --namespace.",
+)
+def list_(namespace: str | None, kubeconfig: str | None, all_namespaces: bool) -> None:
+    """List the MPIJobs of a namespace, or of every namespace with -A.
+
+    GPU(Requested) is what each job's spec requests; NODE is its launcher's node.
+    """
+    if all_namespaces and namespace:
+        raise click.UsageError(
+            "--namespace and --all-namespaces cannot be used together: "
+            "-A lists every namespace, -n one of them"
+        )
 
     def action() -> None:
         api = Api(kubeconfig, namespace)
-        views = jobs.job_views(api.list_jobs(), api.job_pods(), datetime.now(UTC))
+        views = jobs.job_views(
+            api.list_jobs(all_namespaces=all_namespaces),
+            api.job_pods(all_namespaces=all_namespaces),
+            datetime.now(UTC),
+        )
         out = make_console()
         if not views:
-            out.print(f"No MPIJobs in namespace {api.namespace}.", highlight=False)
+            where = "any namespace" if all_namespaces else f"namespace {api.namespace}"
+            out.print(f"No MPIJobs in {where}.", highlight=False)
             return
-        out.print(render.jobs_table(views), highlight=False)
+        out.print(render.jobs_table(views, namespaces=all_namespaces), highlight=False)
 
     _run(action)
 

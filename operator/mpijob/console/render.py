@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mpijob.console.jobs import NONE, JobView
+from mpijob.console.jobs import FINAL_STATUSES, NONE, JobView
 
 STATUS_STYLES: Final = {
     "SUCCEEDED": "green",
@@ -85,6 +85,10 @@ def job_details(view: JobView) -> RenderableType:
     parts: list[RenderableType] = [fields, Text("")]
     if view.instances:
         parts += [Text("Instances:", style="bold"), instance_table(view)]
+    elif view.status in FINAL_STATUSES:
+        # cleanPodPolicy and the launcher Job's TTL delete a finished job's pods; "yet" would
+        # promise pods that are not coming.
+        parts.append(Text("Instances: none left", style="bold"))
     else:
         parts.append(Text("Instances: none yet", style="bold"))
     return Group(*parts)
@@ -93,11 +97,16 @@ def job_details(view: JobView) -> RenderableType:
 LIST_HEADERS: Final = ("NAME", "STATUS", "TRAINER", "DURATION", "GPU(Requested)", "NODE")
 
 
-def jobs_table(views: Sequence[JobView]) -> Table:
-    """``mpijob list``: one row per job; NODE is the launcher's."""
-    table = plain_table(*LIST_HEADERS)
+def jobs_table(views: Sequence[JobView], *, namespaces: bool = False) -> Table:
+    """``mpijob list``: one row per job; NODE is the launcher's.
+
+    With ``namespaces`` (``list -A``) a NAMESPACE column comes first, as in ``kubectl get -A``.
+    """
+    headers = ("NAMESPACE", *LIST_HEADERS) if namespaces else LIST_HEADERS
+    table = plain_table(*headers)
     for view in views:
         table.add_row(
+            *((view.namespace,) if namespaces else ()),
             view.name,
             status_text(view.status),
             view.trainer,

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mpijob import keys
+from mpijob.api import gpu_ids
 from mpijob.placement.model import PcieLevel, Topology
 
 JSON = Mapping[str, Any]
@@ -32,11 +33,6 @@ class GpuUse:
     pod: str
 
 
-def parse_gpu_ids(text: str) -> tuple[int, ...]:
-    """``"0,1,3"`` as indices; malformed parts are skipped (the annotation is advisory)."""
-    return tuple(int(part) for part in text.split(",") if part.strip().isdigit())
-
-
 def gpu_usage(pods: Iterable[JSON]) -> dict[int, GpuUse]:
     """GPU index -> who holds it, from the node's pods that have not finished."""
     usage: dict[int, GpuUse] = {}
@@ -49,7 +45,7 @@ def gpu_usage(pods: Iterable[JSON]) -> dict[int, GpuUse]:
             continue
         job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME) or meta.get("name")
         use = GpuUse(job=f"{meta.get('namespace')}/{job}", pod=str(meta.get("name")))
-        for index in parse_gpu_ids(str(ids)):
+        for index in gpu_ids(str(ids)):
             usage[index] = use
     return usage
 

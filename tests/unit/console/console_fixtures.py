@@ -22,7 +22,12 @@ def job_body(
     completion: str | None = None,
     priority_class: str | None = None,
     placement: str | None = None,
+    namespace: str = "team-a",
+    workers: int = 4,
+    gpus: int = 1,
+    launcher_gpus: int = 0,
 ) -> dict[str, Any]:
+    """An MPIJob of ``workers`` workers with ``gpus`` GPUs each (the launcher ``launcher_gpus``)."""
     status: dict[str, Any] = {"conditions": conditions or []}
     if start:
         status["startTime"] = start
@@ -31,7 +36,7 @@ def job_body(
     annotations = {keys.GPU_TOPOLOGY: "true"}
     if placement:
         annotations[keys.PLACEMENT] = placement
-    policy = {"minAvailable": 5}
+    policy: dict[str, Any] = {"minAvailable": 5}
     if priority_class:
         policy["priorityClass"] = priority_class
     return {
@@ -39,13 +44,25 @@ def job_body(
         "kind": keys.KIND,
         "metadata": {
             "name": name,
-            "namespace": "team-a",
+            "namespace": namespace,
             "creationTimestamp": "2026-03-01T11:58:00Z",
             "annotations": annotations,
         },
-        "spec": {"runPolicy": {"schedulingPolicy": policy}, "mpiReplicaSpecs": {}},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": keys.CLEAN_POD_RUNNING, "schedulingPolicy": policy},
+            "mpiReplicaSpecs": {
+                keys.REPLICA_LAUNCHER: {"replicas": 1, "template": pod_template(launcher_gpus)},
+                keys.REPLICA_WORKER: {"replicas": workers, "template": pod_template(gpus)},
+            },
+        },
         "status": status,
     }
+
+
+def pod_template(gpus: int) -> dict[str, Any]:
+    """A replica's pod template whose one container has a ``gpus`` limit (none when 0)."""
+    resources = {"limits": {keys.GPU_RESOURCE: str(gpus)}} if gpus else {}
+    return {"spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}}
 
 
 def pod_body(
@@ -61,8 +78,7 @@ def pod_body(
     namespace: str = "team-a",
 ) -> dict[str, Any]:
     annotations = {keys.GPU_IDS: gpu_ids} if gpu_ids else {}
-    resources = {"limits": {keys.GPU_RESOURCE: str(gpus)}} if gpus else {}
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i", "resources": resources}]}
+    spec: dict[str, Any] = pod_template(gpus)["spec"]
     if node:
         spec["nodeName"] = node
     return {

@@ -82,7 +82,8 @@ def test_job_view_lists_the_launcher_first_then_workers_by_index() -> None:
     assert not first.is_chief
     assert (launcher.gpus, launcher.gpu_ids, launcher.node) == (0, "N/A", "gpu-node-1")
     assert (first.gpus, first.gpu_ids, first.node, first.age) == (1, "0", "gpu-node-0", "1m")
-    assert view.gpus == 5
+    # The spec's 4 workers x 1 GPU; the pods' own requests stay on their rows.
+    assert view.gpus == 4
     assert view.launcher_node == "gpu-node-1"
     assert (view.name, view.namespace, view.trainer, view.placement) == (
         "vgg16",
@@ -131,9 +132,68 @@ def test_pod_gpus_sums_containers_and_falls_back_to_requests() -> None:
 
 def test_job_views_give_each_job_its_own_pods() -> None:
     pods = [*topology_job_pods(), pod_body("resnet-worker-0", job="resnet", gpus=2)]
-    views = jobs.job_views([job_body("vgg16"), job_body("resnet"), job_body("idle")], pods, NOW)
+    bodies = [job_body("vgg16"), job_body("resnet", workers=1, gpus=2), job_body("idle", gpus=0)]
+    views = jobs.job_views(bodies, pods, NOW)
     assert [(v.name, v.gpus, len(v.instances)) for v in views] == [
         ("idle", 0, 0),
         ("resnet", 2, 1),
-        ("vgg16", 5, 6),
+        ("vgg16", 4, 6),
     ]
+
+
+def test_job_views_keep_same_named_jobs_of_two_namespaces_apart() -> None:
+    pods = [
+        pod_body("vgg16-worker-0", namespace="team-b", node="gpu-node-2"),
+        pod_body("vgg16-launcher-b", namespace="team-b", role=keys.ROLE_LAUNCHER, gpus=0),
+        *topology_job_pods(),
+    ]
+    bodies = [job_body("vgg16", namespace="team-b", workers=1), job_body("vgg16")]
+    views = jobs.job_views(bodies, pods, NOW)
+    assert [(v.namespace, v.name, v.gpus, len(v.instances)) for v in views] == [
+        ("team-a", "vgg16", 4, 6),
+        ("team-b", "vgg16", 1, 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("workers", "gpus", "launcher_gpus", "expected"),
+    [(4, 1, 0, 4), (2, 8, 0, 16), (3, 2, 2, 8), (2, 0, 0, 0), (0, 4, 1, 1)],
+)
+def test_requested_gpus_are_workers_times_their_gpus_plus_the_launchers(
+    workers: int, gpus: int, launcher_gpus: int, expected: int
+) -> None:
+    body = job_body(workers=workers, gpus=gpus, launcher_gpus=launcher_gpus)
+    assert jobs.requested_gpus(body) == expected
+
+
+def test_a_launcher_that_runs_ranks_counts_the_gpus_its_template_requests() -> None:
+    body = job_body(workers=3, gpus=2, launcher_gpus=2)
+    body["spec"]["runLauncherAsWorker"] = True
+    assert jobs.requested_gpus(body) == 8
+
+
+def test_requested_gpus_follow_upstream_replica_defaults_and_skip_bad_quantities() -> None:
+    body = job_body(workers=2, gpus=1, launcher_gpus=1)
+    specs = body["spec"]["mpiReplicaSpecs"]
+    del specs[keys.REPLICA_LAUNCHER]["replicas"]  # the launcher defaults to 1
+    assert jobs.requested_gpus(body) == 3
+    del specs[keys.REPLICA_WORKER]["replicas"]  # workers default to 0
+    assert jobs.requested_gpus(body) == 1
+    specs[keys.REPLICA_WORKER]["replicas"] = 2
+    worker = specs[keys.REPLICA_WORKER]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {keys.GPU_RESOURCE: "2"}}
+    assert jobs.requested_gpus(body) == 5
+    worker["resources"] = {"limits": {keys.GPU_RESOURCE: "lots"}}
+    assert jobs.requested_gpus(body) == 1
+    assert jobs.requested_gpus({"spec": {}}) == 0
+
+
+def test_a_finished_job_whose_pods_are_gone_still_shows_the_gpus_it_requested() -> None:
+    done = job_body(
+        conditions=[condition("Running", "False"), condition("Succeeded")],
+        completion="2026-03-01T11:59:40Z",
+        workers=4,
+        gpus=2,
+    )
+    view = jobs.job_view(done, [], NOW)
+    assert (view.status, view.gpus, view.instances) == ("SUCCEEDED", 8, ())

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from console_fixtures import condition, job_body, pod_body, topology_job_pods
 
 from mpijob import keys
 from mpijob.console import main, submit
+from mpijob.console.kube import ConsoleError
 
 pytestmark = pytest.mark.unit
 
@@ -99,3 +102,93 @@ def test_piped_console_has_no_colour_and_no_width_limit() -> None:
     assert not console.is_terminal
     assert console.color_system is None
     assert console.width == main.PIPED_WIDTH
+
+
+class FakeApi:
+    """Stands in for :class:`mpijob.console.kube.Api`: serves fixed jobs and pods."""
+
+    def __init__(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], namespace: str):
+        self.jobs, self.pods, self.namespace = jobs, pods, namespace
+
+    def _here(self, body: dict[str, Any], all_namespaces: bool) -> bool:
+        return all_namespaces or body["metadata"]["namespace"] == self.namespace
+
+    def list_jobs(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        return [j for j in self.jobs if self._here(j, all_namespaces)]
+
+    def job_pods(
+        self, job: str | None = None, *, all_namespaces: bool = False
+    ) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods
+            if self._here(p, all_namespaces)
+            and job in (None, p["metadata"]["labels"][keys.LABEL_JOB_NAME])
+        ]
+
+    def get_job(self, name: str) -> dict[str, Any]:
+        for job in self.list_jobs():
+            if job["metadata"]["name"] == name:
+                return job
+        raise ConsoleError(f"MPIJob {self.namespace}/{name} not found")
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Jobs and pods the commands see; namespace team-a unless -n names another."""
+    jobs: list[dict[str, Any]] = []
+    pods: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        main, "Api", lambda _kubeconfig, namespace: FakeApi(jobs, pods, namespace or "team-a")
+    )
+    return jobs, pods
+
+
+def test_list_all_namespaces_has_a_namespace_column_and_every_namespaces_jobs(
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    jobs, pods = cluster
+    jobs += [job_body("vgg16"), job_body("resnet", namespace="team-b", workers=2, gpus=2)]
+    pods += [*topology_job_pods(), pod_body("resnet-worker-0", job="resnet", namespace="team-b")]
+    code, out, _ = run("list", "-A")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()]
+    # DURATION runs to the wall clock's now; every other column is fixed.
+    assert [row[:4] + row[5:] for row in rows] == [
+        ["NAMESPACE", "NAME", "STATUS", "TRAINER", "GPU(Requested)", "NODE"],
+        ["team-a", "vgg16", "PENDING", "MPIJOB", "4", "gpu-node-1"],
+        ["team-b", "resnet", "PENDING", "MPIJOB", "4", "N/A"],
+    ]
+    code, out, _ = run("list", "-n", "team-b")
+    assert code == 0
+    assert out.split()[0] == "NAME"
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["resnet"]
+
+
+def test_list_all_namespaces_with_none_says_so(
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    code, out, _ = run("list", "--all-namespaces")
+    assert (code, out) == (0, "No MPIJobs in any namespace.\n")
+
+
+def test_list_refuses_a_namespace_together_with_all_namespaces(
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    code, out, err = run("list", "-A", "-n", "team-a")
+    assert code == 2
+    assert out == ""
+    assert "--namespace and --all-namespaces cannot be used together" in err
+
+
+def test_get_of_a_succeeded_job_whose_pods_are_gone_shows_the_gpus_it_requested(
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    jobs, _ = cluster
+    succeeded = [condition("Running", "False"), condition("Succeeded")]
+    jobs.append(job_body(conditions=succeeded, completion="2026-03-01T11:59:30Z", gpus=2))
+    code, out, _ = run("get", "vgg16")
+    assert code == 0
+    fields = dict(line.split(":", 1) for line in out.splitlines()[:7])
+    assert (fields["Status"].strip(), fields["GPUs"].strip()) == ("SUCCEEDED", "8")
+    assert "Instances: none left" in out

@@ -44,7 +44,7 @@ def test_get_prints_the_job_fields_then_the_instance_table() -> None:
         "Priority:  N/A",
         "Trainer:   MPIJOB",
         "Duration:  1m30s",
-        "GPUs:      5",
+        "GPUs:      4",
     ]
     table = lines[lines.index("Instances:") + 1 :]
     assert table[0].split() == [
@@ -91,6 +91,24 @@ def test_list_has_one_row_per_job_with_the_launcher_node() -> None:
     rows = [line.split() for line in text(render.jobs_table(views)).splitlines()]
     assert rows == [
         ["NAME", "STATUS", "TRAINER", "DURATION", "GPU(Requested)", "NODE"],
-        ["idle", "PENDING", "MPIJOB", "1m30s", "0", "N/A"],
-        ["vgg16", "PENDING", "MPIJOB", "1m30s", "5", "gpu-node-1"],
+        ["idle", "PENDING", "MPIJOB", "1m30s", "4", "N/A"],
+        ["vgg16", "PENDING", "MPIJOB", "1m30s", "4", "gpu-node-1"],
     ]
+
+
+def test_list_of_every_namespace_puts_the_namespace_first() -> None:
+    bodies = [job_body("vgg16"), job_body("resnet", namespace="team-b", workers=2, gpus=4)]
+    views = jobs.job_views(bodies, topology_job_pods(), NOW)
+    rows = [line.split() for line in text(render.jobs_table(views, namespaces=True)).splitlines()]
+    assert rows == [
+        ["NAMESPACE", "NAME", "STATUS", "TRAINER", "DURATION", "GPU(Requested)", "NODE"],
+        ["team-a", "vgg16", "PENDING", "MPIJOB", "1m30s", "4", "gpu-node-1"],
+        ["team-b", "resnet", "PENDING", "MPIJOB", "1m30s", "8", "N/A"],
+    ]
+
+
+def test_a_finished_job_without_pods_says_none_are_left() -> None:
+    done = job_body(conditions=[condition("Succeeded")], completion="2026-03-01T11:59:00Z")
+    out = text(render.job_details(jobs.job_view(done, [], NOW)))
+    assert "Instances: none left" in out
+    assert "GPUs:      4" in out

@@ -45,10 +45,6 @@ def test_gpu_usage_maps_each_gpu_to_its_job_and_skips_finished_pods() -> None:
     assert view.jobs_of(usage) == ["team-a/vgg16", "team-b/resnet"]
 
 
-def test_parse_gpu_ids_skips_what_is_not_an_index() -> None:
-    assert view.parse_gpu_ids("0, 3,x,,7") == (0, 3, 7)
-
-
 def test_link_codes_match_nvidia_smi() -> None:
     """Every cell equals what ``nvidia-smi topo -m`` prints for the shipped DGX-1."""
     rows = [line.split("\t") for line in smi.render(DGX1).splitlines()[1 : 1 + DGX1.size]]
