@@ -42,13 +42,20 @@ cluster-down: ## Stop the local cluster; leaves no process behind
 cluster-status: install ## Show the local cluster's processes and memory
 	$(PY) hack/cluster.py status
 
-test: install ## Run unit and integration tests (starts the local cluster if needed)
+# Before the tests: refuse beside an operator that would also reconcile their jobs, check that
+# pytest collects every test file, install Prometheus and build the control plane if missing.
+test: install ## Run unit and integration tests (installs Prometheus, builds and starts the local cluster)
+	$(PY) hack/stray_operators.py
+	$(PY) hack/check-collected.py
+	bash hack/test-deps.sh
 	$(PY) -m pytest
 
 test-unit: install ## Run the unit tests only (no cluster)
 	$(PY) -m pytest -m unit
 
-test-integration: install ## Run the integration tests only
+test-integration: install ## Run the integration tests only (the same set-up as make test)
+	$(PY) hack/stray_operators.py
+	bash hack/test-deps.sh
 	$(PY) -m pytest -m integration
 
 lint: install ## ruff, mypy, the import-layer contracts, generated dashboards up to date
@@ -67,7 +74,7 @@ crds: cluster ## Install the MPIJob CRD into the cluster
 run: install ## Run the operator in the foreground against KUBECONFIG (default .cluster/kubeconfig)
 	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
-demo: cluster crds ## Local cluster + operator + a sample MPIJob going to Succeeded
+demo: cluster crds ## Local cluster + operator (namespace demo, left running) + a sample MPIJob to Succeeded
 	$(PY) hack/demo.py
 
 bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream Go mpi-operator

@@ -2,14 +2,19 @@
 """``make demo``: the operator on the local cluster, running a topology-aware MPIJob to Succeeded.
 
 Expects the cluster up and the CRD installed (the Makefile does both). Starts the operator in the
-background (log: .cluster/logs/operator.log; stopped by ``make cluster-down``), applies
-examples/pytorch-vgg16-topology.yaml in namespace ``demo`` with the launcher told to finish after
-a while (the simulated cluster runs no containers), and prints the job and its pods as they
-progress. Running it again replaces the demo job.
+background, watching namespace ``demo`` only (log: .cluster/logs/operator.log; stopped by
+``make cluster-down``), applies examples/pytorch-vgg16-topology.yaml in that namespace with the
+launcher told to finish after a while (the simulated cluster runs no containers), and prints the
+job and its pods as they progress. Running it again replaces the demo job.
+
+The operator is scoped so that it never reconciles anyone else's jobs on the shared cluster: the
+integration tests run their own operator per test namespace, and refuse to start beside one that
+watches all namespaces (hack/stray_operators.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +29,7 @@ from kubernetes import client, config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster  # noqa: E402 - hack/cluster.py, beside this file
+import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
 NAMESPACE = "demo"
 EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
@@ -36,8 +42,22 @@ BOLD, DIM, GREEN, RESET = (
 
 def start_operator(kubeconfig: Path) -> int:
     pid_file = cluster.state_dir() / "operator.pid"
-    if pid_file.exists() and cluster.alive(int(pid_file.read_text())):
-        return int(pid_file.read_text())
+    if pid_file.exists() and cluster.alive(pid := int(pid_file.read_text().strip() or 0)):
+        watched = stray_operators.watched_namespaces(pid)
+        if watched == [NAMESPACE]:
+            return pid
+        if watched is not None:
+            # Left by an older `make demo`, which watched every namespace; it also holds port 8080.
+            print(
+                f"Stopping the earlier demo operator (pid {pid}): it is not scoped to {NAMESPACE}"
+            )
+            cluster.stop_demo_operator()
+            deadline = time.monotonic() + 15
+            while cluster.alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if cluster.alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
     log = cluster.state_dir() / "logs" / "operator.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -47,6 +67,8 @@ def start_operator(kubeconfig: Path) -> int:
                 "mpijob",
                 "run",
                 "--no-leader-elect",
+                "--namespace",
+                NAMESPACE,
                 "--monitoring-port",
                 "8080",
                 "--kubeconfig",
@@ -100,14 +122,16 @@ def main() -> int:
     config.load_kube_config(config_file=str(kubeconfig))
     core = client.CoreV1Api()
     mpijobs = client.CustomObjectsApi()
-    pid = start_operator(kubeconfig)
-    print(f"{BOLD}Operator{RESET} running (pid {pid}); log: .cluster/logs/operator.log")
-
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     except client.ApiException as e:
         if e.status != 409:
             raise
+    pid = start_operator(kubeconfig)
+    print(
+        f"{BOLD}Operator{RESET} running (pid {pid}), watching namespace {NAMESPACE} only; "
+        "log: .cluster/logs/operator.log"
+    )
     job = demo_job()
     name = job["metadata"]["name"]
     args = ("kubeflow.org", "v2beta1", NAMESPACE, "mpijobs")
@@ -158,7 +182,7 @@ Look around:
   .venv/bin/mpijob get {name} -n {NAMESPACE}
   .venv/bin/mpijob topology gpu-node-0
   curl -s localhost:8080/metrics | grep mpi_operator
-Stop everything: make cluster-down""")
+The operator keeps running, for namespace {NAMESPACE} only. Stop everything: make cluster-down""")
     return 0
 
 

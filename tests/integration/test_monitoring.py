@@ -43,7 +43,10 @@ class Prometheus:
 
     def __init__(self, workdir: Path, target: str) -> None:
         binary = shutil.which("prometheus")
-        assert binary, "prometheus is not installed: apt-get install -y prometheus (see .ci/run)"
+        assert binary, (
+            "prometheus is not on PATH: `make test` installs it (hack/test-deps.sh), or run "
+            "sudo apt-get update && sudo apt-get install -y --no-install-recommends prometheus"
+        )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
