@@ -15,6 +15,9 @@ import kopf
 from mpijob import keys
 from mpijob.settings import OperatorSettings
 
+DEFAULTS = OperatorSettings()
+"""Every flag's default is the setting's own: one place to change it."""
+
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
@@ -33,8 +36,8 @@ def main(ctx: click.Context) -> None:
     envvar="KUBECONFIG",
     default=None,
     metavar="PATH",
-    help="Kubeconfig to use. Default: $KUBECONFIG, ~/.kube/config, then the in-cluster "
-    "service account.",
+    help="Kubeconfig to use. Default: $KUBECONFIG; inside a pod without one, the pod's "
+    "service account; else ~/.kube/config.",
 )
 @click.option(
     "--namespace",
@@ -48,14 +51,14 @@ def main(ctx: click.Context) -> None:
 )
 @click.option(
     "--cluster-domain",
-    default="",
+    default=DEFAULTS.cluster_domain,
     metavar="DOMAIN",
     help="Cluster DNS domain appended to hostfile names: "
     "<pod>.<job>.<ns>.svc.<DOMAIN>. Default: none (<pod>.<job>.<ns>.svc).",
 )
 @click.option(
     "--gang-scheduling",
-    default="",
+    default=DEFAULTS.gang_scheduling,
     metavar="SCHEDULER",
     help="Create PodGroups and hand pods to a gang scheduler: 'volcano' for Volcano "
     "(scheduling.volcano.sh), or the schedulerName of a scheduler-plugins "
@@ -64,26 +67,26 @@ def main(ctx: click.Context) -> None:
 )
 @click.option(
     "--monitoring-port",
-    default=8080,
+    default=DEFAULTS.monitoring_port,
     show_default=True,
     type=int,
     help="Port serving /metrics (Prometheus) and /healthz. 0 turns it off.",
 )
 @click.option(
     "--lock-namespace",
-    default="mpi-operator",
+    default=DEFAULTS.lock_namespace,
     show_default=True,
     help="Namespace of the leader-election Lease (it must exist).",
 )
 @click.option(
     "--lock-name",
-    default="mpijob-operator",
+    default=DEFAULTS.lock_name,
     show_default=True,
     help="Name of the leader-election Lease.",
 )
 @click.option(
     "--leader-elect/--no-leader-elect",
-    default=True,
+    default=DEFAULTS.leader_elect,
     show_default=True,
     help="Elect one active replica through a Lease. Turn off only when exactly one process runs.",
 )
@@ -91,42 +94,42 @@ def main(ctx: click.Context) -> None:
     "--controller-name",
     "controller_names",
     multiple=True,
-    default=(keys.MANAGED_BY_UPSTREAM,),
+    default=DEFAULTS.controller_names,
     show_default=True,
     help="spec.runPolicy.managedBy values this operator reconciles (repeatable). "
     "Jobs without managedBy are always reconciled; others are left alone.",
 )
 @click.option(
     "--kube-api-qps",
-    default=50.0,
+    default=DEFAULTS.kube_api_qps,
     show_default=True,
     type=float,
     help="Client-side limit of API requests per second (0: unlimited).",
 )
 @click.option(
     "--kube-api-burst",
-    default=100,
+    default=DEFAULTS.kube_api_burst,
     show_default=True,
     type=int,
     help="Requests allowed in a burst above --kube-api-qps.",
 )
 @click.option(
     "--threadiness",
-    default=8,
+    default=DEFAULTS.threadiness,
     show_default=True,
     type=click.IntRange(1, 256),
     help="How many MPIJobs are reconciled concurrently.",
 )
 @click.option(
     "--gpu-topology-default/--no-gpu-topology-default",
-    default=False,
+    default=DEFAULTS.gpu_topology_default,
     show_default=True,
     help=f'Place every GPU job topology-aware, as if annotated {keys.GPU_TOPOLOGY}: "true".',
 )
 @click.option(
     "--inter-node-bandwidth",
     "inter_node_gbps",
-    default=12.5,
+    default=DEFAULTS.inter_node_gbps,
     show_default=True,
     type=float,
     metavar="GBPS",

@@ -56,7 +56,8 @@ class OperatorSettings:
     """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
 
     kubeconfig: str | None = None
-    """Path of a kubeconfig; unset means $KUBECONFIG, ~/.kube/config, then in-cluster."""
+    """Path of a kubeconfig; unset means $KUBECONFIG, else in a pod its service account, else
+    ~/.kube/config."""
 
     @property
     def cluster_wide(self) -> bool:

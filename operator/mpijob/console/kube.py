@@ -17,6 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
+from mpijob.handlers.kube import configuration
 
 JSON = dict[str, Any]
 
@@ -42,15 +43,10 @@ class Api:
         # warn about it on every request either.
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
         try:
-            self._client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-            context_namespace = _context_namespace(kubeconfig)
-        except config.ConfigException:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException as exc:
-                raise ConsoleError(f"no cluster configured: {exc}") from None
-            self._client = client.ApiClient()
-            context_namespace = None
+            self._client = client.ApiClient(configuration(kubeconfig))
+        except config.ConfigException as exc:
+            raise ConsoleError(f"no cluster configured: {exc}") from None
+        context_namespace = _context_namespace(kubeconfig)
         self.namespace = namespace or context_namespace or "default"
         # The client's generated methods are typed loosely (``object``); read them as Any here.
         self._core: Any = client.CoreV1Api(self._client)
@@ -189,7 +185,7 @@ def _message(exc: ApiException) -> str:
 
 def _context_namespace(kubeconfig: str | None) -> str | None:
     try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
     except (config.ConfigException, OSError):
         return None
     namespace = (active or {}).get("context", {}).get("namespace")

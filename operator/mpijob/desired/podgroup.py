@@ -194,17 +194,6 @@ def decorate_pod(pod: Mapping[str, Any], job_name: str, mode: GangMode) -> dict[
     return result
 
 
-def overridden_scheduler_name(pod: Mapping[str, Any], mode: GangMode) -> str | None:
-    """The user's ``schedulerName`` that :func:`decorate_pod` replaces, for a warning; else None.
-
-    Upstream logs a warning whenever the template's scheduler differs from the gang's.
-    """
-    current = (pod.get("spec") or {}).get("schedulerName") or ""
-    if mode.enabled and current and current != mode.scheduler_name:
-        return str(current)
-    return None
-
-
 def _comparable(spec: Mapping[str, Any] | None, *, volcano: bool) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in (spec or {}).items():

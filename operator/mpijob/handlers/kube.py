@@ -5,13 +5,16 @@ Kopf's event loop never blocks, and skips the client's model classes: objects st
 dicts, as the builders produce them, which is also several times cheaper than deserializing
 into models. Every request is counted by verb for ``mpi_operator_api_requests_total``.
 
-Only this module and :mod:`mpijob.handlers.leader` import the ``kubernetes`` package.
+:func:`configuration` is the one way the operator, its leader election, the console and the
+agent load credentials. Only the handlers and the entrypoints (console, agent) import the
+``kubernetes`` package.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +56,23 @@ KINDS: Mapping[tuple[str, str], Kind] = {
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),
 }
+
+
+def configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """Credentials for the cluster: the in-cluster service account when running in a pod and no
+    kubeconfig is named (argument or ``$KUBECONFIG``), else the kubeconfig (the named file, else
+    ``~/.kube/config``).
+
+    Returns a new configuration and never touches the client's global default, so several
+    clients in one process cannot overwrite each other's settings.
+    """
+    cfg = client.Configuration()
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if in_pod and not kubeconfig and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
 
 
 class ApiError(Exception):
@@ -111,13 +131,8 @@ class Kube:
     def from_kubeconfig(
         cls, kubeconfig: str | None, *, qps: float, burst: int, concurrency: int
     ) -> Kube:
-        """A client from a kubeconfig file, else in-cluster credentials."""
-        cfg = client.Configuration()
-        try:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        except config.ConfigException:
-            config.load_incluster_config(client_configuration=cfg)
-        api = client.ApiClient(cfg)
+        """A client with :func:`configuration`'s credentials."""
+        api = client.ApiClient(configuration(kubeconfig))
         api.user_agent = "mpijob-operator"
         kube = cls(api, concurrency=concurrency)
         kube._limiter = TokenBucket(qps, burst) if qps > 0 else None

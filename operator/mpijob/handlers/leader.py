@@ -16,11 +16,12 @@ import socket
 import threading
 import uuid
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
 from mpijob import metrics
+from mpijob.handlers.kube import configuration
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,8 @@ class LeaderElector:
     def stop(self) -> None:
         self._stop.set()
 
-    def _wait_for_namespace(self) -> None:
+    def _wait_for_namespace(self, core: client.CoreV1Api) -> None:
         """The Lease needs its namespace; say so plainly instead of failing quietly forever."""
-        core = client.CoreV1Api()
         warned = False
         while not self._stop.is_set():
             try:
@@ -83,15 +83,12 @@ class LeaderElector:
             self._loop.call_soon_threadsafe(self.leading.clear)
 
     def _run(self) -> None:
-        cfg = client.Configuration()
-        try:
-            config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
-        except config.ConfigException:
-            config.load_incluster_config(client_configuration=cfg)
-        # The elector reads the default configuration; give it ours.
-        client.Configuration.set_default(cfg)
+        api = client.ApiClient(configuration(self._kubeconfig))
         lock = LeaseLock(self._name, self._namespace, self.identity)
-        self._wait_for_namespace()
+        # The lock builds its client from the global default; give it ours instead of
+        # changing the default for the whole process.
+        lock.api_instance = client.CoordinationV1Api(api)
+        self._wait_for_namespace(client.CoreV1Api(api))
         while not self._stop.is_set():
             election = electionconfig.Config(
                 lock,

@@ -9,7 +9,7 @@ Kopf's ``on.event`` handlers only log their errors, so retries are ours. Event h
   processing is done, so the newest state is always seen;
 - failures re-queue with per-key exponential backoff (``add_rate_limited``), successes reset it.
 
-Used by :mod:`mpijob.handlers.runtime`.
+Used by :mod:`mpijob.handlers.workers`.
 """
 
 from __future__ import annotations

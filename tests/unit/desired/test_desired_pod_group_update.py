@@ -99,14 +99,8 @@ def test_decorate_pod_does_nothing_when_gang_scheduling_is_off() -> None:
     assert podgroup.decorate_pod(pod, "job", OFF) == pod
 
 
-def test_a_users_scheduler_name_is_overwritten_and_reported() -> None:
+def test_a_users_scheduler_name_is_overwritten() -> None:
     pod = {"spec": {"schedulerName": "mine"}}
     assert podgroup.decorate_pod(pod, "job", SCHED)["spec"]["schedulerName"] == (
         "scheduler-plugins-scheduler"
     )
-    assert podgroup.overridden_scheduler_name(pod, SCHED) == "mine"
-    assert (
-        podgroup.overridden_scheduler_name({"spec": {"schedulerName": "volcano"}}, VOLCANO) is None
-    )
-    assert podgroup.overridden_scheduler_name({}, VOLCANO) is None
-    assert podgroup.overridden_scheduler_name(pod, OFF) is None
