@@ -8,7 +8,7 @@ the end. Upstream's mpi-operator is built into the binary cache first if it is m
 
 Three runs, one after the other, on the same cluster with the same workload, each operator
 scoped to its own namespace with the same client limits (QPS 100, burst 200, threadiness 8):
-``ours``; ``upstream`` (v0.8.0, otherwise default flags); ``upstream-fastqueue``, the same with
+``ours``; ``upstream`` (v0.8.2, otherwise default flags); ``upstream-fastqueue``, the same with
 its work-queue rate limit raised (default 10 adds/s after a burst of 100, counting every pod
 event; ours has no such limit). For each run:
 
