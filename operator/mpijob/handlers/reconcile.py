@@ -77,8 +77,9 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     )
     result = status.next_status(job, plan.projected, now, admission=gate.outcome)
 
+    versions: dict[tuple[str, str], str] = {}
     for action in plan.actions:
-        await _apply(rt, key, job, body, action)
+        await _apply(rt, key, job, body, action, versions)
     if result.changed:
         await _write_status(rt, key, body, result.status.to_body())
     if result.launcher_seen:
@@ -94,14 +95,27 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
 
 
 async def _apply(
-    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, action: sync.Action
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    body: JSON,
+    action: sync.Action,
+    versions: dict[tuple[str, str], str],
 ) -> None:
+    """Run one action. ``versions`` holds the resourceVersions this plan's own writes returned,
+    so a Replace after a Patch of the same object (resume: clear startTime, then unsuspend)
+    sends the version the Patch produced, as upstream's UpdateStatus-then-Update does."""
     match action:
         case sync.Create(obj=obj):
             await _create(rt, key, job, body, obj)
         case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
-            await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
+            out = await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
+            versions[(kind, name)] = (out.get("metadata") or {}).get("resourceVersion", "")
         case sync.Replace(obj=obj):
+            meta = obj["metadata"]
+            fresher = versions.get((obj["kind"], meta["name"]))
+            if fresher:
+                obj = {**obj, "metadata": {**meta, "resourceVersion": fresher}}
             await rt.kube.replace(obj)
         case sync.Delete(api_version=version, kind=kind, name=name, uid=uid):
             await rt.kube.delete(version, kind, job.namespace, name, uid=uid)

@@ -209,3 +209,22 @@ async def test_a_child_deleted_by_hand_is_created_again(deleted: str) -> None:
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.created() == [deleted]
+
+
+async def test_resume_replaces_the_launcher_with_the_version_its_status_patch_returned() -> None:
+    """Resume clears the launcher's startTime, then unsuspends it: the second write must carry
+    the resourceVersion the first produced, or it is refused with a conflict."""
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    index_created(rt, kube)
+    launcher = rt.cache.indices["launchers_by_job"][("bar", "foo")][0]
+    launcher["metadata"] = {**launcher["metadata"], "resourceVersion": "1", "uid": "l"}
+    launcher["spec"]["suspend"] = True
+    launcher["status"] = {"startTime": "2024-05-01T10:01:00Z"}
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    writes = [(verb, args) for verb, args in kube.requests if verb in ("patch", "replace")]
+    assert [verb for verb, _ in writes] == ["patch", "replace"]
+    assert writes[0][1][-1] == {"status": {"startTime": None}}
+    assert writes[1][1][0]["spec"]["suspend"] is False
+    assert writes[1][1][0]["metadata"]["resourceVersion"] == "2"
