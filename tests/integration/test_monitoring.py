@@ -1,8 +1,8 @@
 """A real Prometheus scrapes the operator while it runs jobs; every query of the dashboard and
 every rule then returns data (no empty panel, no rule that cannot evaluate).
 
-Prometheus is Debian's ``prometheus`` package (installed by the project's CI, never by this
-test), started on 127.0.0.1 with a 1 s scrape and rule interval and the repository's
+Prometheus is Debian's ``prometheus`` package (installed by ``make test`` through
+``hack/test-deps.sh``, never by this test), started on 127.0.0.1 with a 1 s scrape and rule interval and the repository's
 dashboards/rules.yaml. The jobs cover the paths the panels show: plain successes, a failure,
 topology-placed GPU jobs with a gang.
 """
