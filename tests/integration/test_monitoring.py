@@ -2,9 +2,9 @@
 every rule then returns data (no empty panel, no rule that cannot evaluate).
 
 Prometheus is Debian's ``prometheus`` package (installed by ``make test`` through
-``hack/test-deps.sh``, never by this test), started on 127.0.0.1 with a 1 s scrape and rule interval and the repository's
-dashboards/rules.yaml. The jobs cover the paths the panels show: plain successes, a failure,
-topology-placed GPU jobs with a gang.
+``hack/test-deps.sh``, never by this test), started on 127.0.0.1 with a 1 s scrape and rule
+interval and the repository's dashboards/rules.yaml. The jobs cover the paths the panels show:
+plain successes, a failure, topology-placed GPU jobs with a gang.
 """
 
 from __future__ import annotations
