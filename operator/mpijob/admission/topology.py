@@ -3,9 +3,9 @@
 The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
 
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`);
-- which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from live
-  pods' ``mpijob.io/gpu-ids`` and from the decisions of admitted jobs whose pods may not exist
-  yet;
+- which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from
+  unfinished pods' ``mpijob.io/gpu-ids`` (terminating ones included) and from the decisions of
+  admitted jobs whose pods may not exist yet;
 - a decision written on the MPIJob (``mpijob.io/placement-decision``, compact JSON) so that a
   restarted operator knows every reservation, plus the one-line summary for people
   (``mpijob.io/placement``);
@@ -136,15 +136,18 @@ def opted_in(node: Mapping[str, Any]) -> bool:
 
 
 def used_by_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
-    """GPUs held by live pods bound to a node and annotated with ``mpijob.io/gpu-ids``."""
+    """GPUs held by pods bound to a node and annotated with ``mpijob.io/gpu-ids``.
+
+    A terminating pod keeps its GPUs until it is gone: its container still holds the device
+    and its memory until it exits, which can take the whole grace period, or longer on a node
+    that stopped answering. Only a pod that has finished (Succeeded or Failed) frees them.
+    """
     used: dict[str, set[int]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.GPU_IDS)
         phase = (pod.get("status") or {}).get("phase")
         if not node or not ids or phase in TERMINAL_PHASES:
-            continue
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
         used.setdefault(node, set()).update(gpu_ids(ids))
     return used
