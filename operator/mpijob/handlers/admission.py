@@ -1,7 +1,8 @@
 """Our own all-or-nothing admission of topology-placed jobs: the passes and their I/O.
 
 Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
-one at a time, under a lock, so two jobs never take the same GPU) orders every waiting job
+one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
+the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
 fairly, places each with the placement engine against the GPUs that live pods and earlier
 decisions hold, and then, per job: records an admission on the MPIJob (the decision annotation,
 written before any pod exists, so a restarted operator still knows it), or remembers why it
@@ -83,6 +84,9 @@ class Admission:
     async def run_pass(self) -> None:
         async with self._lock:
             nodes_raw, pods, jobs = self.snapshot()
+            self._refresh(jobs)
+            if not self.waiting:
+                return
             held = [
                 d
                 for j in jobs
@@ -124,6 +128,25 @@ class Admission:
             for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
                 await self._apply(decision)
             self._gauges()
+
+    def _refresh(self, jobs: Sequence[api.MPIJob]) -> None:
+        """Rebuild the line from the live jobs: one deleted (or deleted and created again),
+        suspended, finished or already admitted leaves it, so no ghost heads the queue; the
+        rest are considered as they are now."""
+        live = {(j.namespace, j.name): j for j in jobs}
+        for key, was in list(self.waiting.items()):
+            job = live.get(key)
+            if (
+                job is None
+                or job.metadata.uid != was.metadata.uid
+                or job.spec.suspended
+                or job.status.finished
+                or topology.load_decision(job) is not None
+            ):
+                self.drop(key)
+                self.enqueue(key)  # its reconcile states where it stands now
+            else:
+                self.waiting[key] = job
 
     async def _apply(self, decision: queue.Decision[Placement]) -> None:
         key = (decision.job.namespace, decision.job.name)

@@ -1,0 +1,107 @@
+"""Our admission's passes against the caches' snapshot: the line is rebuilt from live jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mpijob import api, keys
+from mpijob.admission import queue
+from mpijob.handlers.admission import Admission
+from mpijob.placement import codec, topologies
+
+pytestmark = pytest.mark.unit
+
+NODE = {
+    "metadata": {
+        "name": "dgx-0",
+        "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+        "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.dgx1_v100())},
+    },
+    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def topology_job(name: str, created: str, gpus: int, **spec: Any) -> api.MPIJob:
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: gpus}}}
+            ]
+        }
+    }
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "annotations": {keys.GPU_TOPOLOGY: "true"},
+        },
+        "spec": {
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": template},
+                "Worker": {"replicas": 1, "template": template},
+            },
+            **spec,
+        },
+    }
+    return api.with_defaults(api.parse(body))
+
+
+class Harness:
+    def __init__(self, *jobs: api.MPIJob) -> None:
+        self.jobs = list(jobs)
+        self.patched: list[tuple[str, str]] = []
+        self.enqueued: list[tuple[str, str]] = []
+        self.admission = Admission(
+            patch_job=self.patch,
+            enqueue=self.enqueued.append,
+            snapshot=lambda: ([NODE], [], self.jobs),
+            priority_values=dict,
+            inter_node_gbps=25.0,
+        )
+
+    async def patch(self, key: tuple[str, str], patch: dict[str, Any]) -> None:
+        self.patched.append(key)
+
+
+async def test_a_deleted_head_of_line_leaves_and_the_job_behind_it_is_admitted() -> None:
+    holder = topology_job("holder", "2026-01-01T00:00:00Z", 4)
+    holder.metadata.annotations[keys.PLACEMENT_DECISION] = (
+        '{"v":1,"ring":100,"workers":[["dgx-0",[0,1,2,3]]]}'
+    )
+    head = topology_job("head", "2026-01-01T00:01:00Z", 8)
+    behind = topology_job("behind", "2026-01-01T00:02:00Z", 2)
+    h = Harness(holder, head, behind)
+    h.admission.want(("ns", "head"), head)
+    h.admission.want(("ns", "behind"), behind)
+    await h.admission.run_pass()
+    last = h.admission.decision(("ns", "behind"))
+    assert isinstance(last, queue.Wait)
+    assert "queued behind ns/head" in last.message
+    assert h.patched == []
+
+    h.jobs.remove(head)  # deleted while it waited
+    await h.admission.run_pass()
+    assert ("ns", "head") not in h.admission.waiting
+    assert h.patched == [("ns", "behind")]
+
+
+@pytest.mark.parametrize("change", ["suspended", "recreated"])
+async def test_a_suspended_or_recreated_waiting_job_leaves_the_line(change: str) -> None:
+    head = topology_job("head", "2026-01-01T00:01:00Z", 16)  # never fits one 8-GPU node
+    h = Harness(head)
+    h.admission.want(("ns", "head"), head)
+    if change == "suspended":
+        h.jobs = [topology_job("head", "2026-01-01T00:01:00Z", 16, runPolicy={"suspend": True})]
+    else:
+        again = topology_job("head", "2026-01-01T00:03:00Z", 16)
+        again.metadata.uid = "uid-head-2"
+        h.jobs = [again]
+    await h.admission.run_pass()
+    assert h.admission.waiting == {}
+    assert ("ns", "head") in h.enqueued
