@@ -12,10 +12,15 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
+from mpijob.api.errors import FieldError, invalid
 from mpijob.desired import names
 
 HOSTFILE_KEY = "hostfile"
 DISCOVER_HOSTS_KEY = "discover_hosts.sh"
+
+#: The API server refuses a ConfigMap whose data exceeds this many bytes (``MaxSecretSize``,
+#: which ConfigMaps share), and a request body beyond 3 MiB with 413 before it validates.
+MAX_DATA_BYTES = 1024 * 1024
 
 
 def fqdn(job: MPIJob, host: str, cluster_domain: str = "") -> str:
@@ -45,6 +50,49 @@ def discover_hosts(
     hosts = [names.launcher_name(job)] if job.spec.launcher_is_worker else []
     hosts += sorted(running_worker_pod_names)
     return "#!/bin/sh\n" + "".join(f"echo {fqdn(job, h, cluster_domain)}\n" for h in hosts)
+
+
+def _digits_total(count: int) -> int:
+    """Characters needed to write 0, 1, ..., count-1 in decimal, without writing them."""
+    total, width, low = 0, 1, 0
+    while low < count:
+        high = min(count, 10**width)
+        total += (high - low) * width
+        low, width = high, width + 1
+    return total
+
+
+def data_bytes(job: MPIJob, cluster_domain: str = "") -> int:
+    """The size the ConfigMap's data reaches once every worker runs, counted, not built: a job
+    asking for millions of workers must not make the operator write millions of lines."""
+    workers = max(job.spec.worker_replicas, 0)
+    host = fqdn(job, f"{names.worker_name(job, 0)[:-1]}", cluster_domain)
+    slots = job.spec.slots_per_worker if job.spec.slots_per_worker is not None else 1
+    if job.spec.mpi_implementation == keys.IMPL_OPENMPI:
+        per_line = len(host) + len(f" slots={slots}\n")
+    else:
+        per_line = len(host) + len(f":{slots}\n")
+    per_echo = len("echo ") + len(host) + len("\n")
+    digits = _digits_total(workers)
+    size = workers * (per_line + per_echo) + 2 * digits + len("#!/bin/sh\n")
+    if job.spec.launcher_is_worker:
+        launcher = fqdn(job, names.launcher_name(job), cluster_domain)
+        size += len(launcher) + per_line - len(host) + len("echo ") + len(launcher) + 1
+    return size + len(HOSTFILE_KEY) + len(DISCOVER_HOSTS_KEY)
+
+
+def size_errors(job: MPIJob, cluster_domain: str = "") -> list[FieldError]:
+    """The job's hostfile would not fit in a ConfigMap: say which field and the limit."""
+    size = data_bytes(job, cluster_domain)
+    if size <= MAX_DATA_BYTES:
+        return []
+    path = f"spec.mpiReplicaSpecs[{keys.REPLICA_WORKER}].replicas"
+    detail = (
+        f"the hostfile and discover_hosts.sh of this many workers take {size} bytes, beyond the "
+        f"{MAX_DATA_BYTES} bytes the API server accepts in the ConfigMap "
+        f'"{names.config_map_name(job)}"; use fewer workers, a shorter job name or namespace'
+    )
+    return [invalid(path, job.spec.worker_replicas, detail)]
 
 
 def build_config_map(

@@ -4,7 +4,9 @@ Called by the workers with a job key. The steps before planning mirror upstream'
 ``syncHandler``: a missing job ends the reconcile; a job managed by another controller is left
 alone (checked before validation, as upstream); a terminating job is left to garbage collection;
 an invalid job gets upstream's ``ValidationError`` Warning plus an ``Invalid`` condition naming
-the fields, and is not retried until it changes.
+the fields, and is not retried until it changes. Beyond upstream's rules, a job whose hostfile
+could not be stored (the API server's ConfigMap limit) is invalid too, rather than retried
+forever against a 413.
 
 Every read happens first (the caches, our admission's latest decision); then
 :func:`mpijob.desired.sync.plan` and :func:`mpijob.desired.status.next_status` decide, and
@@ -22,7 +24,7 @@ from mpijob import api, keys, metrics
 from mpijob.admission import outcome, queue, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.models import format_time
-from mpijob.desired import binding, events, names, podgroup, status, sync
+from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.handlers.kube import ApiError
@@ -51,7 +53,11 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         return
     try:
         job = api.with_defaults(api.parse(body))
-        errors = api.validate(job) + podgroup.min_resources_errors(job)
+        errors = [
+            *api.validate(job),
+            *podgroup.min_resources_errors(job),
+            *config_map.size_errors(job, rt.settings.cluster_domain),
+        ]
     except api.InvalidMPIJob as exc:
         errors = list(exc.errors)
     if errors:

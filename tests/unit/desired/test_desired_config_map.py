@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 from desired_jobs import OWNER, make_job
 
-from mpijob.desired.config_map import build_config_map, discover_hosts, hostfile
+from mpijob.desired import names
+from mpijob.desired.config_map import (
+    MAX_DATA_BYTES,
+    build_config_map,
+    data_bytes,
+    discover_hosts,
+    hostfile,
+    size_errors,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -156,3 +164,34 @@ def test_update_discover_hosts_in_config_map(case: str) -> None:
 def test_hostfile_follows_scale_and_ignores_worker_state() -> None:
     assert hostfile(make_job(workers=3)).count("\n") == 3
     assert hostfile(make_job(workers=None)) == ""
+
+
+@pytest.mark.parametrize("workers", [0, 1, 9, 10, 11, 100, 1234])
+@pytest.mark.parametrize("implementation", ["OpenMPI", "Intel", "MPICH"])
+@pytest.mark.parametrize("launcher_as_worker", [False, True])
+@pytest.mark.parametrize("domain", ["", "cluster.local"])
+def test_the_counted_size_is_the_size_of_the_built_config_map(
+    workers: int, implementation: str, launcher_as_worker: bool, domain: str
+) -> None:
+    job = make_job(
+        workers=workers,
+        implementation=implementation,
+        slots=12,
+        launcher_as_worker=launcher_as_worker,
+    )
+    built = build_config_map(job, names.worker_names(job), domain)
+    assert data_bytes(job, domain) == sum(len(k) + len(v) for k, v in built["data"].items())
+
+
+def test_a_hostfile_beyond_the_api_servers_limit_is_refused_naming_the_field_and_limit() -> None:
+    job = make_job(workers=100_000)
+    [error] = size_errors(job)
+    assert error.path == "spec.mpiReplicaSpecs[Worker].replicas"
+    assert "Invalid value: 100000" in error.message
+    assert f"beyond the {MAX_DATA_BYTES} bytes" in error.message
+    assert size_errors(make_job(workers=1000)) == []
+
+
+def test_int32_max_workers_are_refused_without_building_anything() -> None:
+    job = make_job(workers=2**31 - 1)
+    assert size_errors(job)  # counted in microseconds: no list of two billion names

@@ -228,3 +228,16 @@ async def test_resume_replaces_the_launcher_with_the_version_its_status_patch_re
     assert writes[0][1][-1] == {"status": {"startTime": None}}
     assert writes[1][1][0]["spec"]["suspend"] is False
     assert writes[1][1][0]["metadata"]["resourceVersion"] == "2"
+
+
+async def test_a_job_too_large_for_its_hostfile_says_so_instead_of_retrying_a_413() -> None:
+    body = valid_job()
+    body["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 100_000
+    rt, kube, recorder = runtime(body)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert [verb for verb, _ in kube.requests] == ["replace_status"]
+    [condition] = kube.requests[0][1][0]["status"]["conditions"]
+    assert condition["type"] == "Invalid"
+    assert "spec.mpiReplicaSpecs[Worker].replicas" in condition["message"]
+    assert "1048576 bytes" in condition["message"]
+    assert [(e.type, e.reason) for e in recorder.events] == [("Warning", "ValidationError")]
