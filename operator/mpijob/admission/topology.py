@@ -23,6 +23,7 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob, gpu_count, gpu_ids
+from mpijob.api.errors import FieldError, forbidden
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
@@ -45,6 +46,24 @@ def wants_topology(job: MPIJob, *, default: bool) -> bool:
     value = (job.metadata.annotations or {}).get(keys.GPU_TOPOLOGY, "").strip().lower()
     opted = value == "true" or (default and value != "false")
     return opted and job.spec.worker_replicas > 0 and gpus_per_worker(job) > 0
+
+
+def template_errors(job: MPIJob, *, default: bool) -> list[FieldError]:
+    """A topology-placed worker template must not name its node: the pod would bypass the
+    scheduler and run there, on GPUs placement may have given to another job."""
+    worker = job.spec.worker
+    if worker is None or not wants_topology(job, default=default):
+        return []
+    if not (worker.template.get("spec") or {}).get("nodeName"):
+        return []
+    path = f"spec.mpiReplicaSpecs[{keys.REPLICA_WORKER}].template.spec.nodeName"
+    return [
+        forbidden(
+            path,
+            "topology-placed workers run on the nodes placement chooses; remove nodeName "
+            f'(or set the annotation {keys.GPU_TOPOLOGY}: "false" to place this job yourself)',
+        )
+    ]
 
 
 def request_of(job: MPIJob) -> JobRequest:

@@ -60,6 +60,11 @@ def invalid(path: str, value: object, detail: str) -> FieldError:
     return FieldError(path, f"Invalid value: {_render(value)}: {detail}")
 
 
+def forbidden(path: str, detail: str) -> FieldError:
+    """apimachinery ``field.Forbidden``."""
+    return FieldError(path, f"Forbidden: {detail}")
+
+
 def not_supported(path: str, value: object, supported: Iterable[str]) -> FieldError:
     """apimachinery ``field.NotSupported``, listing the supported values in sorted order."""
     listed = ", ".join(go_quote(v) for v in sorted(supported))

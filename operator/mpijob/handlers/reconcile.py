@@ -6,7 +6,7 @@ alone (checked before validation, as upstream); a terminating job is left to gar
 an invalid job gets upstream's ``ValidationError`` Warning plus an ``Invalid`` condition naming
 the fields, and is not retried until it changes. Beyond upstream's rules, a job whose hostfile
 could not be stored (the API server's ConfigMap limit) is invalid too, rather than retried
-forever against a 413.
+forever against a 413, and so is a topology-placed worker template naming its own node.
 
 Every read happens first (the caches, our admission's latest decision); then
 :func:`mpijob.desired.sync.plan` and :func:`mpijob.desired.status.next_status` decide, and
@@ -57,6 +57,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             *api.validate(job),
             *podgroup.min_resources_errors(job),
             *config_map.size_errors(job, rt.settings.cluster_domain),
+            *topology.template_errors(job, default=rt.settings.gpu_topology_default),
         ]
     except api.InvalidMPIJob as exc:
         errors = list(exc.errors)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mpijob import keys
+from mpijob import api, keys
 from mpijob.admission import topology
 
 pytestmark = pytest.mark.unit
@@ -39,3 +39,35 @@ def test_an_unbound_pod_holds_nothing_yet() -> None:
     unbound = pod("n0", "0")
     unbound["spec"] = {}
     assert topology.used_by_pods([unbound]) == {}
+
+
+def topology_job(node_name: str = "", *, opted: str = "true") -> Any:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "i", "resources": {"limits": {keys.GPU_RESOURCE: 2}}}]
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {"name": "j", "namespace": "ns", "annotations": {keys.GPU_TOPOLOGY: opted}},
+        "spec": {
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": {"spec": {"containers": [{"name": "l"}]}}},
+                "Worker": {"replicas": 2, "template": {"spec": spec}},
+            }
+        },
+    }
+    return api.with_defaults(api.parse(body))
+
+
+def test_a_topology_worker_template_naming_its_node_is_refused_naming_the_field() -> None:
+    [error] = topology.template_errors(topology_job("dgx-3"), default=False)
+    assert error.path == "spec.mpiReplicaSpecs[Worker].template.spec.nodeName"
+    assert error.message.startswith("Forbidden: ")
+    assert "remove nodeName" in error.message
+
+
+def test_node_name_is_the_users_choice_when_the_job_is_not_topology_placed() -> None:
+    assert topology.template_errors(topology_job("dgx-3", opted="false"), default=True) == []
+    assert topology.template_errors(topology_job(), default=False) == []
