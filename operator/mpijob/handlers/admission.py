@@ -40,7 +40,9 @@ class Admission:
     """Coroutine function writing a metadata patch on an MPIJob."""
     enqueue: Callable[[JobKey], None]
     snapshot: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]], list[api.MPIJob]]]
-    """(opted-in nodes, GPU-annotated pods, every parsed MPIJob) from the caches."""
+    """(opted-in nodes, GPU-annotated pods, MPIJobs holding decisions) from the caches."""
+    live: Callable[[JobKey], api.MPIJob | None]
+    """The job as the cache holds it now; None once it is deleted (or no longer parses)."""
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
     inter_node_gbps: float
@@ -84,7 +86,7 @@ class Admission:
     async def run_pass(self) -> None:
         async with self._lock:
             nodes_raw, pods, jobs = self.snapshot()
-            self._refresh(jobs)
+            self._refresh()
             if not self.waiting:
                 return
             held = [
@@ -129,13 +131,12 @@ class Admission:
                 await self._apply(decision)
             self._gauges()
 
-    def _refresh(self, jobs: Sequence[api.MPIJob]) -> None:
+    def _refresh(self) -> None:
         """Rebuild the line from the live jobs: one deleted (or deleted and created again),
         suspended, finished or already admitted leaves it, so no ghost heads the queue; the
         rest are considered as they are now."""
-        live = {(j.namespace, j.name): j for j in jobs}
         for key, was in list(self.waiting.items()):
-            job = live.get(key)
+            job = self.live(key)
             if (
                 job is None
                 or job.metadata.uid != was.metadata.uid

@@ -143,6 +143,16 @@ class Cache:
         index = self.indices.get("priorities_by_name", {})
         return {name: int(v) for name in index for v in index[name]}
 
+    def job(self, key: JobKey) -> MPIJob | None:
+        """The job as watched now, defaulted; None when it is gone or does not parse."""
+        body = self.job_body(key)
+        if body is None:
+            return None
+        try:
+            return api.with_defaults(api.parse(body))
+        except api.InvalidMPIJob:
+            return None
+
     def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
         """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""
         pods = [

@@ -81,6 +81,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         patch_job=lambda key, patch: kube.patch(keys.API_VERSION, keys.KIND, *key, patch),
         enqueue=rt.workers.enqueue,
         snapshot=rt.cache.placement_snapshot,
+        live=rt.cache.job,
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
     )

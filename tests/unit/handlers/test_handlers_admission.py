@@ -60,10 +60,18 @@ class Harness:
         self.admission = Admission(
             patch_job=self.patch,
             enqueue=self.enqueued.append,
-            snapshot=lambda: ([NODE], [], self.jobs),
+            snapshot=lambda: ([NODE], [], [j for j in self.jobs if self.holds(j)]),
+            live=self.live,
             priority_values=dict,
             inter_node_gbps=25.0,
         )
+
+    @staticmethod
+    def holds(job: api.MPIJob) -> bool:
+        return keys.PLACEMENT_DECISION in (job.metadata.annotations or {})
+
+    def live(self, key: tuple[str, str]) -> api.MPIJob | None:
+        return next((j for j in self.jobs if (j.namespace, j.name) == key), None)
 
     async def patch(self, key: tuple[str, str], patch: dict[str, Any]) -> None:
         self.patched.append(key)
@@ -84,6 +92,10 @@ async def test_a_deleted_head_of_line_leaves_and_the_job_behind_it_is_admitted()
     assert isinstance(last, queue.Wait)
     assert "queued behind ns/head" in last.message
     assert h.patched == []
+    assert set(h.admission.waiting) == {("ns", "head"), ("ns", "behind")}
+    h.enqueued.clear()
+    await h.admission.run_pass()
+    assert h.enqueued == [], "nothing changed: a second pass re-queues no one"
 
     h.jobs.remove(head)  # deleted while it waited
     await h.admission.run_pass()
