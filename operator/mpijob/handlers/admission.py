@@ -4,9 +4,10 @@ Jobs that opt into topology-aware placement wait here until the whole job fits. 
 one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
 the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
 fairly, places each with the placement engine against the GPUs that live pods and earlier
-decisions hold, and then, per job: records an admission on the MPIJob (the decision annotation,
-written before any pod exists, so a restarted operator still knows it), or remembers why it
-waits, or that it timed out. Each decided job is re-queued, and its reconcile turns the outcome
+decisions hold (including decisions this process wrote that the watch has not delivered yet),
+and then, per job: records an admission on the MPIJob (the decision annotation, written before
+any pod exists, so a restarted operator still knows it), or remembers why it waits, or that it
+timed out. Each decided job is re-queued, and its reconcile turns the outcome
 into pods and status. Passes run when a job starts waiting, and every few seconds while any job
 waits, which is when running jobs release GPUs.
 """
@@ -32,6 +33,19 @@ log = logging.getLogger(__name__)
 PASS_INTERVAL_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class Grant:
+    uid: str
+    placement: Placement
+    at: float
+    """``time.monotonic()`` when the decision was written."""
+
+
+#: How long a written decision counts without being seen in the cache; past it (an annotation
+#: removed by hand, a watch that never delivered) the job is placed anew.
+GRANT_SECONDS = 60.0
+
+
 @dataclass
 class Admission:
     """Waiting jobs and the latest decision about each; one per operator process."""
@@ -48,6 +62,9 @@ class Admission:
     inter_node_gbps: float
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
+    granted: dict[JobKey, Grant] = field(default_factory=dict)
+    """Admissions written on the MPIJob whose watch event has not arrived yet: a pass that ran
+    on the cache alone would hand the same GPUs out again."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -62,10 +79,19 @@ class Admission:
     def drop(self, key: JobKey) -> None:
         self.waiting.pop(key, None)
         self.last.pop(key, None)
+        self.granted.pop(key, None)
         self._gauges()
 
     def decision(self, key: JobKey) -> queue.Decision[Placement] | None:
         return self.last.get(key)
+
+    def pending(self, key: JobKey) -> bool:
+        """The job's admission is written but its watch event has not arrived yet."""
+        grant = self.granted.get(key)
+        if grant is not None and time.monotonic() - grant.at > GRANT_SECONDS:
+            self.drop(key)
+            return False
+        return grant is not None
 
     def wake(self) -> None:
         if self.waiting:
@@ -96,6 +122,7 @@ class Admission:
                 and not j.status.finished
                 and not j.spec.suspended
             ]
+            held += self._unseen_grants()
             nodes = topology.node_states(
                 nodes_raw, topology.used_by_pods(pods), topology.used_by_decisions(held)
             )
@@ -131,6 +158,24 @@ class Admission:
                 await self._apply(decision)
             self._gauges()
 
+    def _unseen_grants(self) -> list[topology.Decision]:
+        """Decisions this process wrote that the cache does not show yet."""
+        out = []
+        for key, grant in list(self.granted.items()):
+            job = self.live(key)
+            if (
+                job is None
+                or job.metadata.uid != grant.uid
+                or job.spec.suspended
+                or job.status.finished
+                or topology.load_decision(job) is not None  # seen: counted from the cache
+                or time.monotonic() - grant.at > GRANT_SECONDS
+            ):
+                del self.granted[key]
+                continue
+            out.append(topology.Decision(grant.placement.assignments, grant.placement.ring_gbps))
+        return out
+
     def _refresh(self) -> None:
         """Rebuild the line from the live jobs: one deleted (or deleted and created again),
         suspended, finished or already admitted leaves it, so no ghost heads the queue; the
@@ -152,9 +197,12 @@ class Admission:
     async def _apply(self, decision: queue.Decision[Placement]) -> None:
         key = (decision.job.namespace, decision.job.name)
         previous = self.last.get(key)
+        if isinstance(decision, queue.Admit):
+            # Written first: a failed write leaves the job waiting, never half admitted.
+            await self.patch_job(key, topology.decision_patch(decision.placement))
+            self.granted[key] = Grant(decision.job.uid, decision.placement, time.monotonic())
         self.last[key] = decision
         if isinstance(decision, queue.Admit):
-            await self.patch_job(key, topology.decision_patch(decision.placement))
             metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)
             self.waiting.pop(key, None)
             log.info("Admitted MPIJob %s/%s: %s", *key, decision.placement.summary)

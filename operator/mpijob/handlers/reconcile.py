@@ -197,6 +197,8 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
             placement=topology.pod_placements(decision, states),
             outcome=outcome.outcome(queue.Admit(waiting, decision), now=now),
         )
+    if rt.admission.pending(key):
+        return Gate(admitted=False)  # admitted; the watch event with the decision is on its way
     last = rt.admission.decision(key)
     if isinstance(last, queue.TimedOut):
         return Gate(admitted=False, outcome=outcome.outcome(last, now=now))

@@ -117,3 +117,43 @@ async def test_a_suspended_or_recreated_waiting_job_leaves_the_line(change: str)
     await h.admission.run_pass()
     assert h.admission.waiting == {}
     assert ("ns", "head") in h.enqueued
+
+
+async def test_a_pass_before_the_watch_delivers_an_admission_does_not_hand_its_gpus_out() -> None:
+    """Two passes, the cache still without the first job's decision: the second job waits."""
+    first = topology_job("first", "2026-01-01T00:01:00Z", 8)
+    second = topology_job("second", "2026-01-01T00:02:00Z", 8)
+    h = Harness(first, second)
+    h.admission.want(("ns", "first"), first)
+    await h.admission.run_pass()
+    assert h.patched == [("ns", "first")]
+    assert h.admission.pending(("ns", "first"))
+
+    h.admission.want(("ns", "second"), second)  # arrived while the first pass wrote
+    await h.admission.run_pass()
+    assert h.patched == [("ns", "first")], "the second job got GPUs the first already holds"
+    assert isinstance(h.admission.decision(("ns", "second")), queue.Wait)
+
+    # The watch catches up: the cache is the truth again.
+    first.metadata.annotations[keys.PLACEMENT_DECISION] = (
+        '{"v":1,"ring":100,"workers":[["dgx-0",[0,1,2,3,4,5,6,7]]]}'
+    )
+    await h.admission.run_pass()
+    assert h.admission.granted == {}
+    assert h.patched == [("ns", "first")]
+
+
+async def test_a_failed_decision_write_leaves_the_job_waiting_not_half_admitted() -> None:
+    job = topology_job("a", "2026-01-01T00:01:00Z", 2)
+    h = Harness(job)
+
+    async def refuse(key: tuple[str, str], patch: dict[str, Any]) -> None:
+        raise RuntimeError("the API server is down")
+
+    h.admission.patch_job = refuse
+    h.admission.want(("ns", "a"), job)
+    with pytest.raises(RuntimeError):
+        await h.admission.run_pass()
+    assert ("ns", "a") in h.admission.waiting
+    assert h.admission.decision(("ns", "a")) is None
+    assert not h.admission.pending(("ns", "a"))
