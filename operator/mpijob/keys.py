@@ -133,6 +133,8 @@ SIM_FAIL_AFTER: Final = PREFIX + "sim-fail-after"
 SIM_FAIL_REASON: Final = PREFIX + "sim-fail-reason"
 #: On a pod: a Go duration; the pod runs unready for that long, then becomes Ready.
 SIM_READY_AFTER: Final = PREFIX + "sim-ready-after"
+#: On a pod: a Go duration; once deleted, the pod stays terminating that long.
+SIM_TERMINATE_AFTER: Final = PREFIX + "sim-terminate-after"
 
 # --- Our gang admission (clusters without a gang scheduler) ----------------------------------
 #: Condition type: False while the job waits for its whole gang to fit, True once admitted.
