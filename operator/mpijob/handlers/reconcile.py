@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from mpijob import api, keys, metrics
 from mpijob.admission import outcome, queue, topology
 from mpijob.api import JSON, JobKey
+from mpijob.api.errors import FieldError
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
@@ -30,6 +31,7 @@ from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import OwnershipError
+from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         return
     if meta.get("deletionTimestamp"):
         return
-    try:
-        job = api.with_defaults(api.parse(body))
-        errors = [
-            *api.validate(job),
-            *podgroup.min_resources_errors(job),
-            *config_map.size_errors(job, rt.settings.cluster_domain),
-            *topology.template_errors(job, default=rt.settings.gpu_topology_default),
-        ]
-    except api.InvalidMPIJob as exc:
-        errors = list(exc.errors)
-    if errors:
+    job, errors = checked(body, rt.settings)
+    if job is None or errors:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return
 
@@ -96,6 +89,21 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         rt.recorder.post(body, event)
     for counter in result.counters:
         COUNTERS[counter].inc()
+
+
+def checked(body: JSON, settings: OperatorSettings) -> tuple[api.MPIJob | None, list[FieldError]]:
+    """The defaulted job and every reason the operator refuses it: upstream's rules, then ours
+    (quantities a PodGroup needs, the hostfile's size, placed workers naming their node)."""
+    try:
+        job = api.with_defaults(api.parse(body))
+    except api.InvalidMPIJob as exc:
+        return None, list(exc.errors)
+    return job, [
+        *api.validate(job),
+        *podgroup.min_resources_errors(job),
+        *config_map.size_errors(job, settings.cluster_domain),
+        *topology.template_errors(job, default=settings.gpu_topology_default),
+    ]
 
 
 # --- actions -------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Every malformed MPIJob under tests/data/invalid is refused, naming the offending field.
 
 Each fixture's header says who must refuse it: ``apiserver`` (our CRD's schema or CEL rules) or
-``operator`` (parsing and validation). The operator must refuse its own share; it refuses the
-API server's share too, so that jobs stored under upstream's CRD get the same verdict.
+``operator`` (parsing, validation and the operator's own rules, as the reconcile checks them).
+The operator must refuse its own share; it refuses the API server's share too, so that jobs
+stored under upstream's CRD get the same verdict.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 import yaml
 
 from mpijob import api
+from mpijob.handlers import reconcile
+from mpijob.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 
@@ -35,13 +38,8 @@ def _expectation(path: Path) -> tuple[str, str]:
 
 def _operator_verdict(path: Path) -> str | None:
     """The operator's error message for the fixture, or None if it would run the job."""
-    body = yaml.safe_load(path.read_text())
-    try:
-        job = api.parse(body)
-    except api.InvalidMPIJob as exc:
-        return exc.message
-    errors = api.validate(api.with_defaults(job))
-    return api.validation_message(errors) if errors else None
+    job, errors = reconcile.checked(yaml.safe_load(path.read_text()), OperatorSettings())
+    return api.validation_message(errors) if job is None or errors else None
 
 
 def _dotted(text: str) -> str:
