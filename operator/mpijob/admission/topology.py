@@ -2,7 +2,8 @@
 
 The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
 
-- which jobs are placed topology-aware, and what they ask for (:func:`request_of`);
+- which jobs are placed topology-aware, and what they ask for (:func:`request_of`); a placed
+  worker's template may not name its node (:func:`template_errors`);
 - which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from
   unfinished pods' ``mpijob.io/gpu-ids`` (terminating ones included) and from the decisions of
   admitted jobs whose pods may not exist yet;

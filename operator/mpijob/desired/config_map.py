@@ -3,6 +3,7 @@
 The hostfile lists every desired host (so it follows scaling); ``discover_hosts.sh`` lists the
 worker pods that are Running right now (so elastic Horovod follows them). Recomputed by the
 reconcile loop on every sync of an unfinished job, and updated whenever ``data`` differs.
+:func:`size_errors` refuses a job whose data would exceed what the API server stores.
 """
 
 from __future__ import annotations
