@@ -147,3 +147,6 @@ REASON_GANG_ADMITTED: Final = "GangAdmitted"
 #: ``Failed=True`` (and ``GangAdmitted=False``) when ``scheduleTimeoutSeconds`` passed while
 #: waiting; also the Warning Event's reason.
 REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
+#: ``GangAdmitted=False`` and a Warning Event: the job fits, but the API server refuses to store
+#: its placement decision on the MPIJob (e.g. its annotations are near their size limit).
+REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"

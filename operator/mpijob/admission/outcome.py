@@ -7,6 +7,8 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
   NVLink ring: 2") or which job it is queued behind.
 * ``GangAdmitted=True``, reason ``GangAdmitted``: the job was admitted and its pods are created.
   A Normal Event ``GangAdmitted`` says so once.
+* ``GangAdmitted=False``, reason ``PlacementNotRecorded``, and a Warning Event: the job fits but
+  the API server refused its decision (the message quotes it, naming the field and limit).
 * On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).
@@ -36,6 +38,12 @@ def outcome(decision: Decision[Any], *, now: datetime) -> AdmissionOutcome:
         return AdmissionOutcome(
             [ConditionChange(keys.COND_GANG_ADMITTED, "True", keys.REASON_GANG_ADMITTED, message)],
             events.normal(keys.REASON_GANG_ADMITTED, message),
+        )
+    if isinstance(decision, Wait) and decision.refused:
+        reason = keys.REASON_DECISION_REFUSED
+        return AdmissionOutcome(
+            [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
+            events.warning(reason, decision.message),
         )
     if isinstance(decision, Wait):
         return AdmissionOutcome(

@@ -94,6 +94,8 @@ class Wait:
     message: str
     behind: WaitingJob | None = None
     """The job ahead of it in its pool that does not fit yet, when that is the reason."""
+    refused: bool = False
+    """It fits, but its decision could not be recorded: only its owner can fix that."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 from mpijob import api, metrics
 from mpijob.admission import queue, topology
 from mpijob.api import JobKey
+from mpijob.handlers.kube import ApiError
 from mpijob.placement.job import Placement, claim, place_job
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,19 @@ class Admission:
         previous = self.last.get(key)
         if isinstance(decision, queue.Admit):
             # Written first: a failed write leaves the job waiting, never half admitted.
-            await self.patch_job(key, topology.decision_patch(decision.placement))
-            self.granted[key] = Grant(decision.job.uid, decision.placement, time.monotonic())
+            try:
+                await self.patch_job(key, topology.decision_patch(decision.placement))
+            except ApiError as e:
+                if e.not_found:  # deleted meanwhile
+                    self.drop(key)
+                    return
+                if e.status not in (400, 422):
+                    raise  # the API is in trouble: the next pass retries
+                # This job's own object refuses it: tell its owner, and admit the others.
+                message = f"the job fits, but its placement could not be recorded: {e.message}"
+                decision = queue.Wait(decision.job, message, refused=True)
+            else:
+                self.granted[key] = Grant(decision.job.uid, decision.placement, time.monotonic())
         self.last[key] = decision
         if isinstance(decision, queue.Admit):
             metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import queue
+from mpijob.admission import outcome, queue
 from mpijob.handlers.admission import Admission
+from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, topologies
 
 pytestmark = pytest.mark.unit
@@ -157,3 +159,34 @@ async def test_a_failed_decision_write_leaves_the_job_waiting_not_half_admitted(
     assert ("ns", "a") in h.admission.waiting
     assert h.admission.decision(("ns", "a")) is None
     assert not h.admission.pending(("ns", "a"))
+
+
+async def test_a_job_whose_decision_the_api_refuses_says_so_and_the_rest_are_admitted() -> None:
+    crowded = topology_job("crowded", "2026-01-01T00:01:00Z", 2)
+    other = topology_job("other", "2026-01-01T00:02:00Z", 2)
+    h = Harness(crowded, other)
+    too_long = "metadata.annotations: Too long: must have at most 262144 bytes"
+
+    async def patch(key: tuple[str, str], patch: dict[str, Any]) -> None:
+        if key == ("ns", "crowded"):
+            raise ApiError(422, "Invalid", f'MPIJob.kubeflow.org "crowded" is invalid: {too_long}')
+        h.patched.append(key)
+
+    h.admission.patch_job = patch
+    h.admission.want(("ns", "crowded"), crowded)
+    h.admission.want(("ns", "other"), other)
+    await h.admission.run_pass()
+    refused = h.admission.decision(("ns", "crowded"))
+    assert isinstance(refused, queue.Wait)
+    assert refused.refused
+    assert too_long in refused.message
+    assert not h.admission.pending(("ns", "crowded"))
+    assert h.patched == [("ns", "other")]
+
+    said = outcome.outcome(refused, now=datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
+    assert [(c.type, c.status, c.reason) for c in said.conditions] == [
+        (keys.COND_GANG_ADMITTED, "False", keys.REASON_DECISION_REFUSED)
+    ]
+    assert said.event is not None
+    assert said.event.type == "Warning"
+    assert too_long in said.event.message
