@@ -1,5 +1,6 @@
-"""Our admission cannot be stalled: a deleted waiting job leaves the line at once, and GPUs of a
-pod that is still terminating are not handed out until it is gone."""
+"""Our admission cannot be stalled or fooled: a deleted waiting job leaves the line at once, GPUs
+of a pod that is still terminating are not handed out until it is gone, and a job whose decision
+the API server refuses says so without holding up the jobs behind it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from support.wait import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
+#: The API server's limit on an object's annotations, keys and values together.
+ANNOTATIONS_LIMIT = 256 * 1024
 
 
 def topology_job(name: str, workers: int, gpus: int) -> dict[str, Any]:
@@ -82,3 +85,30 @@ def test_gpus_of_a_terminating_pod_are_not_given_away_until_it_is_gone(
         what="the four workers",
     )
     assert {p.spec.node_name for p in pods} == {f"gpu-node-{i}" for i in range(4)}
+
+
+def test_a_job_whose_decision_cannot_be_stored_says_so_and_stalls_no_one(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    blob_key = "example.com/blob"
+    room = ANNOTATIONS_LIMIT - len(keys.GPU_TOPOLOGY) - len("true") - len(blob_key)
+    crowded = topology_job("crowded", workers=1, gpus=2)
+    crowded["metadata"]["annotations"][blob_key] = "x" * (room - 10)  # the decision needs more
+    mpijobs.create(crowded)
+    time.sleep(1.1)  # "other" is younger: it comes after "crowded" in the admission order
+    mpijobs.create(topology_job("other", workers=1, gpus=2))
+
+    wait_until(
+        lambda: (
+            (mpijobs.condition("crowded", keys.COND_GANG_ADMITTED) or {}).get("reason")
+            == keys.REASON_DECISION_REFUSED
+        ),
+        what="crowded to say its placement could not be recorded",
+    )
+    refused = mpijobs.condition("crowded", keys.COND_GANG_ADMITTED) or {}
+    assert "metadata.annotations" in refused["message"]
+    assert "262144" in refused["message"]
+    event = mpijobs.wait_event("crowded", keys.REASON_DECISION_REFUSED)
+    assert event["type"] == "Warning"
+    mpijobs.wait_condition("other", keys.COND_GANG_ADMITTED, status="True", timeout=30)
+    assert not worker_pods(crds, namespace, "crowded")
