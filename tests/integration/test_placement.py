@@ -128,6 +128,33 @@ def test_after_a_restart_a_new_job_avoids_gpus_in_use(
         assert not gpus & before.get(node, set())
 
 
+def test_placement_honours_the_worker_templates_node_selector_and_affinity(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    job = topology_job("picky", workers=2, gpus=2)
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "In",
+                                "values": ["gpu-node-2", "gpu-node-3"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    worker["nodeSelector"] = {"kubernetes.io/hostname": "gpu-node-3"}
+    mpijobs.create(job)
+    assert set(gpus_of(workers(crds, namespace, "picky", 2))) == {"gpu-node-3"}
+
+
 def test_a_job_that_cannot_fit_waits_with_a_message(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:

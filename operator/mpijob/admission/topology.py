@@ -2,7 +2,8 @@
 
 The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
 
-- which jobs are placed topology-aware, and what they ask for (:func:`request_of`); a placed
+- which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
+  nodes their worker template's selector and node affinity admit (:func:`eligible`); a placed
   worker's template may not name its node (:func:`template_errors`);
 - which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from
   unfinished pods' ``mpijob.io/gpu-ids`` (terminating ones included) and from the decisions of
@@ -65,6 +66,57 @@ def template_errors(job: MPIJob, *, default: bool) -> list[FieldError]:
             f'(or set the annotation {keys.GPU_TOPOLOGY}: "false" to place this job yourself)',
         )
     ]
+
+
+def eligible(job: MPIJob, node: Mapping[str, Any]) -> bool:
+    """Whether the worker template's ``nodeSelector`` and required node affinity admit ``node``.
+
+    Placement honours them, so a decision never contradicts the template (the pod would stay
+    Pending on the node placement chose for it). Terms are ORed, expressions within a term
+    ANDed, as the scheduler reads them; taints are the scheduler's business.
+    """
+    worker = job.spec.worker
+    spec = ((worker.template if worker is not None else {}).get("spec")) or {}
+    meta = node.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    selector: Mapping[str, str] = spec.get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    fields = {"metadata.name": str(meta.get("name") or "")}
+    return any(
+        all(_matches(labels, e) for e in term.get("matchExpressions") or [])
+        and all(_matches(fields, e) for e in term.get("matchFields") or [])
+        and (term.get("matchExpressions") or term.get("matchFields"))
+        for term in terms
+    )
+
+
+def _matches(values: Mapping[str, str], expression: Mapping[str, Any]) -> bool:
+    key, op = expression.get("key", ""), expression.get("operator", "")
+    wanted = [str(v) for v in expression.get("values") or []]
+    present = key in values
+    match op:
+        case "In":
+            return present and values[key] in wanted
+        case "NotIn":
+            return not present or values[key] not in wanted
+        case "Exists":
+            return present
+        case "DoesNotExist":
+            return not present
+        case "Gt" | "Lt":
+            try:
+                have, bound = int(values[key]), int(wanted[0])
+            except (KeyError, IndexError, ValueError):
+                return False
+            return have > bound if op == "Gt" else have < bound
+    return False
 
 
 def request_of(job: MPIJob) -> JobRequest:

@@ -27,11 +27,14 @@ from mpijob import api, metrics
 from mpijob.admission import queue, topology
 from mpijob.api import JobKey
 from mpijob.handlers.kube import ApiError
-from mpijob.placement.job import Placement, claim, place_job
+from mpijob.placement.job import NoFit, Placement, claim, place_job
 
 log = logging.getLogger(__name__)
 
 PASS_INTERVAL_SECONDS = 2.0
+NO_ELIGIBLE_NODE = (
+    "no opted-in node matches the worker template's nodeSelector and required node affinity"
+)
 
 
 @dataclass(frozen=True)
@@ -131,12 +134,20 @@ class Admission:
             values = self.priority_values()
             by_uid = {}
             waiting = []
+            # Each job is placed only on the nodes its worker template admits.
+            allowed: dict[str, set[str]] = {}
             for job in self.waiting.values():
                 if job.metadata.creation_timestamp is None:
                     continue
+                allowed[job.metadata.uid] = {
+                    str((n.get("metadata") or {}).get("name"))
+                    for n in nodes_raw
+                    if topology.eligible(job, n)
+                }
+                own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
                 fits_empty = isinstance(
                     place_job(
-                        topology.request_of(job), empty, inter_node_gbps=self.inter_node_gbps
+                        topology.request_of(job), own_empty, inter_node_gbps=self.inter_node_gbps
                     ),
                     Placement,
                 )
@@ -148,6 +159,9 @@ class Admission:
                 free = nodes
                 for g in granted:
                     free = list(claim(free, g))
+                free = [n for n in free if n.name in allowed[w.uid]]
+                if not allowed[w.uid]:
+                    return NoFit(NO_ELIGIBLE_NODE)
                 started = time.perf_counter()
                 result = place_job(
                     topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps

@@ -54,15 +54,20 @@ def topology_job(name: str, created: str, gpus: int, **spec: Any) -> api.MPIJob:
     return api.with_defaults(api.parse(body))
 
 
+def labelled(name: str, **labels: str) -> dict[str, Any]:
+    meta = NODE["metadata"]
+    return {**NODE, "metadata": {**meta, "name": name, "labels": {**meta["labels"], **labels}}}
+
+
 class Harness:
-    def __init__(self, *jobs: api.MPIJob) -> None:
+    def __init__(self, *jobs: api.MPIJob, nodes: list[dict[str, Any]] | None = None) -> None:
         self.jobs = list(jobs)
         self.patched: list[tuple[str, str]] = []
         self.enqueued: list[tuple[str, str]] = []
         self.admission = Admission(
             patch_job=self.patch,
             enqueue=self.enqueued.append,
-            snapshot=lambda: ([NODE], [], [j for j in self.jobs if self.holds(j)]),
+            snapshot=lambda: (nodes or [NODE], [], [j for j in self.jobs if self.holds(j)]),
             live=self.live,
             priority_values=dict,
             inter_node_gbps=25.0,
@@ -190,3 +195,27 @@ async def test_a_job_whose_decision_the_api_refuses_says_so_and_the_rest_are_adm
     assert said.event is not None
     assert said.event.type == "Warning"
     assert too_long in said.event.message
+
+
+async def test_placement_uses_only_the_nodes_the_worker_template_admits() -> None:
+    picky = topology_job("picky", "2026-01-01T00:01:00Z", 2)
+    assert picky.spec.worker is not None
+    picky.spec.worker.template["spec"]["nodeSelector"] = {"pool": "b"}
+    nowhere = topology_job("nowhere", "2026-01-01T00:02:00Z", 2)
+    assert nowhere.spec.worker is not None
+    nowhere.spec.worker.template["spec"]["nodeSelector"] = {"pool": "c"}
+    anywhere = topology_job("anywhere", "2026-01-01T00:03:00Z", 2)
+    h = Harness(
+        picky, nowhere, anywhere, nodes=[labelled("a-0", pool="a"), labelled("b-0", pool="b")]
+    )
+    for job in (picky, nowhere, anywhere):
+        h.admission.want((job.namespace, job.name), job)
+    await h.admission.run_pass()
+
+    admitted = h.admission.decision(("ns", "picky"))
+    assert isinstance(admitted, queue.Admit)
+    assert {a.node for a in admitted.placement.assignments} == {"b-0"}
+    refused = h.admission.decision(("ns", "nowhere"))
+    assert isinstance(refused, queue.Wait)
+    assert "nodeSelector" in refused.message
+    assert isinstance(h.admission.decision(("ns", "anywhere")), queue.Admit), "blocks no one"
