@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -101,6 +102,8 @@ class State:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
+    stages: str = ""
+    """Digest of the kwok stages the cluster runs: a changed file needs a restart to count."""
 
     @classmethod
     def load(cls) -> State | None:
@@ -124,6 +127,10 @@ def alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     return True
+
+
+def stages_digest() -> str:
+    return hashlib.sha256((HACK / "kwok/stages.yaml").read_bytes()).hexdigest()
 
 
 def server_url(state: State) -> str:
@@ -422,6 +429,10 @@ def up(
 def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
     t0 = time.monotonic()
     state = State.load()
+    if state and healthy(state) and state.stages != stages_digest():
+        say("hack/kwok/stages.yaml changed since the cluster started; restarting it")
+        down(quiet=True)
+        state = None
     if state and healthy(state):
         say(f"already running at {server_url(state)}")
         tokens = (state_dir() / "pki" / "tokens.csv").read_text() if users else ""
@@ -464,6 +475,7 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             )
         },
         started_at=time.time(),
+        stages=stages_digest(),
     )
     p = state.ports
     kubeconfig = sd / "kubeconfig"
