@@ -65,21 +65,21 @@ def _digits_total(count: int) -> int:
 
 def data_bytes(job: MPIJob, cluster_domain: str = "") -> int:
     """The size the ConfigMap's data reaches once every worker runs, counted, not built: a job
-    asking for millions of workers must not make the operator write millions of lines."""
+    asking for millions of workers must not make the operator write millions of lines.
+
+    Each host's name appears twice, once in the hostfile and once in discover_hosts.sh.
+    """
     workers = max(job.spec.worker_replicas, 0)
-    host = fqdn(job, f"{names.worker_name(job, 0)[:-1]}", cluster_domain)
     slots = job.spec.slots_per_worker if job.spec.slots_per_worker is not None else 1
-    if job.spec.mpi_implementation == keys.IMPL_OPENMPI:
-        per_line = len(host) + len(f" slots={slots}\n")
-    else:
-        per_line = len(host) + len(f":{slots}\n")
-    per_echo = len("echo ") + len(host) + len("\n")
-    digits = _digits_total(workers)
-    size = workers * (per_line + per_echo) + 2 * digits + len("#!/bin/sh\n")
+    tail = (
+        f" slots={slots}\n" if job.spec.mpi_implementation == keys.IMPL_OPENMPI else f":{slots}\n"
+    )
+    per_host = len(tail) + len("echo \n")
+    stem = len(fqdn(job, names.worker_name(job, 0), cluster_domain)) - len("0")
+    size = workers * (2 * stem + per_host) + 2 * _digits_total(workers)
     if job.spec.launcher_is_worker:
-        launcher = fqdn(job, names.launcher_name(job), cluster_domain)
-        size += len(launcher) + per_line - len(host) + len("echo ") + len(launcher) + 1
-    return size + len(HOSTFILE_KEY) + len(DISCOVER_HOSTS_KEY)
+        size += 2 * len(fqdn(job, names.launcher_name(job), cluster_domain)) + per_host
+    return size + len("#!/bin/sh\n") + len(HOSTFILE_KEY) + len(DISCOVER_HOSTS_KEY)
 
 
 def size_errors(job: MPIJob, cluster_domain: str = "") -> list[FieldError]:

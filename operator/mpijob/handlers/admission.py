@@ -44,6 +44,9 @@ class Grant:
     at: float
     """``time.monotonic()`` when the decision was written."""
 
+    def expired(self) -> bool:
+        return time.monotonic() - self.at > GRANT_SECONDS
+
 
 #: How long a written decision counts without being seen in the cache; past it (an annotation
 #: removed by hand, a watch that never delivered) the job is placed anew.
@@ -92,7 +95,7 @@ class Admission:
     def pending(self, key: JobKey) -> bool:
         """The job's admission is written but its watch event has not arrived yet."""
         grant = self.granted.get(key)
-        if grant is not None and time.monotonic() - grant.at > GRANT_SECONDS:
+        if grant is not None and grant.expired():
             self.drop(key)
             return False
         return grant is not None
@@ -159,9 +162,9 @@ class Admission:
                 free = nodes
                 for g in granted:
                     free = list(claim(free, g))
-                free = [n for n in free if n.name in allowed[w.uid]]
                 if not allowed[w.uid]:
                     return NoFit(NO_ELIGIBLE_NODE)
+                free = [n for n in free if n.name in allowed[w.uid]]
                 started = time.perf_counter()
                 result = place_job(
                     topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps
@@ -173,37 +176,39 @@ class Admission:
                 await self._apply(decision)
             self._gauges()
 
+    def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
+        """The job as it is now, if it is still the same job and still without a decision in
+        the cache; None once it was deleted (or recreated), suspended, finished or admitted."""
+        job = self.live(key)
+        if (
+            job is None
+            or job.metadata.uid != uid
+            or job.spec.suspended
+            or job.status.finished
+            or topology.load_decision(job) is not None
+        ):
+            return None
+        return job
+
     def _unseen_grants(self) -> list[topology.Decision]:
-        """Decisions this process wrote that the cache does not show yet."""
+        """Decisions this process wrote that the cache does not show yet (once it does, they
+        are counted from the cache)."""
         out = []
         for key, grant in list(self.granted.items()):
-            job = self.live(key)
-            if (
-                job is None
-                or job.metadata.uid != grant.uid
-                or job.spec.suspended
-                or job.status.finished
-                or topology.load_decision(job) is not None  # seen: counted from the cache
-                or time.monotonic() - grant.at > GRANT_SECONDS
-            ):
+            if grant.expired() or self._current(key, grant.uid) is None:
                 del self.granted[key]
-                continue
-            out.append(topology.Decision(grant.placement.assignments, grant.placement.ring_gbps))
+            else:
+                out.append(
+                    topology.Decision(grant.placement.assignments, grant.placement.ring_gbps)
+                )
         return out
 
     def _refresh(self) -> None:
-        """Rebuild the line from the live jobs: one deleted (or deleted and created again),
-        suspended, finished or already admitted leaves it, so no ghost heads the queue; the
-        rest are considered as they are now."""
+        """Rebuild the line from the live jobs, so no ghost heads the queue; the rest are
+        considered as they are now."""
         for key, was in list(self.waiting.items()):
-            job = self.live(key)
-            if (
-                job is None
-                or job.metadata.uid != was.metadata.uid
-                or job.spec.suspended
-                or job.status.finished
-                or topology.load_decision(job) is not None
-            ):
+            job = self._current(key, was.metadata.uid)
+            if job is None:
                 self.drop(key)
                 self.enqueue(key)  # its reconcile states where it stands now
             else:

@@ -12,6 +12,9 @@ bounded by what it remembers:
 - **our last status write**, until the MPIJob's watch event carries it, so that a sync right
   after a write never computes from the stale status.
 
+It also keeps the parsed model of each job's latest version (:meth:`Cache.job`), for our
+admission's passes; a new version replaces it, a deleted job drops it.
+
 Created in ``on.startup``; read and fed by the reconciler and the watch handlers.
 """
 
@@ -47,6 +50,9 @@ class Cache:
     """Per job: (kind, name) -> (when created, the object the API returned)."""
     written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
     """Per job: (the resourceVersion our last status write replaced, the body it returned)."""
+    parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
+    """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
+    for every waiting job every few seconds, and most have not changed since."""
 
     # --- the MPIJob --------------------------------------------------------------------------
 
@@ -117,6 +123,7 @@ class Cache:
         """Drop every memory of a deleted job."""
         self.expected.pop(key, None)
         self.written.pop(key, None)
+        self.parsed.pop(key, None)
 
     def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
         pending = self.expected.get(key)
@@ -147,11 +154,18 @@ class Cache:
         """The job as watched now, defaulted; None when it is gone or does not parse."""
         body = self.job_body(key)
         if body is None:
+            self.parsed.pop(key, None)
             return None
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        memo = self.parsed.get(key)
+        if memo is not None and version and memo[0] == version:
+            return memo[1]
         try:
-            return api.with_defaults(api.parse(body))
+            job: MPIJob | None = api.with_defaults(api.parse(body))
         except api.InvalidMPIJob:
-            return None
+            job = None
+        self.parsed[key] = (version, job)
+        return job
 
     def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
         """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""

@@ -10,6 +10,7 @@ import pytest
 from mpijob import api, keys
 from mpijob.admission import outcome, queue
 from mpijob.handlers.admission import Admission
+from mpijob.handlers.cache import Cache
 from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, topologies
 
@@ -219,3 +220,26 @@ async def test_placement_uses_only_the_nodes_the_worker_template_admits() -> Non
     assert isinstance(refused, queue.Wait)
     assert "nodeSelector" in refused.message
     assert isinstance(h.admission.decision(("ns", "anywhere")), queue.Admit), "blocks no one"
+
+
+def test_the_cache_parses_a_job_once_per_version() -> None:
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "resourceVersion": "1"},
+        "spec": {"mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": {}}}},
+    }
+    cache = Cache(indices={"mpijobs_by_key": {("ns", "j"): [body]}})
+    first = cache.job(("ns", "j"))
+    assert first is not None
+    assert cache.job(("ns", "j")) is first
+    cache.indices["mpijobs_by_key"][("ns", "j")] = [
+        {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "spec": {}}
+    ]
+    second = cache.job(("ns", "j"))
+    assert second is not first
+    assert second is not None
+    assert second.spec.mpi_replica_specs is None
+    cache.indices["mpijobs_by_key"].clear()
+    assert cache.job(("ns", "j")) is None
+    assert cache.parsed == {}
