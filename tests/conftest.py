@@ -51,10 +51,15 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def crds(cluster: Cluster) -> Cluster:
-    """The MPIJob CRD from crds/, installed (server-side apply) and Established."""
+    """The CRDs from crds/ (MPIJob, PlacementDecision), installed (server-side apply) and
+    Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/mpijobs.kubeflow.org"
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/mpijobs.kubeflow.org",
+        "crd/placementdecisions.mpijob.io",
     )
     return cluster
 

@@ -156,4 +156,7 @@ def run(**opts: object) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for many in ("namespaces", "controller_names"):
         opts[many] = tuple(cast("tuple[str, ...]", opts[many]) or ())
-    startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]
+    try:
+        startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]
+    except startup.MissingCRD as e:
+        raise click.ClickException(str(e)) from None

@@ -109,11 +109,15 @@ GPU_IDS: Final = PREFIX + "gpu-ids"
 GPU_UUIDS: Final = PREFIX + "gpu-uuids"
 #: On a placed worker pod: the job's ring bottleneck bandwidth, GB/s per direction.
 RING_BANDWIDTH: Final = PREFIX + "ring-bandwidth"
-#: On an MPIJob: a one-line summary of the placement decision, for people.
-PLACEMENT: Final = PREFIX + "placement"
-#: On an MPIJob: the placement decision as compact JSON (``{"v":1,"ring":..,"workers":[[node,
-#: [gpu,..]],..]}``): the GPUs it holds, readable by a restarted operator before pods exist.
-PLACEMENT_DECISION: Final = PREFIX + "placement-decision"
+# --- Placement decisions: the operator's own record (crds/mpijob.io_placementdecisions.yaml) ---
+#: A PlacementDecision lives in its MPIJob's namespace under the job's name. Only the operator
+#: writes it (the user roles grant no write), so placement believes it; annotations a user can
+#: write on MPIJobs and pods are never believed for GPU accounting.
+DECISION_GROUP: Final = "mpijob.io"
+DECISION_VERSION: Final = "v1alpha1"
+DECISION_API_VERSION: Final = f"{DECISION_GROUP}/{DECISION_VERSION}"
+DECISION_KIND: Final = "PlacementDecision"
+DECISION_PLURAL: Final = "placementdecisions"
 
 #: Node label that opts a node into topology-aware placement (the value ``topology``);
 #: ``default`` leaves the node to ordinary scheduling. Kept as the established key.
@@ -147,6 +151,6 @@ REASON_GANG_ADMITTED: Final = "GangAdmitted"
 #: ``Failed=True`` (and ``GangAdmitted=False``) when ``scheduleTimeoutSeconds`` passed while
 #: waiting; also the Warning Event's reason.
 REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
-#: ``GangAdmitted=False`` and a Warning Event: the job fits, but the API server refuses to store
-#: its placement decision on the MPIJob (e.g. its annotations are near their size limit).
+#: ``GangAdmitted=False`` and a Warning Event: the job fits, but its PlacementDecision cannot be
+#: stored (the API server refuses it, or an earlier same-named job's decision is still held).
 REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"

@@ -87,28 +87,18 @@ def test_gpus_of_a_terminating_pod_are_not_given_away_until_it_is_gone(
     assert {p.spec.node_name for p in pods} == {f"gpu-node-{i}" for i in range(4)}
 
 
-def test_a_job_whose_decision_cannot_be_stored_says_so_and_stalls_no_one(
+def test_a_job_with_annotations_near_their_limit_is_admitted_its_decision_lives_apart(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:
+    """Decisions were once annotations on the MPIJob, and a job with no room left stalled;
+    a PlacementDecision needs no room on the job."""
     blob_key = "example.com/blob"
     room = ANNOTATIONS_LIMIT - len(keys.GPU_TOPOLOGY) - len("true") - len(blob_key)
     crowded = topology_job("crowded", workers=1, gpus=2)
-    crowded["metadata"]["annotations"][blob_key] = "x" * (room - 10)  # the decision needs more
+    crowded["metadata"]["annotations"][blob_key] = "x" * (room - 10)
     mpijobs.create(crowded)
-    time.sleep(1.1)  # "other" is younger: it comes after "crowded" in the admission order
-    mpijobs.create(topology_job("other", workers=1, gpus=2))
-
-    wait_until(
-        lambda: (
-            (mpijobs.condition("crowded", keys.COND_GANG_ADMITTED) or {}).get("reason")
-            == keys.REASON_DECISION_REFUSED
-        ),
-        what="crowded to say its placement could not be recorded",
-    )
-    refused = mpijobs.condition("crowded", keys.COND_GANG_ADMITTED) or {}
-    assert "metadata.annotations" in refused["message"]
-    assert "262144" in refused["message"]
-    event = mpijobs.wait_event("crowded", keys.REASON_DECISION_REFUSED)
-    assert event["type"] == "Warning"
-    mpijobs.wait_condition("other", keys.COND_GANG_ADMITTED, status="True", timeout=30)
-    assert not worker_pods(crds, namespace, "crowded")
+    mpijobs.wait_condition("crowded", keys.COND_GANG_ADMITTED, status="True", timeout=30)
+    decision = mpijobs.decision("crowded")
+    assert decision is not None
+    assert decision["spec"]["job"]["uid"] == mpijobs.get("crowded")["metadata"]["uid"]
+    wait_until(lambda: len(worker_pods(crds, namespace, "crowded")) == 1, what="the worker")

@@ -207,7 +207,7 @@ def test_a_job_waiting_past_its_timeout_fails_and_holds_nothing(
     warning = mpijobs.wait_event("late", "GangScheduleTimeout")
     assert warning["type"] == "Warning"
     assert not job_pods(crds, namespace, "late")
-    assert keys.PLACEMENT_DECISION not in (mpijobs.get("late")["metadata"].get("annotations") or {})
+    assert mpijobs.decision("late") is None
 
 
 def test_wait_for_workers_ready_under_our_admission_completes(

@@ -120,7 +120,11 @@ def installed(cluster: Cluster) -> Cluster:
         "apply", "--server-side", "--force-conflicts", "-k", str(OVERLAYS / "standalone")
     )
     cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/mpijobs.kubeflow.org"
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/mpijobs.kubeflow.org",
+        "crd/placementdecisions.mpijob.io",
     )
     return cluster
 

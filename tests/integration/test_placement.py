@@ -2,7 +2,8 @@
 
 Jobs that opt in (``mpijob.io/gpu-topology: "true"``) get, for each worker, a node and a GPU set
 on the best NVLink ring, written as pod annotations with a required node affinity; GPUs held by
-live pods or by other jobs' decisions are never handed out twice, also across a restart.
+other jobs' decisions, or requested by pods placed by others, are never handed out twice, also
+across a restart.
 """
 
 from __future__ import annotations
@@ -75,17 +76,22 @@ def test_four_by_one_job_lands_on_one_node_on_an_nvlink_ring(
         terms = p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
         expr = terms.node_selector_terms[0].match_expressions[0]
         assert (expr.key, expr.operator, expr.values) == ("kubernetes.io/hostname", "In", [node])
-    summary = mpijobs.get("ring")["metadata"]["annotations"][keys.PLACEMENT]
+    decision = mpijobs.decision("ring")
+    assert decision is not None
+    assert decision["spec"]["job"]["uid"] == mpijobs.get("ring")["metadata"]["uid"]
+    summary = decision["spec"]["summary"]
     assert node in summary
     admitted = mpijobs.wait_condition("ring", keys.COND_GANG_ADMITTED)
     assert admitted["reason"] == "GangAdmitted"
 
 
-def test_preseeded_gpus_leave_the_best_free_ring(
+def test_gpus_of_pods_placed_by_others_count_by_their_requests(
     crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
 ) -> None:
-    """DGX-1 V100 with {0,3,4,7} taken: {1,2,5,6} is the free 4-GPU NVLink ring."""
-    for i in range(1, 4):  # every other node full
+    """Three nodes full and four GPUs of gpu-node-0 held by pods this operator did not place:
+    their annotations are not believed (which four is not known), their requests are, so the
+    job goes to gpu-node-0's remaining room and nowhere else."""
+    for i in range(1, 4):
         hold(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
     hold(crds, namespace, "gpu-node-0", "0,3,4,7")
     wait_until(
@@ -96,7 +102,16 @@ def test_preseeded_gpus_leave_the_best_free_ring(
     )
     mpijobs.create(topology_job("free-ring"))
     placed = gpus_of(workers(crds, namespace, "free-ring", 4))
-    assert placed == {"gpu-node-0": {1, 2, 5, 6}}
+    assert list(placed) == ["gpu-node-0"]
+    assert len(placed["gpu-node-0"]) == 4
+    mpijobs.create(topology_job("no-room", workers=1, gpus=1))
+    wait_until(
+        lambda: (
+            "held by pods this operator did not place"
+            in str((mpijobs.condition("no-room", keys.COND_GANG_ADMITTED) or {}).get("message"))
+        ),
+        what="the waiting job to name the pods holding GPUs",
+    )
 
 
 def test_two_jobs_submitted_together_never_share_a_gpu(

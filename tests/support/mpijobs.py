@@ -15,12 +15,22 @@ class MPIJobs:
         self.cluster = cluster
         self.namespace = namespace
         self.api = cluster.resource("kubeflow.org/v2beta1", "MPIJob")
+        self.decisions = cluster.resource("mpijob.io/v1alpha1", "PlacementDecision")
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.api.create(body=body, namespace=self.namespace).to_dict()
 
     def get(self, name: str) -> dict[str, Any]:
         return self.api.get(name=name, namespace=self.namespace).to_dict()
+
+    def decision(self, name: str) -> dict[str, Any] | None:
+        """The job's PlacementDecision, as the operator wrote it; None when it holds none."""
+        from kubernetes.dynamic.exceptions import NotFoundError
+
+        try:
+            return self.decisions.get(name=name, namespace=self.namespace).to_dict()
+        except NotFoundError:
+            return None
 
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.api.patch(

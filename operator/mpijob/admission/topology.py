@@ -5,12 +5,12 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
   nodes their worker template's selector and node affinity admit (:func:`eligible`); a placed
   worker's template may not name its node (:func:`template_errors`);
-- which opted-in nodes exist and which of their GPUs are taken (:func:`node_states`), from
-  unfinished pods' ``mpijob.io/gpu-ids`` (terminating ones included) and from the decisions of
-  admitted jobs whose pods may not exist yet;
-- a decision written on the MPIJob (``mpijob.io/placement-decision``, compact JSON) so that a
-  restarted operator knows every reservation, plus the one-line summary for people
-  (``mpijob.io/placement``);
+- a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
+  operator writes, so that a restarted operator knows every reservation and no tenant can
+  forge one; when it may be deleted (:func:`releasable`);
+- which opted-in nodes exist and which of their GPUs are taken (:func:`holdings`,
+  :func:`node_states`): by decisions, and by the GPU requests of bound, unfinished pods that
+  no decision placed (terminating ones included), never by annotations a pod carries;
 - the per-pod annotations and node of each worker (:func:`pod_placements`).
 
 Called by :mod:`mpijob.handlers.admission` and the reconciler.
@@ -18,19 +18,18 @@ Called by :mod:`mpijob.handlers.admission` and the reconciler.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import MPIJob, gpu_count, gpu_ids
+from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
+from mpijob.desired import names
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
 
-DECISION_VERSION = 1
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -128,53 +127,66 @@ def request_of(job: MPIJob) -> JobRequest:
 
 @dataclass(frozen=True)
 class Decision:
-    """The placement an admitted job holds, as written on the MPIJob."""
+    """The placement an admitted job holds, as its PlacementDecision records it."""
 
+    uid: str
+    """The MPIJob's uid: a same-named successor never inherits a decision."""
     assignments: tuple[WorkerAssignment, ...]
     ring_gbps: float
+    summary: str = ""
 
 
-def dump_decision(placement: Placement) -> str:
-    return json.dumps(
-        {
-            "v": DECISION_VERSION,
-            "ring": placement.ring_gbps,
-            "workers": [[a.node, list(a.gpus)] for a in placement.assignments],
+def decision_object(job: MPIJob, placement: Placement) -> JSON:
+    """The PlacementDecision recording ``placement`` for ``job``: in the job's namespace, under
+    its name. No owner reference: the operator deletes it itself, once the job's pods are gone
+    (garbage collection would delete it while they still hold their GPUs)."""
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {
+            "name": job.name,
+            "namespace": job.namespace,
+            "labels": {keys.LABEL_JOB_NAME: job.name},
         },
-        separators=(",", ":"),
-    )
+        "spec": {
+            "job": {"name": job.name, "uid": job.metadata.uid},
+            "ringGBps": placement.ring_gbps,
+            "summary": placement.summary,
+            "workers": [{"node": a.node, "gpus": list(a.gpus)} for a in placement.assignments],
+        },
+    }
 
 
-def load_decision(job: MPIJob) -> Decision | None:
-    """The job's decision, or None when it has none (or an unreadable one: placed anew)."""
-    text = (job.metadata.annotations or {}).get(keys.PLACEMENT_DECISION)
-    if not text:
+def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
+    """A PlacementDecision's content; None for none, or one that does not read (then it holds
+    nothing: only the operator writes these, so it is not ours to guess at)."""
+    if not body:
         return None
     try:
-        data = json.loads(text)
-        if data.get("v") != DECISION_VERSION:
-            return None
+        spec = body["spec"]
         assignments = tuple(
-            WorkerAssignment(str(node), tuple(int(g) for g in gpus))
-            for node, gpus in data["workers"]
+            WorkerAssignment(str(w["node"]), tuple(sorted(int(g) for g in w["gpus"])))
+            for w in spec["workers"]
         )
-        if len(assignments) != job.spec.worker_replicas:
-            return None  # scaled since: the old decision no longer describes the job
-        return Decision(assignments, float(data["ring"]))
-    except (ValueError, KeyError, TypeError):
+        return Decision(
+            str(spec["job"]["uid"]),
+            assignments,
+            float(spec.get("ringGBps") or 0.0),
+            str(spec.get("summary") or ""),
+        )
+    except (KeyError, TypeError, ValueError):
         return None
 
 
-def decision_patch(placement: Placement | None) -> dict[str, Any]:
-    """The MPIJob metadata patch recording (or, with None, releasing) a decision."""
-    if placement is None:
-        annotations: dict[str, str | None] = {keys.PLACEMENT_DECISION: None, keys.PLACEMENT: None}
-    else:
-        annotations = {
-            keys.PLACEMENT_DECISION: dump_decision(placement),
-            keys.PLACEMENT: placement.summary,
-        }
-    return {"metadata": {"annotations": annotations}}
+def load_decision(job: MPIJob, body: Mapping[str, Any] | None) -> Decision | None:
+    """The job's decision: the PlacementDecision ``body`` if it was written for this job (its
+    uid) and still describes it (as many workers); else None and the job is placed anew."""
+    decision = parse_decision(body)
+    if decision is None or decision.uid != job.metadata.uid:
+        return None
+    if len(decision.assignments) != job.spec.worker_replicas:
+        return None  # scaled since: the old decision no longer describes the job
+    return decision
 
 
 def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[PodPlacement]:
@@ -193,6 +205,16 @@ def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[P
     return out
 
 
+def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a decision can be deleted now: its job is gone (or replaced by a same-named one),
+    finished or suspended, and none of the job's pods holds a GPU any more (a terminating pod
+    still does: its container keeps the device until it exits)."""
+    running = job is not None and not (job.status.finished or job.spec.suspended)
+    if running and job is not None and job.metadata.uid == decision_uid:
+        return False
+    return not any(names.is_controlled_by(p, decision_uid) and not _finished(p) for p in pods)
+
+
 # --- nodes -----------------------------------------------------------------------------------
 
 
@@ -207,40 +229,98 @@ def opted_in(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def used_by_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
-    """GPUs held by pods bound to a node and annotated with ``mpijob.io/gpu-ids``.
+@dataclass
+class Holdings:
+    """Which GPUs are taken, as far as the operator may believe it.
 
-    A terminating pod keeps its GPUs until it is gone: its container still holds the device
-    and its memory until it exits, which can take the whole grace period, or longer on a node
-    that stopped answering. Only a pod that has finished (Succeeded or Failed) frees them.
+    Decisions are believed: only the operator writes them. A pod is counted by what the cluster
+    says it holds, never by annotations it carries: a worker whose ``mpijob.io/gpu-ids`` match
+    its job's decision holds exactly those GPUs (the decision counts them); any other pod bound
+    to a node holds as many GPUs as it requests there, which ones unknown.
     """
-    used: dict[str, set[int]] = {}
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.GPU_IDS)
-        phase = (pod.get("status") or {}).get("phase")
-        if not node or not ids or phase in TERMINAL_PHASES:
-            continue
-        used.setdefault(node, set()).update(gpu_ids(ids))
-    return used
+
+    known: dict[str, set[int]] = field(default_factory=dict)
+    """Node -> GPU indices held by decisions."""
+    unplaced: dict[str, int] = field(default_factory=dict)
+    """Node -> GPUs held by pods that no decision placed (a count: the indices are unknown)."""
+    holders: dict[str, list[str]] = field(default_factory=dict)
+    """Node -> ``namespace/pod (N)`` of those pods, to name them when a job waits."""
+
+    def note(self, nodes: Iterable[str]) -> str:
+        """Who holds GPUs on ``nodes`` outside our placement, for a waiting job's message."""
+        parts = [
+            f"{node}: {', '.join(self.holders[node])}"
+            for node in sorted(set(nodes))
+            if self.holders.get(node)
+        ]
+        return "held by pods this operator did not place: " + "; ".join(parts) if parts else ""
 
 
-def used_by_decisions(decisions: Iterable[Decision]) -> dict[str, set[int]]:
-    used: dict[str, set[int]] = {}
-    for decision in decisions:
+def holdings(decisions: Mapping[JobKey, Decision], pods: Iterable[Mapping[str, Any]]) -> Holdings:
+    """GPUs held by ``decisions`` (by job key) and by ``pods`` (bound, unfinished pods that
+    request GPUs; terminating ones included)."""
+    out = Holdings()
+    for decision in decisions.values():
         for assignment in decision.assignments:
-            used.setdefault(assignment.node, set()).update(assignment.gpus)
-    return used
+            out.known.setdefault(assignment.node, set()).update(assignment.gpus)
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        count = _gpus_of(pod)
+        if not node or not count or _finished(pod) or _placed_by(pod, decisions):
+            continue
+        meta = pod.get("metadata") or {}
+        out.unplaced[node] = out.unplaced.get(node, 0) + count
+        out.holders.setdefault(node, []).append(
+            f"{meta.get('namespace')}/{meta.get('name')} ({count})"
+        )
+    return out
+
+
+def _placed_by(pod: Mapping[str, Any], decisions: Mapping[JobKey, Decision]) -> bool:
+    """Whether ``pod`` is the worker its job's decision placed, on that node and those GPUs."""
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME)
+    decision = decisions.get((str(meta.get("namespace") or ""), str(job))) if job else None
+    if decision is None or not names.is_controlled_by(pod, decision.uid):
+        return False
+    prefix = f"{job}{keys.WORKER_SUFFIX}-"
+    name = str(meta.get("name") or "")
+    index = name[len(prefix) :]
+    if not name.startswith(prefix) or not index.isdigit():
+        return False
+    if int(index) >= len(decision.assignments):
+        return False
+    assignment = decision.assignments[int(index)]
+    ids = gpu_ids((meta.get("annotations") or {}).get(keys.GPU_IDS))
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node == assignment.node and tuple(sorted(ids)) == assignment.gpus
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def _gpus_of(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod (or a summary of one) requests: its containers' sum, or an init container's
+    larger request, as the scheduler counts it."""
+    spec = pod.get("spec") or {}
+    main = gpu_count({"spec": {"containers": spec.get("containers") or []}})
+    init = max(
+        (gpu_count({"spec": {"containers": [c]}}) for c in spec.get("initContainers") or []),
+        default=0,
+    )
+    return max(main, init)
 
 
 def node_states(
-    nodes: Iterable[Mapping[str, Any]], *used: Mapping[str, set[int]]
+    nodes: Iterable[Mapping[str, Any]], held: Holdings | None = None
 ) -> list[NodeState]:
     """Opted-in, Ready, schedulable nodes with a readable topology, and their taken GPUs.
 
     A node whose annotation cannot be read is skipped (the agent, or a person, must fix it);
     placement never guesses a topology.
     """
+    held = held or Holdings()
     states = []
     for node in nodes:
         if not opted_in(node):
@@ -254,6 +334,6 @@ def node_states(
             topology = codec.loads(text)
         except ValueError:
             continue
-        taken = frozenset(g for u in used for g in u.get(name, ()) if 0 <= g < topology.size)
-        states.append(NodeState(name, topology, taken))
+        taken = frozenset(g for g in held.known.get(name, ()) if 0 <= g < topology.size)
+        states.append(NodeState(name, topology, taken, held.unplaced.get(name, 0)))
     return sorted(states, key=lambda s: s.name)

@@ -69,7 +69,7 @@ class JobView:
     gpus: int
     """GPUs the job's spec requests (:func:`requested_gpus`), whether or not its pods exist."""
     placement: str | None
-    """The operator's one-line placement summary (``mpijob.io/placement``), if any."""
+    """The one-line summary of the job's PlacementDecision, if it holds one."""
     instances: tuple[Instance, ...]
 
     @property
@@ -184,9 +184,16 @@ def instance(pod: JSON, now: datetime) -> Instance:
     )
 
 
-def job_view(job: JSON, pods: Iterable[JSON], now: datetime) -> JobView:
-    """The job and its pods (launcher first, then workers by index)."""
+def job_view(
+    job: JSON, pods: Iterable[JSON], now: datetime, *, decision: JSON | None = None
+) -> JobView:
+    """The job and its pods (launcher first, then workers by index); the placement summary
+    of ``decision``, the job's PlacementDecision, if it was written for this job."""
     meta = job.get("metadata") or {}
+    spec = (decision or {}).get("spec") or {}
+    placement = (
+        spec.get("summary") if (spec.get("job") or {}).get("uid") == meta.get("uid") else None
+    )
     rows = sorted((instance(p, now) for p in pods), key=_instance_order)
     return JobView(
         name=str(meta.get("name")),
@@ -196,7 +203,7 @@ def job_view(job: JSON, pods: Iterable[JSON], now: datetime) -> JobView:
         duration=job_duration(job, now),
         trainer=TRAINER,
         gpus=requested_gpus(job),
-        placement=(meta.get("annotations") or {}).get(keys.PLACEMENT),
+        placement=placement or None,
         instances=tuple(rows),
     )
 

@@ -79,6 +79,22 @@ class Api:
             raise explain(exc, f"MPIJob {self.namespace}/{name}") from None
         return job
 
+    def get_decision(self, name: str) -> JSON | None:
+        """The job's PlacementDecision; None when it has none or this user may not read it."""
+        try:
+            decision: JSON = self._custom.get_namespaced_custom_object(
+                keys.DECISION_GROUP,
+                keys.DECISION_VERSION,
+                self.namespace,
+                keys.DECISION_PLURAL,
+                name,
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise explain(exc, f"PlacementDecision {self.namespace}/{name}") from None
+        return decision
+
     def list_jobs(self, *, all_namespaces: bool = False) -> list[JSON]:
         """The namespace's MPIJobs, or with ``all_namespaces`` those of every namespace."""
         try:

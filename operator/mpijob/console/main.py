@@ -187,7 +187,9 @@ def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
     def action() -> None:
         api = Api(kubeconfig, namespace)
         job = api.get_job(name)
-        view = jobs.job_view(job, api.job_pods(name), datetime.now(UTC))
+        view = jobs.job_view(
+            job, api.job_pods(name), datetime.now(UTC), decision=api.get_decision(name)
+        )
         make_console().print(render.job_details(view), highlight=False)
 
     _run(action)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from mpijob import keys
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
     config_map,
@@ -71,8 +70,6 @@ class Options:
     """False while our own gang admission holds the job back: no workers, no launcher."""
     placement: Sequence[PodPlacement] | None = None
     """Per worker index, when the job is placed topology-aware."""
-    job_patch: JSON | None = None
-    """A metadata patch on the MPIJob itself, applied first (releasing a placement decision)."""
     new_key_pair: Callable[[], tuple[bytes, bytes]] = ssh.generate_ssh_key_pair
     """Makes the SSH key pair of a Secret that must be (re)created."""
 
@@ -134,8 +131,6 @@ class Plan:
 def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options()) -> Plan:
     """The writes of one sync of a valid, defaulted job."""
     out = Plan(projected=seen)
-    if options.job_patch is not None:
-        out.actions.append(Patch(keys.API_VERSION, keys.KIND, job.name, options.job_patch))
     job = job.model_copy(update={"status": status.mark_created(job, now).status})
     workers = observed.workers_of(job, seen.pods)
 

@@ -3,11 +3,12 @@
 Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
 one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
 the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
-fairly, places each with the placement engine against the GPUs that live pods and earlier
-decisions hold (including decisions this process wrote that the watch has not delivered yet),
-and then, per job: records an admission on the MPIJob (the decision annotation, written before
-any pod exists, so a restarted operator still knows it), or remembers why it waits, or that it
-timed out. Each decided job is re-queued, and its reconcile turns the outcome
+fairly, places each with the placement engine against the GPUs that decisions and pods hold
+(see :func:`mpijob.admission.topology.holdings`; decisions this process wrote that the watch
+has not delivered yet included), and then, per job: records an admission as a
+PlacementDecision (written before any pod exists, so a restarted operator still knows it), or
+remembers why it waits (naming pods that hold GPUs outside our placement), or that it timed
+out. Each decided job is re-queued, and its reconcile turns the outcome
 into pods and status. Passes run when a job starts waiting, and every few seconds while any job
 waits, which is when running jobs release GPUs.
 """
@@ -26,7 +27,7 @@ from typing import Any
 from mpijob import api, metrics
 from mpijob.admission import queue, topology
 from mpijob.api import JobKey
-from mpijob.handlers.kube import ApiError
+from mpijob.handlers.kube import ApiError, Kube
 from mpijob.placement.job import NoFit, Placement, claim, place_job
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,31 @@ PASS_INTERVAL_SECONDS = 2.0
 NO_ELIGIBLE_NODE = (
     "no opted-in node matches the worker template's nodeSelector and required node affinity"
 )
+
+
+async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
+    """Create a job's PlacementDecision; one left by the same job (it was scaled since, so it
+    no longer describes it) is replaced. One left by an earlier job of the same name stays until
+    that job's pods are gone: a 409 saying so."""
+    try:
+        await kube.create(obj)
+        return
+    except ApiError as e:
+        if not e.conflict:
+            raise
+    meta = obj["metadata"]
+    live = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    if live is None:
+        raise ApiError(409, "Conflict", "the previous decision is being deleted; retrying")
+    if (live.get("spec") or {}).get("job", {}).get("uid") != obj["spec"]["job"]["uid"]:
+        raise ApiError(
+            409,
+            "AlreadyExists",
+            f"PlacementDecision {meta['name']} of an earlier MPIJob of this name holds its GPUs "
+            "until that job's pods are gone",
+        )
+    version = (live.get("metadata") or {}).get("resourceVersion")
+    await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
 
 
 @dataclass(frozen=True)
@@ -57,13 +83,18 @@ GRANT_SECONDS = 60.0
 class Admission:
     """Waiting jobs and the latest decision about each; one per operator process."""
 
-    patch_job: Callable[[JobKey, dict[str, Any]], Any]
-    """Coroutine function writing a metadata patch on an MPIJob."""
+    write_decision: Callable[[dict[str, Any]], Any]
+    """Coroutine function storing a PlacementDecision (create, or replace a stale one of the
+    same job); raises :class:`ApiError`."""
     enqueue: Callable[[JobKey], None]
-    snapshot: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]], list[api.MPIJob]]]
-    """(opted-in nodes, GPU-annotated pods, MPIJobs holding decisions) from the caches."""
+    snapshot: Callable[
+        [], tuple[list[dict[str, Any]], list[dict[str, Any]], dict[JobKey, topology.Decision]]
+    ]
+    """(opted-in nodes, pods that request GPUs, every decision by job key) from the caches."""
     live: Callable[[JobKey], api.MPIJob | None]
     """The job as the cache holds it now; None once it is deleted (or no longer parses)."""
+    decision_of: Callable[[JobKey], dict[str, Any] | None]
+    """The PlacementDecision named after the job, as the cache holds it."""
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
     inter_node_gbps: float
@@ -118,21 +149,13 @@ class Admission:
 
     async def run_pass(self) -> None:
         async with self._lock:
-            nodes_raw, pods, jobs = self.snapshot()
+            nodes_raw, pods, snap_decisions = self.snapshot()
             self._refresh()
             if not self.waiting:
                 return
-            held = [
-                d
-                for j in jobs
-                if (d := topology.load_decision(j)) is not None
-                and not j.status.finished
-                and not j.spec.suspended
-            ]
-            held += self._unseen_grants()
-            nodes = topology.node_states(
-                nodes_raw, topology.used_by_pods(pods), topology.used_by_decisions(held)
-            )
+            decisions = {**snap_decisions, **self._unseen_grants()}
+            held = topology.holdings(decisions, pods)
+            nodes = topology.node_states(nodes_raw, held)
             empty = topology.node_states(nodes_raw)
             values = self.priority_values()
             by_uid = {}
@@ -170,6 +193,8 @@ class Admission:
                     topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps
                 )
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+                if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
+                    return NoFit(f"{result.reason}; {note}")
                 return result
 
             for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
@@ -185,22 +210,21 @@ class Admission:
             or job.metadata.uid != uid
             or job.spec.suspended
             or job.status.finished
-            or topology.load_decision(job) is not None
+            or topology.load_decision(job, self.decision_of(key)) is not None
         ):
             return None
         return job
 
-    def _unseen_grants(self) -> list[topology.Decision]:
+    def _unseen_grants(self) -> dict[JobKey, topology.Decision]:
         """Decisions this process wrote that the cache does not show yet (once it does, they
         are counted from the cache)."""
-        out = []
+        out = {}
         for key, grant in list(self.granted.items()):
             if grant.expired() or self._current(key, grant.uid) is None:
                 del self.granted[key]
             else:
-                out.append(
-                    topology.Decision(grant.placement.assignments, grant.placement.ring_gbps)
-                )
+                p = grant.placement
+                out[key] = topology.Decision(grant.uid, p.assignments, p.ring_gbps, p.summary)
         return out
 
     def _refresh(self) -> None:
@@ -219,15 +243,19 @@ class Admission:
         previous = self.last.get(key)
         if isinstance(decision, queue.Admit):
             # Written first: a failed write leaves the job waiting, never half admitted.
+            live = self.live(key)
             try:
-                await self.patch_job(key, topology.decision_patch(decision.placement))
+                if live is None:
+                    raise ApiError(404, "NotFound", "the job is gone")
+                await self.write_decision(topology.decision_object(live, decision.placement))
             except ApiError as e:
                 if e.not_found:  # deleted meanwhile
                     self.drop(key)
                     return
-                if e.status not in (400, 422):
+                if e.status not in (400, 409, 422):
                     raise  # the API is in trouble: the next pass retries
-                # This job's own object refuses it: tell its owner, and admit the others.
+                # This job's own decision is refused (or its predecessor's is still held):
+                # tell its owner, and admit the others.
                 message = f"the job fits, but its placement could not be recorded: {e.message}"
                 decision = queue.Wait(decision.job, message, refused=True)
             else:

@@ -25,7 +25,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob import api, keys
+from mpijob import api
+from mpijob.admission import topology
+from mpijob.admission.topology import Decision
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
@@ -101,6 +103,10 @@ class Cache:
             secret=ours["Secret"],
         )
 
+    def pods(self, key: JobKey) -> list[JSON]:
+        """Every pod labelled with the job's name (whatever job instance controls it)."""
+        return self._all("pods_by_job", key)
+
     def launcher_job(self, key: JobKey) -> JSON | None:
         return next(iter(self._all("launchers_by_job", key)), None)
 
@@ -167,22 +173,21 @@ class Cache:
         self.parsed[key] = (version, job)
         return job
 
-    def placement_snapshot(self) -> tuple[list[JSON], list[JSON], list[MPIJob]]:
-        """Opted-in nodes, GPU-holding pods, and the jobs holding placement decisions."""
+    def decision(self, key: JobKey) -> JSON | None:
+        """The PlacementDecision named after the job, whichever job it was written for."""
+        return next(iter(self._all("decisions_by_job", key)), None)
+
+    def placement_snapshot(self) -> tuple[list[JSON], list[JSON], dict[JobKey, Decision]]:
+        """Opted-in nodes, pods that request GPUs, and every decision (by job key)."""
         pods = [
             dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
         ]
-        jobs = []
-        for store in self.indices.get("mpijobs_by_key", {}).values():
+        decisions = {}
+        for key, store in self.indices.get("decisions_by_job", {}).items():
             for body in store:
-                if keys.PLACEMENT_DECISION in (
-                    (body.get("metadata") or {}).get("annotations") or {}
-                ):
-                    try:
-                        jobs.append(api.parse(body))
-                    except api.InvalidMPIJob:
-                        continue
-        return list(self.nodes().values()), pods, jobs
+                if (decision := topology.parse_decision(body)) is not None:
+                    decisions[key] = decision
+        return list(self.nodes().values()), pods, decisions
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:
         return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]

@@ -52,6 +52,9 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Kind(
         "/apis/scheduling.volcano.sh/v1beta1", "podgroups"
     ),
+    ("mpijob.io/v1alpha1", "PlacementDecision"): Kind(
+        "/apis/mpijob.io/v1alpha1", "placementdecisions"
+    ),
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),

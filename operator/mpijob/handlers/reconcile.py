@@ -46,6 +46,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     body = rt.cache.job_body(key)
     if body is None:
         rt.forget(key)
+        await _release_orphan(rt, key)
         return
     meta = body.get("metadata") or {}
     owner = api.managed_by(body)
@@ -72,9 +73,10 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             priority_values=rt.cache.priority_values() if gang.enabled else {},
             admitted=gate.admitted,
             placement=gate.placement,
-            job_patch=topology.decision_patch(None) if gate.release else None,
         ),
     )
+    if gate.release is not None:
+        plan.actions.append(gate.release)
     result = status.next_status(job, plan.projected, now, admission=gate.outcome)
 
     versions: dict[tuple[str, str], str] = {}
@@ -178,8 +180,31 @@ class Gate:
     admitted: bool = True
     placement: list[sync.PodPlacement] | None = None
     outcome: AdmissionOutcome | None = None
-    release: bool = False
-    """The job holds a decision it must give back (it was suspended)."""
+    release: sync.Delete | None = None
+    """Deleting the decision the job no longer needs (it finished or was suspended, and its
+    pods are gone), after the plan's own actions."""
+
+
+def _release(rt: Runtime, key: JobKey, job: api.MPIJob | None) -> sync.Delete | None:
+    """The deletion of the job's PlacementDecision, once :func:`topology.releasable`."""
+    body = rt.cache.decision(key)
+    decision = topology.parse_decision(body)
+    if body is None:
+        return None
+    uid = decision.uid if decision is not None else ""
+    if decision is not None and not topology.releasable(uid, job, rt.cache.pods(key)):
+        return None
+    meta = body.get("metadata") or {}
+    return sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, key[1], meta.get("uid"))
+
+
+async def _release_orphan(rt: Runtime, key: JobKey) -> None:
+    """A deleted job's decision goes once its pods are gone (each pod event re-queues)."""
+    release = _release(rt, key, None)
+    if release is not None:
+        await rt.kube.delete(
+            release.api_version, release.kind, key[0], release.name, uid=release.uid
+        )
 
 
 def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate:
@@ -187,15 +212,15 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
     if rt.admission is None or not topology.wants_topology(
         job, default=rt.settings.gpu_topology_default
     ):
-        return Gate()
+        return Gate(release=_release(rt, key, job))
     if job.status.finished:
         rt.admission.drop(key)
-        return Gate()
-    decision = topology.load_decision(job)
+        return Gate(release=_release(rt, key, job))
+    decision = topology.load_decision(job, rt.cache.decision(key))
     if job.spec.suspended:
         rt.admission.drop(key)
-        # A suspended job holds no GPUs; it is placed anew on resume.
-        return Gate(admitted=False, release=decision is not None)
+        # A suspended job holds no GPUs once its pods are gone; it is placed anew on resume.
+        return Gate(admitted=False, release=_release(rt, key, job))
     if decision is not None:
         rt.admission.drop(key)
         waiting = queue.waiting_job(job, priority_values={})

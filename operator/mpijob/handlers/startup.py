@@ -18,8 +18,8 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.admission import Admission
-from mpijob.handlers.kube import Kube
+from mpijob.handlers.admission import Admission, store_decision
+from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
@@ -78,10 +78,11 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
     memo["runtime"] = rt
     rt.admission = Admission(
-        patch_job=lambda key, patch: kube.patch(keys.API_VERSION, keys.KIND, *key, patch),
+        write_decision=lambda obj: store_decision(kube, obj),
         enqueue=rt.workers.enqueue,
         snapshot=rt.cache.placement_snapshot,
         live=rt.cache.job,
+        decision_of=rt.cache.decision,
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
     )
@@ -132,10 +133,48 @@ def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
     return registry
 
 
+class MissingCRD(Exception):
+    """A CustomResourceDefinition the operator needs is not installed."""
+
+
+#: (group/version, plural, the file under crds/ that defines it)
+NEEDED_CRDS = (
+    (keys.API_VERSION, keys.PLURAL, "kubeflow.org_mpijobs.yaml"),
+    (keys.DECISION_API_VERSION, keys.DECISION_PLURAL, "mpijob.io_placementdecisions.yaml"),
+)
+
+
+async def check_crds(kube: Kube) -> None:
+    """Raise :class:`MissingCRD`, naming the fix, when a kind the operator watches is not
+    served: Kopf would otherwise wait for it silently and never reconcile anything. Any other
+    failure (the API server still starting) is left to Kopf's own retries."""
+    for group_version, plural, source in NEEDED_CRDS:
+        try:
+            served = await kube.request("GET", f"/apis/{group_version}")
+        except ApiError as e:
+            if not e.not_found:
+                log.warning("Could not check that %s is served: %s", group_version, e)
+                continue
+            served = {}
+        if not any(r.get("name") == plural for r in served.get("resources") or []):
+            raise MissingCRD(
+                f"{plural}.{group_version.split('/')[0]} ({group_version}) is not served: "
+                f"install it with `kubectl apply --server-side -f crds/{source}` "
+                "(or the kustomize overlays, which include every CRD)"
+            )
+
+
 def run(ours: OperatorSettings) -> None:
     """Run the operator until SIGINT/SIGTERM."""
     if ours.kubeconfig:
         os.environ["KUBECONFIG"] = ours.kubeconfig
+    kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
+    try:
+        asyncio.run(check_crds(kube))
+    except OSError as e:  # unreachable yet: Kopf retries the connection itself
+        log.warning("Could not check the CRDs: %s", e)
+    finally:
+        kube.close()
     memo = kopf.Memo(settings=ours)
     asyncio.run(
         kopf.operator(

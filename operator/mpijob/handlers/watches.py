@@ -98,9 +98,54 @@ async def pod_event(namespace: str | None, name: str, labels: Any, memo: Any, **
         _child_changed(_runtime(memo), _key(namespace, job), "Pod", name)
 
 
+def _gpu_requests(containers: Any) -> list[JSON]:
+    """Of each container, only its ``nvidia.com/gpu`` limit and request."""
+    out = []
+    for c in containers or []:
+        resources = c.get("resources") or {}
+        kept = {
+            kind: {keys.GPU_RESOURCE: resources[kind][keys.GPU_RESOURCE]}
+            for kind in ("limits", "requests")
+            if keys.GPU_RESOURCE in (resources.get(kind) or {})
+        }
+        out.append({"resources": kept})
+    return out
+
+
+def requests_gpus(spec: kopf.Spec, **_: Any) -> bool:
+    """Filter of the GPU pod index: the pod asks for whole GPUs somewhere."""
+    return any(
+        keys.GPU_RESOURCE in ((c.get("resources") or {}).get(kind) or {})
+        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        for kind in ("limits", "requests")
+    )
+
+
 async def gpu_pods_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
-    """Pods holding placed GPUs (ours or not), by node: what placement must not hand out."""
-    return {str(body.spec.get("nodeName") or ""): pod_summary(body)}
+    """Pods that request GPUs (ours or not), by node: what placement must not hand out.
+
+    Kept with their GPU requests, which is what a pod no decision placed is counted by."""
+    summary = pod_summary(body)
+    summary["spec"]["containers"] = _gpu_requests(body.spec.get("containers"))
+    summary["spec"]["initContainers"] = _gpu_requests(body.spec.get("initContainers"))
+    return {str(body.spec.get("nodeName") or ""): summary}
+
+
+# --- placement decisions ------------------------------------------------------------------------
+
+
+async def decisions_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+    """The operator's PlacementDecisions, by the job they belong to."""
+    job = str((body.spec.get("job") or {}).get("name") or "")
+    return {_key(namespace, job): dict(body)} if job else {}
+
+
+async def decision_event(namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    if job := str((body.spec.get("job") or {}).get("name") or ""):
+        rt.workers.enqueue(_key(namespace, job))  # it may be released, or its job may now run
+    if rt.admission is not None:
+        rt.admission.wake()
 
 
 # --- nodes --------------------------------------------------------------------------------------
@@ -190,6 +235,7 @@ INDICES = (
     "mpijobs_by_key",
     "pods_by_job",
     "gpu_pods_by_node",
+    "decisions_by_job",
     "nodes_by_name",
     "services_by_job",
     "configmaps_by_job",
@@ -208,8 +254,10 @@ def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
     kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_job)
     kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_event)
-    placed = {keys.GPU_IDS: kopf.PRESENT}
-    kopf.index("v1", "pods", annotations=placed, registry=registry)(gpu_pods_by_node)
+    kopf.index("v1", "pods", when=requests_gpus, registry=registry)(gpu_pods_by_node)
+    decisions = (keys.DECISION_GROUP, keys.DECISION_VERSION, keys.DECISION_PLURAL)
+    kopf.index(*decisions, registry=registry)(decisions_by_job)
+    kopf.on.event(*decisions, registry=registry)(decision_event)
     opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     kopf.index("v1", "nodes", labels=opted_in, registry=registry)(nodes_by_name)
     kopf.on.event("v1", "nodes", labels=opted_in, registry=registry)(node_event)

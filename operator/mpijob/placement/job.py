@@ -8,9 +8,10 @@ several nodes, the best bound of inter-node bandwidth and each node's share (see
 with several GPUs gets neighbours on it.
 
 The caller decides which nodes are eligible (opted in with ``ack.node.gpu.schedule=topology``,
-schedulable, with a readable topology annotation) and which GPUs are used (from live pods'
-``mpijob.io/gpu-ids``); to place several jobs in one pass it feeds each placement back through
-:func:`claim`, so no GPU is given twice. Called by the handlers and the benchmark.
+schedulable, with a readable topology annotation) and which GPUs are used, by index where it
+knows them and as a count where it does not; to place several jobs in one pass it feeds each
+placement back through :func:`claim`, so no GPU is given twice. Called by the handlers and the
+benchmark.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class NodeState:
     name: str
     topology: Topology
     used: frozenset[int] = field(default_factory=frozenset)
+    """GPUs known to be in use, by index."""
+    unplaced: int = 0
+    """GPUs in use whose indices are unknown (held by pods placement did not place): they
+    lower how many GPUs the node can give, whichever ones they are."""
 
     def __post_init__(self) -> None:
         outside = sorted(index for index in self.used if not 0 <= index < self.topology.size)
@@ -50,6 +55,11 @@ class NodeState:
     def free_mask(self) -> int:
         """Bit mask of the free GPUs."""
         return ((1 << self.topology.size) - 1) & ~mask_of(self.used)
+
+    @property
+    def free_count(self) -> int:
+        """How many GPUs the node can still give."""
+        return max(self.free_mask.bit_count() - self.unplaced, 0)
 
 
 @dataclass(frozen=True)
@@ -115,9 +125,7 @@ def place_job(
     if len({node.name for node in nodes}) != len(nodes):
         raise ValueError("node names must be unique")
     views = [
-        NodeView(
-            i, node.name, tables_for(node.topology), node.free_mask, node.free_mask.bit_count()
-        )
+        NodeView(i, node.name, tables_for(node.topology), node.free_mask, node.free_count)
         for i, node in enumerate(nodes)
     ]
     single = _best_single_node(views, request.total_gpus)

@@ -1,4 +1,4 @@
-"""Which GPUs placement must not hand out, read from pods as the watches deliver them."""
+"""Which GPUs placement must not hand out: decisions believed, pods counted by their requests."""
 
 from __future__ import annotations
 
@@ -8,37 +8,180 @@ import pytest
 
 from mpijob import api, keys
 from mpijob.admission import topology
+from mpijob.placement import codec, topologies
+from mpijob.placement.job import Placement, WorkerAssignment
 
 pytestmark = pytest.mark.unit
 
 
-def pod(node: str, ids: str, *, phase: str = "Running", terminating: bool = False) -> Any:
-    meta: dict[str, Any] = {"name": f"p-{node}-{ids}", "annotations": {keys.GPU_IDS: ids}}
+JOB_UID = "uid-j"
+
+
+def pod(
+    node: str,
+    ids: str = "",
+    *,
+    gpus: int = 0,
+    name: str = "squatter",
+    job: str = "",
+    owner: str = "",
+    phase: str = "Running",
+    terminating: bool = False,
+) -> Any:
+    """A pod as the GPU index keeps it: GPU requests, labels, owner, annotations."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "annotations": {}}
+    if ids:
+        meta["annotations"][keys.GPU_IDS] = ids
+    if job:
+        meta["labels"] = {keys.LABEL_JOB_NAME: job}
+    if owner:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND,
+                "name": job,
+                "uid": owner,
+                "controller": True,
+            }
+        ]
     if terminating:
         meta["deletionTimestamp"] = "2026-01-01T00:00:30Z"
-    return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+    limits = {keys.GPU_RESOURCE: str(gpus)} if gpus else {}
+    spec = {"nodeName": node, "containers": [{"resources": {"limits": limits}}]}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
-def test_running_pods_hold_their_gpus() -> None:
-    assert topology.used_by_pods([pod("n0", "0,1"), pod("n0", "3"), pod("n1", "2")]) == {
-        "n0": {0, 1, 3},
-        "n1": {2},
-    }
+def worker(index: int, node: str, ids: str, **kw: Any) -> Any:
+    return pod(
+        node, ids, gpus=len(ids.split(",")), name=f"j-worker-{index}", job="j", owner=JOB_UID, **kw
+    )
+
+
+def decision(*workers: tuple[str, tuple[int, ...]], uid: str = JOB_UID) -> topology.Decision:
+    assignments = tuple(WorkerAssignment(node, gpus) for node, gpus in workers)
+    return topology.Decision(uid, assignments, 25.0, "summary")
+
+
+DECISIONS = {("ns", "j"): decision(("n0", (0, 1)), ("n0", (2, 3)))}
+
+
+def test_decisions_hold_their_gpus_and_their_own_workers_add_nothing() -> None:
+    held = topology.holdings(DECISIONS, [worker(0, "n0", "0,1"), worker(1, "n0", "2,3")])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {}
+
+
+def test_a_forged_gpu_ids_annotation_holds_nothing_without_a_gpu_request() -> None:
+    held = topology.holdings(DECISIONS, [pod("n0", "4,5,6,7")])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {}
+
+
+def test_a_pod_no_decision_placed_is_counted_by_its_requests_not_its_annotation() -> None:
+    held = topology.holdings({}, [pod("n0", "0", gpus=3), pod("n1", gpus=1, name="other")])
+    assert held.known == {}
+    assert held.unplaced == {"n0": 3, "n1": 1}
+    assert held.note(["n0"]) == "held by pods this operator did not place: n0: ns/squatter (3)"
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        worker(0, "n0", "4,5"),  # not the GPUs its decision gave worker 0
+        worker(0, "n1", "0,1"),  # not the node
+        worker(5, "n0", "0,1"),  # no such worker in the decision
+        pod("n0", "0,1", gpus=2, name="j-worker-0", job="j", owner="another-uid"),
+        pod("n0", "0,1", gpus=2, name="j-worker-0", job="j"),  # no owner at all
+    ],
+)
+def test_a_pod_that_only_looks_like_a_placed_worker_is_counted_by_its_requests(
+    forged: Any,
+) -> None:
+    held = topology.holdings(DECISIONS, [forged])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert sum(held.unplaced.values()) == 2
 
 
 def test_a_terminating_pod_keeps_its_gpus_until_it_is_gone() -> None:
-    assert topology.used_by_pods([pod("n0", "4,5", terminating=True)]) == {"n0": {4, 5}}
+    held = topology.holdings({}, [pod("n0", gpus=2, terminating=True)])
+    assert held.unplaced == {"n0": 2}
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_a_finished_pod_frees_its_gpus(phase: str) -> None:
-    assert topology.used_by_pods([pod("n0", "0", phase=phase, terminating=True)]) == {}
+    assert topology.holdings({}, [pod("n0", gpus=2, phase=phase, terminating=True)]).unplaced == {}
 
 
 def test_an_unbound_pod_holds_nothing_yet() -> None:
-    unbound = pod("n0", "0")
-    unbound["spec"] = {}
-    assert topology.used_by_pods([unbound]) == {}
+    unbound = pod("n0", gpus=2)
+    unbound["spec"]["nodeName"] = ""
+    assert topology.holdings({}, [unbound]).unplaced == {}
+
+
+def test_an_init_container_counts_when_it_asks_for_more_than_the_containers() -> None:
+    p = pod("n0", gpus=1)
+    p["spec"]["initContainers"] = [{"resources": {"requests": {keys.GPU_RESOURCE: "4"}}}]
+    assert topology.holdings({}, [p]).unplaced == {"n0": 4}
+
+
+def test_unplaced_gpus_lower_what_a_node_can_give() -> None:
+    node_body = {
+        "metadata": {
+            "name": "n0",
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+            "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.load("dgx1-v100"))},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    held = topology.holdings(DECISIONS, [pod("n0", gpus=3)])
+    [state] = topology.node_states([node_body], held)
+    assert state.used == {0, 1, 2, 3}
+    assert state.free_count == 1
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+def test_a_decision_object_reads_back_and_belongs_to_its_job_only() -> None:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    placement = Placement(
+        (WorkerAssignment("n0", (0, 1)), WorkerAssignment("n0", (2, 3))), 25.0, "2x2 on n0"
+    )
+    body = topology.decision_object(job, placement)
+    assert body["metadata"] == {
+        "name": "j",
+        "namespace": "ns",
+        "labels": {keys.LABEL_JOB_NAME: "j"},
+    }
+    assert "ownerReferences" not in body["metadata"]
+    loaded = topology.load_decision(job, body)
+    assert loaded == topology.Decision(JOB_UID, placement.assignments, 25.0, "2x2 on n0")
+    successor = job.model_copy(deep=True)
+    successor.metadata.uid = "uid-successor"
+    assert topology.load_decision(successor, body) is None
+    scaled = job.model_copy(deep=True)
+    assert scaled.spec.worker is not None
+    scaled.spec.worker.replicas = 3
+    assert topology.load_decision(scaled, body) is None
+    assert topology.parse_decision({"spec": {"workers": "junk"}}) is None
+
+
+def test_a_decision_is_released_only_once_its_job_stopped_and_its_pods_are_gone() -> None:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    live = [worker(0, "n0", "0,1")]
+    gone = [worker(0, "n0", "0,1", phase="Succeeded")]
+    assert not topology.releasable(JOB_UID, job, [])  # running: it holds its GPUs
+    suspended = job.model_copy(deep=True)
+    suspended.spec.run_policy.suspend = True
+    assert not topology.releasable(JOB_UID, suspended, [worker(0, "n0", "0,1", terminating=True)])
+    assert topology.releasable(JOB_UID, suspended, gone)
+    assert not topology.releasable(JOB_UID, None, live)  # deleted, a pod still terminating
+    assert topology.releasable(JOB_UID, None, [])
+    successor = job.model_copy(deep=True)
+    successor.metadata.uid = "uid-successor"
+    assert topology.releasable(JOB_UID, successor, [])
 
 
 def topology_job(node_name: str = "", *, opted: str = "true") -> Any:

@@ -21,7 +21,6 @@ def job_body(
     start: str | None = "2026-03-01T11:58:30Z",
     completion: str | None = None,
     priority_class: str | None = None,
-    placement: str | None = None,
     namespace: str = "team-a",
     workers: int = 4,
     gpus: int = 1,
@@ -34,8 +33,6 @@ def job_body(
     if completion:
         status["completionTime"] = completion
     annotations = {keys.GPU_TOPOLOGY: "true"}
-    if placement:
-        annotations[keys.PLACEMENT] = placement
     policy: dict[str, Any] = {"minAvailable": 5}
     if priority_class:
         policy["priorityClass"] = priority_class
@@ -45,6 +42,7 @@ def job_body(
         "metadata": {
             "name": name,
             "namespace": namespace,
+            "uid": f"uid-{name}",
             "creationTimestamp": "2026-03-01T11:58:00Z",
             "annotations": annotations,
         },
@@ -108,3 +106,18 @@ def topology_job_pods() -> list[dict[str, Any]]:
     ]
     launcher = pod_body("vgg16-launcher-x7k2p", role=keys.ROLE_LAUNCHER, gpus=0, node="gpu-node-1")
     return [*workers, launcher]
+
+
+def decision_body(job: dict[str, Any], summary: str, *, uid: str | None = None) -> dict[str, Any]:
+    """The job's PlacementDecision (written for ``uid``, by default the job's own)."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {
+            "job": {"name": meta["name"], "uid": uid or meta["uid"]},
+            "summary": summary,
+            "workers": [],
+        },
+    }

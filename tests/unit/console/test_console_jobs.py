@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from console_fixtures import NOW, condition, job_body, pod_body, topology_job_pods
+from console_fixtures import NOW, condition, decision_body, job_body, pod_body, topology_job_pods
 
 from mpijob import keys
 from mpijob.console import jobs
@@ -68,7 +68,8 @@ def test_priority_from_the_scheduling_policy_else_the_launcher_else_none() -> No
 
 
 def test_job_view_lists_the_launcher_first_then_workers_by_index() -> None:
-    view = jobs.job_view(job_body(placement="1 node"), topology_job_pods(), NOW)
+    job = job_body()
+    view = jobs.job_view(job, topology_job_pods(), NOW, decision=decision_body(job, "1 node"))
     assert [i.name for i in view.instances] == [
         "vgg16-launcher-x7k2p",
         "vgg16-worker-0",
@@ -197,3 +198,9 @@ def test_a_finished_job_whose_pods_are_gone_still_shows_the_gpus_it_requested() 
     )
     view = jobs.job_view(done, [], NOW)
     assert (view.status, view.gpus, view.instances) == ("SUCCEEDED", 8, ())
+
+
+def test_a_decision_written_for_an_earlier_job_of_the_same_name_is_not_shown() -> None:
+    job = job_body()
+    stale = decision_body(job, "1 node", uid="uid-earlier")
+    assert jobs.job_view(job, [], NOW, decision=stale).placement is None

@@ -132,6 +132,9 @@ class FakeApi:
                 return job
         raise ConsoleError(f"MPIJob {self.namespace}/{name} not found")
 
+    def get_decision(self, name: str) -> dict[str, Any] | None:
+        return None
+
 
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -6,7 +6,7 @@ import io
 import re
 
 import pytest
-from console_fixtures import NOW, condition, job_body, topology_job_pods
+from console_fixtures import NOW, condition, decision_body, job_body, topology_job_pods
 from rich.console import Console, RenderableType
 
 from mpijob.console import jobs, render
@@ -82,7 +82,8 @@ def test_a_job_without_pods_says_so() -> None:
 
 
 def test_placement_summary_is_shown_when_the_operator_wrote_one() -> None:
-    view = jobs.job_view(job_body(placement="gpu-node-0: GPUs 0,1,2,3"), [], NOW)
+    job = job_body()
+    view = jobs.job_view(job, [], NOW, decision=decision_body(job, "gpu-node-0: GPUs 0,1,2,3"))
     assert "Placement: gpu-node-0: GPUs 0,1,2,3" in text(render.job_details(view))
 
 

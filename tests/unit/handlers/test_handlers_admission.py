@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import outcome, queue
+from mpijob.admission import outcome, queue, topology
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, topologies
+from mpijob.placement.job import Placement, WorkerAssignment
 
 pytestmark = pytest.mark.unit
 
@@ -60,46 +61,53 @@ def labelled(name: str, **labels: str) -> dict[str, Any]:
     return {**NODE, "metadata": {**meta, "name": name, "labels": {**meta["labels"], **labels}}}
 
 
+def decision_body(job: api.MPIJob, node: str, gpus: list[int]) -> dict[str, Any]:
+    """A PlacementDecision as the watch delivers it."""
+    placement = Placement((WorkerAssignment(node, tuple(gpus)),), 100.0, "by hand")
+    return topology.decision_object(job, placement)
+
+
 class Harness:
     def __init__(self, *jobs: api.MPIJob, nodes: list[dict[str, Any]] | None = None) -> None:
         self.jobs = list(jobs)
-        self.patched: list[tuple[str, str]] = []
+        self.decisions: dict[tuple[str, str], dict[str, Any]] = {}
+        """What the decision index holds."""
+        self.written: list[tuple[str, str]] = []
         self.enqueued: list[tuple[str, str]] = []
         self.admission = Admission(
-            patch_job=self.patch,
+            write_decision=self.write,
             enqueue=self.enqueued.append,
-            snapshot=lambda: (nodes or [NODE], [], [j for j in self.jobs if self.holds(j)]),
+            snapshot=lambda: (nodes or [NODE], [], self.parsed()),
             live=self.live,
+            decision_of=self.decisions.get,
             priority_values=dict,
             inter_node_gbps=25.0,
         )
 
-    @staticmethod
-    def holds(job: api.MPIJob) -> bool:
-        return keys.PLACEMENT_DECISION in (job.metadata.annotations or {})
+    def parsed(self) -> dict[tuple[str, str], topology.Decision]:
+        out = {k: topology.parse_decision(b) for k, b in self.decisions.items()}
+        return {k: d for k, d in out.items() if d is not None}
 
     def live(self, key: tuple[str, str]) -> api.MPIJob | None:
         return next((j for j in self.jobs if (j.namespace, j.name) == key), None)
 
-    async def patch(self, key: tuple[str, str], patch: dict[str, Any]) -> None:
-        self.patched.append(key)
+    async def write(self, obj: dict[str, Any]) -> None:
+        self.written.append((obj["metadata"]["namespace"], obj["metadata"]["name"]))
 
 
 async def test_a_deleted_head_of_line_leaves_and_the_job_behind_it_is_admitted() -> None:
     holder = topology_job("holder", "2026-01-01T00:00:00Z", 4)
-    holder.metadata.annotations[keys.PLACEMENT_DECISION] = (
-        '{"v":1,"ring":100,"workers":[["dgx-0",[0,1,2,3]]]}'
-    )
     head = topology_job("head", "2026-01-01T00:01:00Z", 8)
     behind = topology_job("behind", "2026-01-01T00:02:00Z", 2)
     h = Harness(holder, head, behind)
+    h.decisions[("ns", "holder")] = decision_body(holder, "dgx-0", [0, 1, 2, 3])
     h.admission.want(("ns", "head"), head)
     h.admission.want(("ns", "behind"), behind)
     await h.admission.run_pass()
     last = h.admission.decision(("ns", "behind"))
     assert isinstance(last, queue.Wait)
     assert "queued behind ns/head" in last.message
-    assert h.patched == []
+    assert h.written == []
     assert set(h.admission.waiting) == {("ns", "head"), ("ns", "behind")}
     h.enqueued.clear()
     await h.admission.run_pass()
@@ -108,7 +116,7 @@ async def test_a_deleted_head_of_line_leaves_and_the_job_behind_it_is_admitted()
     h.jobs.remove(head)  # deleted while it waited
     await h.admission.run_pass()
     assert ("ns", "head") not in h.admission.waiting
-    assert h.patched == [("ns", "behind")]
+    assert h.written == [("ns", "behind")]
 
 
 @pytest.mark.parametrize("change", ["suspended", "recreated"])
@@ -134,31 +142,29 @@ async def test_a_pass_before_the_watch_delivers_an_admission_does_not_hand_its_g
     h = Harness(first, second)
     h.admission.want(("ns", "first"), first)
     await h.admission.run_pass()
-    assert h.patched == [("ns", "first")]
+    assert h.written == [("ns", "first")]
     assert h.admission.pending(("ns", "first"))
 
     h.admission.want(("ns", "second"), second)  # arrived while the first pass wrote
     await h.admission.run_pass()
-    assert h.patched == [("ns", "first")], "the second job got GPUs the first already holds"
+    assert h.written == [("ns", "first")], "the second job got GPUs the first already holds"
     assert isinstance(h.admission.decision(("ns", "second")), queue.Wait)
 
     # The watch catches up: the cache is the truth again.
-    first.metadata.annotations[keys.PLACEMENT_DECISION] = (
-        '{"v":1,"ring":100,"workers":[["dgx-0",[0,1,2,3,4,5,6,7]]]}'
-    )
+    h.decisions[("ns", "first")] = decision_body(first, "dgx-0", list(range(8)))
     await h.admission.run_pass()
     assert h.admission.granted == {}
-    assert h.patched == [("ns", "first")]
+    assert h.written == [("ns", "first")]
 
 
 async def test_a_failed_decision_write_leaves_the_job_waiting_not_half_admitted() -> None:
     job = topology_job("a", "2026-01-01T00:01:00Z", 2)
     h = Harness(job)
 
-    async def refuse(key: tuple[str, str], patch: dict[str, Any]) -> None:
+    async def refuse(obj: dict[str, Any]) -> None:
         raise RuntimeError("the API server is down")
 
-    h.admission.patch_job = refuse
+    h.admission.write_decision = refuse
     h.admission.want(("ns", "a"), job)
     with pytest.raises(RuntimeError):
         await h.admission.run_pass()
@@ -171,14 +177,15 @@ async def test_a_job_whose_decision_the_api_refuses_says_so_and_the_rest_are_adm
     crowded = topology_job("crowded", "2026-01-01T00:01:00Z", 2)
     other = topology_job("other", "2026-01-01T00:02:00Z", 2)
     h = Harness(crowded, other)
-    too_long = "metadata.annotations: Too long: must have at most 262144 bytes"
+    too_long = "spec.workers: Too many: must have at most 100000 items"
 
-    async def patch(key: tuple[str, str], patch: dict[str, Any]) -> None:
+    async def write(obj: dict[str, Any]) -> None:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         if key == ("ns", "crowded"):
-            raise ApiError(422, "Invalid", f'MPIJob.kubeflow.org "crowded" is invalid: {too_long}')
-        h.patched.append(key)
+            raise ApiError(422, "Invalid", f'PlacementDecision "crowded" is invalid: {too_long}')
+        h.written.append(key)
 
-    h.admission.patch_job = patch
+    h.admission.write_decision = write
     h.admission.want(("ns", "crowded"), crowded)
     h.admission.want(("ns", "other"), other)
     await h.admission.run_pass()
@@ -187,7 +194,7 @@ async def test_a_job_whose_decision_the_api_refuses_says_so_and_the_rest_are_adm
     assert refused.refused
     assert too_long in refused.message
     assert not h.admission.pending(("ns", "crowded"))
-    assert h.patched == [("ns", "other")]
+    assert h.written == [("ns", "other")]
 
     said = outcome.outcome(refused, now=datetime(2026, 1, 1, 0, 5, tzinfo=UTC))
     assert [(c.type, c.status, c.reason) for c in said.conditions] == [
@@ -243,3 +250,52 @@ def test_the_cache_parses_a_job_once_per_version() -> None:
     cache.indices["mpijobs_by_key"].clear()
     assert cache.job(("ns", "j")) is None
     assert cache.parsed == {}
+
+
+async def test_a_forged_decision_annotation_is_ignored_and_its_gpus_stay_with_their_holder() -> (
+    None
+):
+    """A tenant writes an admission of their own on their MPIJob: placement believes only the
+    operator's PlacementDecisions, so the forger waits and the holder keeps its GPUs."""
+    holder = topology_job("holder", "2026-01-01T00:00:00Z", 8)
+    forger = topology_job("forger", "2026-01-01T00:01:00Z", 8)
+    forger.metadata.annotations["mpijob.io/placement-decision"] = (
+        '{"v":1,"ring":100,"workers":[["dgx-0",[0,1,2,3,4,5,6,7]]]}'
+    )
+    h = Harness(holder, forger)
+    h.decisions[("ns", "holder")] = decision_body(holder, "dgx-0", list(range(8)))
+    h.admission.want(("ns", "forger"), forger)
+    await h.admission.run_pass()
+    waiting = h.admission.decision(("ns", "forger"))
+    assert isinstance(waiting, queue.Wait)
+    assert h.written == []
+
+
+async def test_a_squatting_pod_blocks_no_one_and_a_real_holder_is_named() -> None:
+    squatter = {
+        "metadata": {"name": "squatter", "namespace": "t", "annotations": {keys.GPU_IDS: "0,1"}},
+        "spec": {"nodeName": "dgx-0", "containers": [{"resources": {}}]},
+        "status": {"phase": "Running"},
+    }
+    job = topology_job("j", "2026-01-01T00:01:00Z", 8)
+    h = Harness(job)
+    h.admission.snapshot = lambda: ([NODE], [squatter], {})
+    h.admission.want(("ns", "j"), job)
+    await h.admission.run_pass()
+    assert isinstance(h.admission.decision(("ns", "j")), queue.Admit)
+
+    real = {
+        **squatter,
+        "spec": {
+            **squatter["spec"],
+            "containers": [{"resources": {"limits": {keys.GPU_RESOURCE: "2"}}}],
+        },
+    }
+    other = topology_job("other", "2026-01-01T00:02:00Z", 8)
+    h2 = Harness(other)
+    h2.admission.snapshot = lambda: ([NODE], [real], {})
+    h2.admission.want(("ns", "other"), other)
+    await h2.admission.run_pass()
+    waiting = h2.admission.decision(("ns", "other"))
+    assert isinstance(waiting, queue.Wait)
+    assert "held by pods this operator did not place: dgx-0: t/squatter (2)" in waiting.message

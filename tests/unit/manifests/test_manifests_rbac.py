@@ -14,7 +14,7 @@ def grants(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]]:
 
 #: What the operator's code calls today (handlers/kube.py, recorder, leader election, Kopf).
 OPERATOR_CLUSTER = (
-    grants("kubeflow.org", "mpijobs", "list watch patch")
+    grants("kubeflow.org", "mpijobs", "list watch")
     | grants("kubeflow.org", "mpijobs/status", "update")
     | grants("", "pods", "get list watch create delete")
     | grants("", "services", "get list watch create patch")
@@ -26,6 +26,7 @@ OPERATOR_CLUSTER = (
     | grants("scheduling.x-k8s.io", "podgroups", "get list watch create patch delete")
     | grants("scheduling.volcano.sh", "podgroups", "get list watch create patch delete")
     | grants("scheduling.k8s.io", "priorityclasses", "list watch")
+    | grants("mpijob.io", "placementdecisions", "get list watch create update delete")
     | grants("", "nodes", "list watch")
     | grants("", "namespaces", "list watch")
     | grants("apiextensions.k8s.io", "customresourcedefinitions", "list watch")

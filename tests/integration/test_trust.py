@@ -1,0 +1,147 @@
+"""What a tenant can write does not move GPUs: the trust model of placement, on the cluster.
+
+A tenant here may create MPIJobs and Pods in their namespace (Kubeflow's edit roles, as users
+get them). Placement believes only PlacementDecisions, which no user role may write; a pod's
+own ``mpijob.io/gpu-ids`` counts for nothing, its GPU requests do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from mpijob import keys
+from support.jobs import mpijob
+from support.kube import Cluster
+from support.mpijobs import MPIJobs
+from support.wait import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+
+ROOT = Path(__file__).resolve().parents[2]
+TENANT = "tenant@example.com"
+EIGHT = "0,1,2,3,4,5,6,7"
+
+
+def on_node(name: str, node: str, *, gpus: int = 8, **kw: Any) -> dict[str, Any]:
+    """A topology job whose workers may only go to ``node``."""
+    body = mpijob(name, workers=1, gpus=gpus, annotations={keys.GPU_TOPOLOGY: "true"}, **kw)
+    worker = body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    worker["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def worker_pods(cluster: Cluster, ns: str, job: str) -> list[Any]:
+    return cluster.core.list_namespaced_pod(
+        ns, label_selector=f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}=worker"
+    ).items
+
+
+def message(mpijobs: MPIJobs, name: str) -> str:
+    return str((mpijobs.condition(name, keys.COND_GANG_ADMITTED) or {}).get("message", ""))
+
+
+def test_a_forged_decision_on_an_mpijob_takes_no_gpus_from_a_running_job(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(on_node("holder", "gpu-node-0"))
+    mpijobs.wait_condition("holder", keys.COND_GANG_ADMITTED, timeout=30)
+    wait_until(lambda: len(worker_pods(crds, namespace, "holder")) == 1, what="holder's worker")
+
+    forged = {"v": 1, "ring": 50, "workers": [["gpu-node-0", list(range(8))]]}
+    annotations = {
+        keys.GPU_TOPOLOGY: "true",
+        "mpijob.io/placement-decision": json.dumps(forged),
+        "mpijob.io/placement": "1x8 GPU on gpu-node-0 [0,1,2,3,4,5,6,7] ring 50.0 GB/s",
+    }
+    body = on_node("forger", "gpu-node-0")
+    body["metadata"]["annotations"] = annotations
+    mpijobs.create(body)
+    wait_until(lambda: "needs 8 GPUs" in message(mpijobs, "forger"), what="the forger to wait")
+    assert not worker_pods(crds, namespace, "forger")
+    assert mpijobs.decision("forger") is None
+    holder = mpijobs.decision("holder")
+    assert holder is not None
+    assert holder["spec"]["workers"] == [{"node": "gpu-node-0", "gpus": list(range(8))}]
+
+
+def test_a_pod_claiming_gpus_it_does_not_request_blocks_no_one(
+    crds: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    crds.core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="squatter", annotations={keys.GPU_IDS: EIGHT}),
+            spec=client.V1PodSpec(
+                node_name="gpu-node-0",
+                containers=[client.V1Container(name="main", image="busybox")],
+            ),
+        ),
+    )
+    mpijobs.create(on_node("after", "gpu-node-0"))
+    mpijobs.wait_condition("after", keys.COND_GANG_ADMITTED, timeout=30)
+    [pod] = wait_until(
+        lambda: (p := worker_pods(crds, namespace, "after")) and p[0].spec.node_name and p,
+        what="the worker bound",
+    )
+    assert pod.spec.node_name == "gpu-node-0"
+    assert pod.metadata.annotations[keys.GPU_IDS] == EIGHT
+
+
+# --- RBAC: what a namespace user may write ----------------------------------------------------
+
+
+@pytest.fixture
+def tenant(crds: Cluster, namespace: str) -> str:
+    """A user bound, in ``namespace``, to Kubernetes' ``edit`` role and Kubeflow's MPIJob edit
+    role (the kubeflow overlay's aggregated roles, applied)."""
+    roles = ROOT / "manifests" / "overlays" / "kubeflow" / "user-roles.yaml"
+    crds.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(roles))
+    for role in ("edit", "kubeflow-mpijobs-edit"):
+        crds.kubectl(
+            "create",
+            "rolebinding",
+            f"tenant-{role}",
+            f"--clusterrole={role}",
+            f"--user={TENANT}",
+            "-n",
+            namespace,
+        )
+    return TENANT
+
+
+def can_i(cluster: Cluster, user: str, namespace: str, verb: str, resource: str) -> bool:
+    out = cluster.kubectl(
+        "auth", "can-i", verb, resource, f"--as={user}", "-n", namespace, check=False
+    )
+    return out.strip() == "yes"
+
+
+def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(
+    crds: Cluster, namespace: str, tenant: str
+) -> None:
+    # What the user must be able to do, or the test proves nothing.
+    for verb in ("create", "patch", "delete"):
+        assert can_i(crds, tenant, namespace, verb, "mpijobs.kubeflow.org"), verb
+    assert can_i(crds, tenant, namespace, "create", "pods")
+    # What the trust model relies on.
+    for verb in ("create", "update", "patch", "delete", "deletecollection"):
+        assert not can_i(crds, tenant, namespace, verb, "placementdecisions.mpijob.io"), verb
+
+    forged = {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {"name": "mine", "namespace": namespace},
+        "spec": {"job": {"name": "mine", "uid": "x"}, "workers": []},
+    }
+    out = crds.kubectl("create", f"--as={tenant}", "-f", "-", input=json.dumps(forged), check=False)
+    assert "forbidden" in out.lower(), out
+    assert mpijobs_decision_absent(crds, namespace, "mine")
+
+
+def mpijobs_decision_absent(cluster: Cluster, namespace: str, name: str) -> bool:
+    return MPIJobs(cluster, namespace).decision(name) is None
