@@ -18,6 +18,8 @@ import pytest
 from mpijob import api, keys
 from mpijob.desired import claims, sync
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.handlers.kube import Kube
+from mpijob.handlers.startup import detect_gpu_binding
 from mpijob.placement import codec
 from support.jobs import mpijob
 from support.kube import Cluster
@@ -179,3 +181,13 @@ def test_a_pinned_gpu_held_by_another_claim_keeps_the_pod_pending(
         foreign.pod["metadata"]["name"], namespace, grace_period_seconds=0
     )
     assert sorted(allocated(crds, namespace, claims.claim_name(name))) == devices(node, (3, 4))
+
+
+async def test_auto_detection_picks_dra_on_this_cluster(cluster: Cluster) -> None:
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig), qps=0, burst=0, concurrency=2)
+    try:
+        choice = await detect_gpu_binding(kube, "auto")
+    finally:
+        kube.close()
+    assert choice.mode is GpuBinding.DRA
+    assert not choice.warning

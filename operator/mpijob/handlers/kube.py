@@ -52,6 +52,10 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Kind(
         "/apis/scheduling.volcano.sh/v1beta1", "podgroups"
     ),
+    ("resource.k8s.io/v1", "ResourceClaim"): Kind("/apis/resource.k8s.io/v1", "resourceclaims"),
+    ("resource.k8s.io/v1", "DeviceClass"): Kind(
+        "/apis/resource.k8s.io/v1", "deviceclasses", namespaced=False
+    ),
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),

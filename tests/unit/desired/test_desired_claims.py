@@ -204,3 +204,37 @@ def test_allocated_devices_reads_nvidia_results_only() -> None:
     }
     assert claims.allocated_devices(claim) == [("n1", "gpu-3")]
     assert claims.allocated_devices({"status": {}}) == []
+
+
+def test_in_dra_mode_the_plan_creates_each_claim_just_before_its_worker() -> None:
+    job = load("nccl")
+    where = [placement("gpu-node-0", (0, 1, 2, 3)), placement("gpu-node-1", (4, 5, 6, 7))]
+    options = sync.Options(placement=where, gpu_binding=GpuBinding.DRA)
+    plan = sync.plan(job, sync.Observed(), NOW, options)
+    created = [
+        (a.obj["kind"], a.obj["metadata"]["name"])
+        for a in plan.actions
+        if isinstance(a, sync.Create) and a.obj["kind"] in ("Pod", "ResourceClaim")
+    ]
+    assert created == [
+        ("ResourceClaim", "nccl-worker-0-gpus"),
+        ("Pod", "nccl-worker-0"),
+        ("ResourceClaim", "nccl-worker-1-gpus"),
+        ("Pod", "nccl-worker-1"),
+    ]
+    # Projected pods are pods only; the launcher is built as ever, without a claim.
+    assert [p["kind"] for p in plan.projected.pods] == ["Pod", "Pod"]
+    (launcher,) = [
+        a.obj for a in plan.actions if isinstance(a, sync.Create) and a.obj["kind"] == "Job"
+    ]
+    assert "resourceClaims" not in launcher["spec"]["template"]["spec"]
+
+
+def test_by_default_the_plan_creates_no_claim() -> None:
+    job = load("nccl")
+    where = [placement("gpu-node-0", (0, 1, 2, 3)), placement("gpu-node-1", (4, 5, 6, 7))]
+    plan = sync.plan(job, sync.Observed(), NOW, sync.Options(placement=where))
+    kinds = {a.obj["kind"] for a in plan.actions if isinstance(a, sync.Create)}
+    assert "ResourceClaim" not in kinds
+    pods = placed_workers(job, where)
+    assert all(api.gpu_count(p) == 4 for p in pods)
