@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+import dra  # hack/dra.py
+
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent
 TOKEN = "mpijob-local-admin"  # loopback-only cluster; the token never leaves this machine
@@ -413,6 +415,8 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
         return out.split().count("True") >= count
 
     wait_for(f"{count} nodes Ready", ready, 120, "kwok")
+    slices = dra.publish(lambda *args, input=None: kubectl(state, *args, input=input))
+    say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
 
 
 def up(

@@ -13,6 +13,7 @@ import click
 import kopf
 
 from mpijob import keys
+from mpijob.desired.gpu_binding import FLAG_VALUES
 from mpijob.settings import OperatorSettings
 
 DEFAULTS = OperatorSettings()
@@ -125,6 +126,20 @@ def main(ctx: click.Context) -> None:
     default=DEFAULTS.gpu_topology_default,
     show_default=True,
     help=f'Place every GPU job topology-aware, as if annotated {keys.GPU_TOPOLOGY}: "true".',
+)
+@click.option(
+    "--gpu-binding",
+    type=click.Choice(FLAG_VALUES),
+    default=DEFAULTS.gpu_binding,
+    show_default=True,
+    help="How a topology-placed worker gets its chosen GPUs. 'dra': a ResourceClaim of "
+    "NVIDIA's DRA driver (gpu.nvidia.com) pins them by UUID and replaces the pod's "
+    "nvidia.com/gpu request, so the scheduler enforces the placement. 'annotations': the pod "
+    f"keeps nvidia.com/gpu and carries the choice in {keys.GPU_IDS}/{keys.GPU_UUIDS} and a "
+    "node affinity; the device plugin picks which GPUs of the node it gets. 'auto': 'dra' "
+    f"where the API server serves {keys.DRA_API_VERSION} and the DeviceClass "
+    f"{keys.NVIDIA_GPU_DRIVER} exists, else 'annotations'. The choice and its reason are "
+    "logged at startup.",
 )
 @click.option(
     "--inter-node-bandwidth",

@@ -154,3 +154,19 @@ REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
 #: ``GangAdmitted=False`` and a Warning Event: the job fits, but its PlacementDecision cannot be
 #: stored (the API server refuses it, or an earlier same-named job's decision is still held).
 REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"
+
+# --- Binding placed GPUs to the pod (DRA) ----------------------------------------------------
+#: The DRA API group version that can pin exact devices (GA and served by default since 1.34).
+DRA_API_VERSION: Final = "resource.k8s.io/v1"
+#: NVIDIA's DRA driver: both its driver name and the DeviceClass of its full GPUs.
+NVIDIA_GPU_DRIVER: Final = "gpu.nvidia.com"
+#: Qualified name of the standard PCI bus id attribute of a DRA device.
+DRA_PCI_BUS_ID: Final = "resource.kubernetes.io/pciBusID"
+#: Qualified name of the standard PCIe root complex attribute of a DRA device.
+DRA_PCIE_ROOT: Final = "resource.kubernetes.io/pcieRoot"
+#: On a worker pod whose GPUs a ResourceClaim pins: the claim's name. Its presence says the
+#: operator replaced the pod's ``nvidia.com/gpu`` request with that claim.
+GPU_CLAIM: Final = PREFIX + "gpu-claim"
+#: On a worker pod: the GPU UUIDs the kubelet reports its containers hold (node agent), when
+#: they differ from ``mpijob.io/gpu-uuids``.
+GPU_ACTUAL: Final = PREFIX + "gpu-actual"

@@ -52,6 +52,11 @@ class OperatorSettings:
     gpu_topology_default: bool = False
     """Place every GPU job topology-aware, as if it had ``mpijob.io/gpu-topology: "true"``."""
 
+    gpu_binding: str = "auto"
+    """How placed workers get their chosen GPUs: ``dra`` (ResourceClaims pinned by UUID),
+    ``annotations`` (the device plugin picks), or ``auto`` (``dra`` where the cluster serves it);
+    see :mod:`mpijob.desired.gpu_binding`."""
+
     inter_node_gbps: float = 12.5
     """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
 

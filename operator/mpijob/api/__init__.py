@@ -20,7 +20,7 @@ from mpijob.api.models import (
     SchedulingPolicy,
 )
 from mpijob.api.parsing import managed_by, parse
-from mpijob.api.resources import gpu_count, gpu_ids
+from mpijob.api.resources import container_gpus, gpu_count, gpu_ids
 from mpijob.api.validation import validate
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ReplicaStatus",
     "RunPolicy",
     "SchedulingPolicy",
+    "container_gpus",
     "gpu_count",
     "gpu_ids",
     "managed_by",

@@ -13,23 +13,25 @@ from mpijob import keys
 
 
 def gpu_count(template: Mapping[str, Any] | None) -> int:
-    """Whole GPUs one pod of ``template`` asks for: the sum over its containers.
+    """Whole GPUs one pod of ``template`` asks for: the sum over its containers."""
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    return sum(container_gpus(container) for container in containers)
 
-    Each container counts its limit, else its request (Kubernetes defaults an extended
-    resource's request to its limit). A malformed quantity counts as none: the API server
-    rejects it before any pod exists.
+
+def container_gpus(container: Mapping[str, Any]) -> int:
+    """Whole GPUs one container asks for.
+
+    Its limit, else its request (Kubernetes defaults an extended resource's request to its
+    limit). A malformed quantity counts as none: the API server rejects it before any pod exists.
     """
-    total = 0
-    for container in ((template or {}).get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(keys.GPU_RESOURCE)
-        if value is None:
-            value = (resources.get("requests") or {}).get(keys.GPU_RESOURCE)
-        try:
-            total += int(str(value)) if value is not None else 0
-        except ValueError:
-            continue
-    return total
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(keys.GPU_RESOURCE)
+    if value is None:
+        value = (resources.get("requests") or {}).get(keys.GPU_RESOURCE)
+    try:
+        return int(str(value)) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 def gpu_ids(text: str | None) -> tuple[int, ...]:

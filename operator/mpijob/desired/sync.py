@@ -13,7 +13,8 @@ Differences from upstream, on purpose (see the README's compatibility section):
 - scale-down deletes workers by name (``<job>-worker-<i>`` with ``i >= replicas``), not by the
   ``replica-index`` label, so ``runLauncherAsWorker`` no longer deletes and recreates the last
   worker, and a pod missing the label no longer stops the scan;
-- workers are not created until the job is admitted when our own gang admission is on.
+- workers are not created until the job is admitted when our own gang admission is on;
+- in the DRA GPU binding mode, a placed worker's ResourceClaim is created just before it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datetime import datetime
 
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
+    claims,
     config_map,
     launcher,
     names,
@@ -36,6 +38,7 @@ from mpijob.desired import (
 )
 from mpijob.desired.events import Event
 from mpijob.desired.gang_mode import OFF, GangMode
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.observed import Observed
 
 __all__ = [
@@ -70,6 +73,8 @@ class Options:
     """False while our own gang admission holds the job back: no workers, no launcher."""
     placement: Sequence[PodPlacement] | None = None
     """Per worker index, when the job is placed topology-aware."""
+    gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
+    """How a placed worker gets its GPUs; in DRA mode its claim is created just before it."""
     new_key_pair: Callable[[], tuple[bytes, bytes]] = ssh.generate_ssh_key_pair
     """Makes the SSH key pair of a Secret that must be (re)created."""
 
@@ -153,7 +158,9 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             out.actions += _pod_group(job, seen, options)
             created_workers, worker_actions = _workers(job, workers, options)
             out.actions += worker_actions
-            new = [a.obj for a in worker_actions if isinstance(a, Create)]
+            new = [
+                a.obj for a in worker_actions if isinstance(a, Create) and a.obj["kind"] == "Pod"
+            ]
             out.projected = replace(out.projected, pods=[*seen.pods, *new])
             workers = created_workers
         if launcher_job is None and options.admitted and status.launcher_may_start(job, workers):
@@ -243,6 +250,10 @@ def _workers(job: MPIJob, workers: list[JSON], options: Options) -> tuple[list[J
         )
         if options.placement is not None:
             _place(pod, options.placement[index])
+            bound = claims.bind_worker(job, pod, options.gpu_binding)
+            if bound.claim is not None:
+                actions.append(Create(bound.claim))
+            pod = bound.pod
         actions.append(Create(pod))
         projected.append(pod)
     return projected, actions

@@ -55,6 +55,10 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("mpijob.io/v1alpha1", "PlacementDecision"): Kind(
         "/apis/mpijob.io/v1alpha1", "placementdecisions"
     ),
+    ("resource.k8s.io/v1", "ResourceClaim"): Kind("/apis/resource.k8s.io/v1", "resourceclaims"),
+    ("resource.k8s.io/v1", "DeviceClass"): Kind(
+        "/apis/resource.k8s.io/v1", "deviceclasses", namespaced=False
+    ),
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),

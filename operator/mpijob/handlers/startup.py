@@ -17,6 +17,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
+from mpijob.desired.gpu_binding import Choice, ClusterFacts, choose
 from mpijob.handlers import reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
 from mpijob.handlers.kube import ApiError, Kube
@@ -104,6 +105,41 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
 
 
 HEALTHY_WITHIN_SECONDS = 30.0
+
+
+async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
+    """The ``--gpu-binding`` mode on this cluster, logged with its reason.
+
+    Two reads: the ``resource.k8s.io/v1`` discovery document and the ``gpu.nvidia.com``
+    DeviceClass. A read the API server refuses otherwise than "not found" (e.g. forbidden) counts
+    as absent and is named in the reason. ValueError from :func:`choose` when ``dra`` is forced on
+    a server without the API.
+    """
+    unknown = []
+    try:
+        await kube.request("GET", "/apis/" + keys.DRA_API_VERSION)
+        served = True
+    except ApiError as error:
+        served = False
+        if not error.not_found:
+            unknown.append(f"{keys.DRA_API_VERSION}: {error.status} {error.message}")
+    device_class = False
+    if served:
+        try:
+            found = await kube.get(
+                keys.DRA_API_VERSION, "DeviceClass", None, keys.NVIDIA_GPU_DRIVER
+            )
+            device_class = found is not None
+        except ApiError as error:
+            unknown.append(f"DeviceClass {keys.NVIDIA_GPU_DRIVER}: {error.status} {error.message}")
+    choice = choose(flag, ClusterFacts(served, device_class, "; ".join(unknown)))
+    log.log(
+        logging.WARNING if choice.warning else logging.INFO,
+        "GPU binding mode: %s (%s)",
+        choice.mode.value,
+        choice.reason,
+    )
+    return choice
 
 
 async def cleanup(memo: Any, **_: Any) -> None:
