@@ -154,6 +154,18 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 "Jobs failed because their gang was not admitted within scheduleTimeoutSeconds.",
                 [(f"sum(increase(mpi_operator_gang_timeouts_total{SEL}[{RATE}]))", "timeouts")],
             ),
+            Chart(
+                "Placements not honoured",
+                "Placements the cluster did not carry out as decided: with the dra binding, a "
+                "pinned GPU taken before its claim was allocated (the job is placed anew).",
+                [
+                    (
+                        "sum by (binding) (increase("
+                        f"mpi_operator_placements_not_honoured_total{SEL}[{RATE}]))",
+                        "{{binding}}",
+                    )
+                ],
+            ),
         ],
     ),
     (

@@ -173,5 +173,5 @@ def run(**opts: object) -> None:
         opts[many] = tuple(cast("tuple[str, ...]", opts[many]) or ())
     try:
         startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]
-    except startup.MissingCRD as e:
+    except (startup.MissingCRD, ValueError) as e:
         raise click.ClickException(str(e)) from None

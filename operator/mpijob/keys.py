@@ -154,6 +154,13 @@ REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
 #: ``GangAdmitted=False`` and a Warning Event: the job fits, but its PlacementDecision cannot be
 #: stored (the API server refuses it, or an earlier same-named job's decision is still held).
 REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"
+#: Warning Event (dra binding): a worker's pinned GPUs could not be allocated (another claim
+#: took one between the decision and the binding); the job's pods, claims and decision are
+#: removed and it is placed anew.
+REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
+#: Normal Event once per admission (annotations binding): the operator chose the GPUs, but the
+#: device plugin picks the ones each container gets.
+REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"
 
 # --- Binding placed GPUs to the pod (DRA) ----------------------------------------------------
 #: The DRA API group version that can pin exact devices (GA and served by default since 1.34).

@@ -85,6 +85,13 @@ GANG_TIMEOUTS: Final = Counter(
     "mpi_operator_gang_timeouts", "MPIJobs failed because their gang was not admitted in time"
 )
 
+PLACEMENTS_NOT_HONOURED: Final = Counter(
+    "mpi_operator_placements_not_honoured",
+    "Placements the cluster did not carry out as decided (dra binding: a pinned GPU was taken "
+    "before its claim was allocated, and the job was placed anew)",
+    ["binding"],
+)
+
 
 def serve(port: int, healthy: Callable[[], bool], registry: CollectorRegistry = REGISTRY) -> None:
     """Serve ``/metrics`` and ``/healthz`` on 0.0.0.0:``port`` from a daemon thread."""

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from mpijob import keys
 from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
+from mpijob.api.models import parse_time
 from mpijob.desired import names
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
@@ -215,6 +217,47 @@ def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str
     return not any(names.is_controlled_by(p, decision_uid) and not _finished(p) for p in pods)
 
 
+#: How long a placed worker's pod may stay unschedulable with its claim unallocated before the
+#: job is placed anew: the scheduler retries a claim whose device is busy, so a moment passes.
+TAKEN_GRACE_SECONDS = 10.0
+
+
+def gpus_taken(
+    pods: Iterable[Mapping[str, Any]],
+    claims: Mapping[str, Mapping[str, Any]],
+    now: datetime,
+    grace: float = TAKEN_GRACE_SECONDS,
+) -> str | None:
+    """Why the job must be placed anew (dra binding), or None: a worker whose pod uses a pinned
+    claim has been unschedulable for ``grace`` seconds while its claim is unallocated, because
+    another claim took one of its GPUs between the decision and the binding."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        claim_name = (meta.get("annotations") or {}).get(keys.GPU_CLAIM)
+        if not claim_name or (pod.get("spec") or {}).get("nodeName") or _finished(pod):
+            continue
+        claim = claims.get(claim_name)
+        if claim is None or (claim.get("status") or {}).get("allocated"):
+            continue
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if (c.get("type"), c.get("status"), c.get("reason")) != (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                continue
+            since = parse_time(c.get("lastTransitionTime"))
+            if since is None or (now - since).total_seconds() < grace:
+                continue
+            ids = (meta.get("annotations") or {}).get(keys.GPU_IDS, "?")
+            return (
+                f"worker {meta.get('name')}'s GPUs [{ids}] could not be allocated for "
+                f"{int((now - since).total_seconds())}s (another claim holds one: "
+                f"{c.get('message') or 'unschedulable'}); placing the job anew"
+            )
+    return None
+
+
 # --- nodes -----------------------------------------------------------------------------------
 
 
@@ -229,6 +272,22 @@ def opted_in(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What one admission pass reads from the caches."""
+
+    nodes: list[JSON]
+    """Opted-in nodes."""
+    pods: list[JSON]
+    """Pods that request GPUs (``nvidia.com/gpu``), anyone's."""
+    decisions: dict[JobKey, Decision]
+    """Every PlacementDecision, by the job it names."""
+    allocated: dict[str, list[str]] = field(default_factory=dict)
+    """Node -> NVIDIA GPU devices (``gpu-<minor>``) allocated to any ResourceClaim (dra mode)."""
+    slices: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Node -> device name -> GPU UUID, from the NVIDIA driver's ResourceSlices (dra mode)."""
+
+
 @dataclass
 class Holdings:
     """Which GPUs are taken, as far as the operator may believe it.
@@ -241,6 +300,8 @@ class Holdings:
 
     known: dict[str, set[int]] = field(default_factory=dict)
     """Node -> GPU indices held by decisions."""
+    uuids: dict[str, set[str]] = field(default_factory=dict)
+    """Node -> UUIDs of GPUs the scheduler allocated to ResourceClaims (anyone's)."""
     unplaced: dict[str, int] = field(default_factory=dict)
     """Node -> GPUs held by pods that no decision placed (a count: the indices are unknown)."""
     holders: dict[str, list[str]] = field(default_factory=dict)
@@ -256,10 +317,24 @@ class Holdings:
         return "held by pods this operator did not place: " + "; ".join(parts) if parts else ""
 
 
-def holdings(decisions: Mapping[JobKey, Decision], pods: Iterable[Mapping[str, Any]]) -> Holdings:
-    """GPUs held by ``decisions`` (by job key) and by ``pods`` (bound, unfinished pods that
-    request GPUs; terminating ones included)."""
+def holdings(
+    decisions: Mapping[JobKey, Decision],
+    pods: Iterable[Mapping[str, Any]],
+    allocated: Mapping[str, Iterable[str]] | None = None,
+    slices: Mapping[str, Mapping[str, str]] | None = None,
+) -> Holdings:
+    """GPUs held by ``decisions`` (by job key), by ``pods`` (bound, unfinished pods that
+    request GPUs; terminating ones included) and by DRA allocations (``allocated`` devices per
+    node, identified through the driver's ``slices``; a device no slice names counts as one GPU
+    of unknown index)."""
     out = Holdings()
+    for node, devices in (allocated or {}).items():
+        names_ = (slices or {}).get(node) or {}
+        for device in devices:
+            if uuid := names_.get(device):
+                out.uuids.setdefault(node, set()).add(uuid)
+            else:
+                out.unplaced[node] = out.unplaced.get(node, 0) + 1
     for decision in decisions.values():
         for assignment in decision.assignments:
             out.known.setdefault(assignment.node, set()).update(assignment.gpus)
@@ -334,6 +409,40 @@ def node_states(
             topology = codec.loads(text)
         except ValueError:
             continue
-        taken = frozenset(g for g in held.known.get(name, ()) if 0 <= g < topology.size)
-        states.append(NodeState(name, topology, taken, held.unplaced.get(name, 0)))
+        taken = {g for g in held.known.get(name, ()) if 0 <= g < topology.size}
+        allocated = held.uuids.get(name, set())
+        by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+        taken |= {by_uuid[u] for u in allocated if u in by_uuid}
+        unplaced = held.unplaced.get(name, 0) + len(allocated - set(by_uuid))
+        states.append(NodeState(name, topology, frozenset(taken), unplaced))
     return sorted(states, key=lambda s: s.name)
+
+
+def slice_conflicts(
+    nodes: Iterable[Mapping[str, Any]], slices: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """Nodes whose NVIDIA ResourceSlice names other GPUs than their topology annotation, and
+    why: placement skips them (a claim pinned by a UUID the driver does not publish would never
+    be allocated, and one it does publish may not be the GPU the topology describes)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        published = set((slices.get(name) or {}).values())
+        text = (meta.get("annotations") or {}).get(keys.GPU_TOPOLOGY)
+        if not published or not text:
+            continue
+        try:
+            described = {g.uuid for g in codec.loads(text).gpus if g.uuid}
+        except ValueError:
+            continue
+        if published != described:
+            only_slice = sorted(published - described)
+            only_topology = sorted(described - published)
+            out[name] = (
+                f"node {name}: its {keys.NVIDIA_GPU_DRIVER} ResourceSlice and its "
+                f"{keys.GPU_TOPOLOGY} annotation disagree (only in the slice: "
+                f"{', '.join(only_slice) or 'none'}; only in the topology: "
+                f"{', '.join(only_topology) or 'none'}); placement skips the node until they agree"
+            )
+    return out

@@ -9,7 +9,7 @@ accessors here tolerate missing fields, so a half-written object never raises. R
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
@@ -37,6 +37,8 @@ class Observed:
     """The hostfile ConfigMap, with its data."""
     secret: JSON | None = None
     """The SSH Secret: its metadata and the names of its keys (never the key material)."""
+    claims: Mapping[str, JSON] = field(default_factory=dict)
+    """The workers' ResourceClaims (DRA binding), by name."""
 
 
 def name_of(obj: Mapping[str, Any]) -> str:

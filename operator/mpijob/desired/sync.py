@@ -142,6 +142,7 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
     if status.finished_with_completion(job.status):
         if status.cleans_up_at_finish(job):
             out.actions += _delete_workers(job, workers)
+            out.actions += _delete_claims(seen, keep=_kept(job, workers))
             out.actions += _delete_pod_group(job, seen, options)
         return out
 
@@ -156,7 +157,7 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
         out.actions += _secret(job, seen, options)
         if not suspended and options.admitted:
             out.actions += _pod_group(job, seen, options)
-            created_workers, worker_actions = _workers(job, workers, options)
+            created_workers, worker_actions = _workers(job, workers, seen, options)
             out.actions += worker_actions
             new = [
                 a.obj for a in worker_actions if isinstance(a, Create) and a.obj["kind"] == "Pod"
@@ -177,8 +178,17 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
 
     if suspended:
         out.actions += _delete_workers(job, workers)
+        out.actions += _delete_claims(seen, keep=_kept(job, workers))
         out.actions += _delete_pod_group(job, seen, options)
     return out
+
+
+def _kept(job: MPIJob, workers: list[JSON]) -> set[str]:
+    """Claims of the workers that stay (cleanPodPolicy keeps finished or all pods)."""
+    doomed = set(status.worker_pods_to_delete(job, workers))
+    return {
+        claims.claim_name(observed.name_of(p)) for p in workers if observed.name_of(p) not in doomed
+    }
 
 
 def _service(job: MPIJob, seen: Observed) -> list[Action]:
@@ -231,7 +241,9 @@ def _delete_pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Act
     return [Delete(seen.pod_group["apiVersion"], "PodGroup", job.name, meta.get("uid"))]
 
 
-def _workers(job: MPIJob, workers: list[JSON], options: Options) -> tuple[list[JSON], list[Action]]:
+def _workers(
+    job: MPIJob, workers: list[JSON], seen: Observed, options: Options
+) -> tuple[list[JSON], list[Action]]:
     """Scale down by name, create the missing; returns the projected worker list too."""
     wanted = names.worker_names(job)
     wanted_set = set(wanted)
@@ -252,7 +264,10 @@ def _workers(job: MPIJob, workers: list[JSON], options: Options) -> tuple[list[J
             _place(pod, options.placement[index])
             bound = claims.bind_worker(job, pod, options.gpu_binding)
             if bound.claim is not None:
-                actions.append(Create(bound.claim))
+                claim_actions, ready = _claim(bound.claim, seen)
+                actions += claim_actions
+                if not ready:
+                    continue  # the pod waits until its claim asks for the right GPUs
             pod = bound.pod
         actions.append(Create(pod))
         projected.append(pod)
@@ -276,6 +291,39 @@ def _place(pod: JSON, where: PodPlacement) -> None:
     required["nodeSelectorTerms"] = [
         {**t, "matchExpressions": [*(t.get("matchExpressions") or []), *term["matchExpressions"]]}
         for t in terms
+    ]
+
+
+def _claim(desired: JSON, seen: Observed) -> tuple[list[Action], bool]:
+    """The actions for a worker's claim, and whether its pod may be created now.
+
+    A missing claim is created (before its pod); one asking for other GPUs (the job was placed
+    anew) is deleted and the pod waits until it is gone, as does the pod of a claim still being
+    deleted: a claim cannot be edited, and a pod must never use a stale one."""
+    live = seen.claims.get(observed.name_of(desired))
+    if live is None:
+        return [Create(desired)], True
+    if (live.get("metadata") or {}).get("deletionTimestamp"):
+        return [], False
+    if claims.claim_drifted(live, desired):
+        return [_delete_claim(live)], False
+    return [], True
+
+
+def _delete_claim(claim: JSON) -> Delete:
+    meta = claim.get("metadata") or {}
+    return Delete(
+        str(claim.get("apiVersion")), "ResourceClaim", str(meta.get("name")), meta.get("uid")
+    )
+
+
+def _delete_claims(seen: Observed, keep: set[str] | None = None) -> list[Action]:
+    """Release the workers' claims (suspension, cleanup), all but those of ``keep`` pods."""
+    return [
+        _delete_claim(c)
+        for name, c in sorted(seen.claims.items())
+        if not (c.get("metadata") or {}).get("deletionTimestamp")
+        and (keep is None or name not in keep)
     ]
 
 

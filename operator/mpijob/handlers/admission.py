@@ -63,6 +63,10 @@ async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
     await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
 
 
+def _node_name(node: Mapping[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name"))
+
+
 @dataclass(frozen=True)
 class Grant:
     uid: str
@@ -87,10 +91,8 @@ class Admission:
     """Coroutine function storing a PlacementDecision (create, or replace a stale one of the
     same job); raises :class:`ApiError`."""
     enqueue: Callable[[JobKey], None]
-    snapshot: Callable[
-        [], tuple[list[dict[str, Any]], list[dict[str, Any]], dict[JobKey, topology.Decision]]
-    ]
-    """(opted-in nodes, pods that request GPUs, every decision by job key) from the caches."""
+    snapshot: Callable[[], topology.Snapshot]
+    """What the caches hold for placement."""
     live: Callable[[JobKey], api.MPIJob | None]
     """The job as the cache holds it now; None once it is deleted (or no longer parses)."""
     decision_of: Callable[[JobKey], dict[str, Any] | None]
@@ -103,6 +105,8 @@ class Admission:
     granted: dict[JobKey, Grant] = field(default_factory=dict)
     """Admissions written on the MPIJob whose watch event has not arrived yet: a pass that ran
     on the cache alone would hand the same GPUs out again."""
+    warned: dict[str, str] = field(default_factory=dict)
+    """Nodes skipped for a slice/topology conflict, and the warning logged (once each)."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -149,12 +153,15 @@ class Admission:
 
     async def run_pass(self) -> None:
         async with self._lock:
-            nodes_raw, pods, snap_decisions = self.snapshot()
+            snap = self.snapshot()
+            conflicts = topology.slice_conflicts(snap.nodes, snap.slices)
+            self._warn_conflicts(conflicts)
+            nodes_raw = [n for n in snap.nodes if _node_name(n) not in conflicts]
             self._refresh()
             if not self.waiting:
                 return
-            decisions = {**snap_decisions, **self._unseen_grants()}
-            held = topology.holdings(decisions, pods)
+            decisions = {**snap.decisions, **self._unseen_grants()}
+            held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
             nodes = topology.node_states(nodes_raw, held)
             empty = topology.node_states(nodes_raw)
             values = self.priority_values()
@@ -272,6 +279,12 @@ class Admission:
             self.enqueue(key)
         elif previous is None or getattr(previous, "message", None) != decision.message:
             self.enqueue(key)  # the waiting message changed: show it in the status
+
+    def _warn_conflicts(self, conflicts: Mapping[str, str]) -> None:
+        for node, message in conflicts.items():
+            if self.warned.get(node) != message:
+                log.warning("%s", message)
+        self.warned = dict(conflicts)
 
     def _gauges(self) -> None:
         metrics.GANG_WAITING.set(len(self.waiting))

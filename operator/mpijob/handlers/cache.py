@@ -27,7 +27,6 @@ from typing import Any
 
 from mpijob import api
 from mpijob.admission import topology
-from mpijob.admission.topology import Decision
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
@@ -87,11 +86,17 @@ class Cache:
             for index, kind in CHILD_INDICES.items()
         }
         pods = [dict(p) for p in self._all("pods_by_job", key)]
+        claims = {
+            _name(c): c for c in self._all("claims_by_job", key) if names.is_controlled_by(c, uid)
+        }
         present = {("Pod", str(p["metadata"]["name"])) for p in pods}
+        present |= {("ResourceClaim", name) for name in claims}
         present |= {(kind, _name(obj)) for kind, obj in ours.items() if obj is not None}
-        for (kind, _), obj in self._pending(key, present).items():
+        for (kind, name), obj in self._pending(key, present).items():
             if kind == "Pod":
                 pods.append(obj)
+            elif kind == "ResourceClaim":
+                claims[name] = obj
             elif ours.get(kind) is None and names.is_controlled_by(obj, uid):
                 ours[kind] = obj
         return Observed(
@@ -101,6 +106,7 @@ class Cache:
             service=ours["Service"],
             config_map=ours["ConfigMap"],
             secret=ours["Secret"],
+            claims=claims,
         )
 
     def pods(self, key: JobKey) -> list[JSON]:
@@ -177,8 +183,9 @@ class Cache:
         """The PlacementDecision named after the job, whichever job it was written for."""
         return next(iter(self._all("decisions_by_job", key)), None)
 
-    def placement_snapshot(self) -> tuple[list[JSON], list[JSON], dict[JobKey, Decision]]:
-        """Opted-in nodes, pods that request GPUs, and every decision (by job key)."""
+    def placement_snapshot(self) -> topology.Snapshot:
+        """What placement reads: opted-in nodes, pods that request GPUs, every decision (by job
+        key), every claim's allocated NVIDIA GPUs and the driver's devices, by node."""
         pods = [
             dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
         ]
@@ -187,7 +194,15 @@ class Cache:
             for body in store:
                 if (decision := topology.parse_decision(body)) is not None:
                     decisions[key] = decision
-        return list(self.nodes().values()), pods, decisions
+        allocated = {
+            node: [str(d) for claim in store for d in claim.get("devices") or ()]
+            for node, store in self.indices.get("allocations_by_node", {}).items()
+        }
+        slices: dict[str, dict[str, str]] = {}
+        for node, store in self.indices.get("slices_by_node", {}).items():
+            for devices in store:
+                slices.setdefault(node, {}).update(devices)
+        return topology.Snapshot(list(self.nodes().values()), pods, decisions, allocated, slices)
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:
         return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]

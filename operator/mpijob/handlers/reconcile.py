@@ -27,6 +27,7 @@ from mpijob.api.errors import FieldError
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
@@ -63,6 +64,10 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
+    enforced = gate.placement is not None and rt.gpu_binding is GpuBinding.DRA
+    if enforced and (taken := topology.gpus_taken(seen.pods, seen.claims, now)):
+        await _place_anew(rt, key, job, body, seen, taken)
+        return
     plan = sync.plan(
         job,
         seen,
@@ -73,6 +78,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             priority_values=rt.cache.priority_values() if gang.enabled else {},
             admitted=gate.admitted,
             placement=gate.placement,
+            gpu_binding=rt.gpu_binding,
         ),
     )
     if gate.release is not None:
@@ -87,7 +93,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if result.launcher_seen:
         metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
     _observe(rt, key, job, result.status, seen, now)
-    for event in [*result.events, *plan.events]:
+    for event in [*result.events, *plan.events, *_binding_events(rt, gate, result.events)]:
         rt.recorder.post(body, event)
     for counter in result.counters:
         COUNTERS[counter].inc()
@@ -240,6 +246,47 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
         waiting = queue.waiting_job(job, priority_values={})
         last = queue.Wait(waiting, "waiting for the next admission pass")
     return Gate(admitted=False, outcome=outcome.outcome(last, now=now))
+
+
+DEVICE_PLUGIN_PICKS = (
+    "GPU binding is annotations: the workers carry the GPUs placement chose "
+    f"({keys.GPU_IDS}) and a node affinity, but the device plugin, not the operator, picks "
+    "which GPUs of the node each container gets (NVIDIA's DRA driver and --gpu-binding=dra "
+    "enforce the choice)"
+)
+
+
+def _binding_events(rt: Runtime, gate: Gate, posted: list[events.Event]) -> list[events.Event]:
+    """Once per admission, in the annotations binding: the choice is not enforced."""
+    if gate.placement is None or rt.gpu_binding is not GpuBinding.ANNOTATIONS:
+        return []
+    if not any(e.reason == keys.REASON_GANG_ADMITTED for e in posted):
+        return []
+    return [events.normal(keys.REASON_DEVICE_PLUGIN_PICKS, DEVICE_PLUGIN_PICKS)]
+
+
+async def _place_anew(
+    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, seen: sync.Observed, why: str
+) -> None:
+    """A pinned GPU was taken before its claim was allocated: remove the job's workers, their
+    claims and its decision (no pod of it runs on GPUs other than those recorded), and let our
+    admission place it again. Said once, as a Warning."""
+    log.warning("MPIJob %s/%s: %s", *key, why)
+    rt.recorder.post(body, events.warning(keys.REASON_GPUS_TAKEN, why))
+    metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
+    for pod in seen.pods:
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) == keys.ROLE_WORKER:
+            await rt.kube.delete("v1", "Pod", job.namespace, str(meta["name"]), uid=meta.get("uid"))
+    for name, claim in seen.claims.items():
+        uid = (claim.get("metadata") or {}).get("uid")
+        await rt.kube.delete(keys.DRA_API_VERSION, "ResourceClaim", job.namespace, name, uid=uid)
+    decision = rt.cache.decision(key)
+    if decision is not None:
+        uid = (decision.get("metadata") or {}).get("uid")
+        await rt.kube.delete(
+            keys.DECISION_API_VERSION, keys.DECISION_KIND, job.namespace, job.name, uid=uid
+        )
 
 
 def _observe(

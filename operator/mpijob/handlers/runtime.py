@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from mpijob import metrics
 from mpijob.api import JobKey
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.kube import Kube
@@ -51,6 +52,8 @@ class Runtime:
     cache: Cache = field(default_factory=Cache)
     job_metrics: JobMetrics = field(default_factory=JobMetrics)
     admission: Admission | None = None
+    gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
+    """How placed workers get their GPUs, chosen once at startup (``--gpu-binding``)."""
 
     def forget(self, key: JobKey) -> None:
         """Drop every memory of a deleted job."""

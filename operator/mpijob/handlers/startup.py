@@ -17,7 +17,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
-from mpijob.desired.gpu_binding import Choice, ClusterFacts, choose
+from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
 from mpijob.handlers.kube import ApiError, Kube
@@ -71,6 +71,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
     rt = Runtime(
         settings=ours,
+        gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
         kube=kube,
         recorder=Recorder(kube, instance=instance),
         workers=Workers(ours.threadiness, leader=leader),
@@ -154,7 +155,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
+def registry_for(
+    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -165,7 +168,7 @@ def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
         gang_api = keys.VOLCANO_POD_GROUP_API_VERSION
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
-    watches.register(registry, gang_api_version=gang_api)
+    watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     return registry
 
 
@@ -200,21 +203,41 @@ async def check_crds(kube: Kube) -> None:
             )
 
 
+PREFLIGHT_SECONDS = 60.0
+
+
+async def preflight(ours: OperatorSettings) -> GpuBinding:
+    """Before Kopf starts: the CRDs are served (:class:`MissingCRD` otherwise) and the GPU
+    binding mode (ValueError when ``--gpu-binding=dra`` cannot work here). An API server that
+    does not answer within :data:`PREFLIGHT_SECONDS` leaves the CRDs to Kopf's own retries and
+    the mode at ``annotations`` (or the forced one), with a warning."""
+    kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
+    deadline = asyncio.get_running_loop().time() + PREFLIGHT_SECONDS
+    try:
+        while True:
+            try:
+                await check_crds(kube)
+                return (await detect_gpu_binding(kube, ours.gpu_binding)).mode
+            except OSError as e:
+                if asyncio.get_running_loop().time() > deadline:
+                    forced = ours.gpu_binding == GpuBinding.DRA.value
+                    mode = GpuBinding.DRA if forced else GpuBinding.ANNOTATIONS
+                    log.warning("API server unreachable (%s): GPU binding mode %s", e, mode.value)
+                    return mode
+                await asyncio.sleep(2)
+    finally:
+        kube.close()
+
+
 def run(ours: OperatorSettings) -> None:
     """Run the operator until SIGINT/SIGTERM."""
     if ours.kubeconfig:
         os.environ["KUBECONFIG"] = ours.kubeconfig
-    kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
-    try:
-        asyncio.run(check_crds(kube))
-    except OSError as e:  # unreachable yet: Kopf retries the connection itself
-        log.warning("Could not check the CRDs: %s", e)
-    finally:
-        kube.close()
-    memo = kopf.Memo(settings=ours)
+    binding = asyncio.run(preflight(ours))
+    memo = kopf.Memo(settings=ours, gpu_binding=binding)
     asyncio.run(
         kopf.operator(
-            registry=registry_for(ours),
+            registry=registry_for(ours, binding),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

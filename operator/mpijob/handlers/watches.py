@@ -222,6 +222,60 @@ async def podgroups_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> 
     return {_key(namespace, job): dict(body)} if (job := _job_of(body)) else {}
 
 
+# --- DRA (the dra binding mode): claims and the NVIDIA driver's ResourceSlices -------------------
+
+
+def _allocated(body: kopf.Body) -> list[list[str]]:
+    allocation = body.status.get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [
+        [str(r.get("pool")), str(r.get("device")), str(r.get("request"))]
+        for r in results
+        if r.get("driver") == keys.NVIDIA_GPU_DRIVER
+    ]
+
+
+async def claims_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+    """Our workers' claims: the spec a re-placement compares, and what was allocated."""
+    if not (job := _job_of(body)):
+        return {}
+    status = {"allocated": _allocated(body)}
+    return {_key(namespace, job): _child(body, spec=dict(body.spec), status=status)}
+
+
+async def allocations_by_node(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[str, JSON]:
+    """Every claim holding NVIDIA GPUs (ours or anyone's), by node: what the scheduler gave."""
+    out: dict[str, JSON] = {}
+    for pool, device, _request in _allocated(body):
+        entry = out.setdefault(pool, {"namespace": namespace, "name": name, "devices": []})
+        entry["devices"].append(device)
+    return out
+
+
+async def claim_event(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    rt = _runtime(memo)
+    if job := _job_of(body):
+        _child_changed(rt, _key(namespace, job), "ResourceClaim", name)
+    if rt.admission is not None:
+        rt.admission.wake()  # an allocation came or went
+
+
+async def slices_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
+    """Of the NVIDIA driver's ResourceSlices, each GPU device's UUID, by node."""
+    if body.spec.get("driver") != keys.NVIDIA_GPU_DRIVER or not body.spec.get("nodeName"):
+        return {}
+    devices = {}
+    for device in body.spec.get("devices") or []:
+        uuid = ((device.get("attributes") or {}).get("uuid") or {}).get("string")
+        if uuid:
+            devices[str(device.get("name"))] = str(uuid)
+    return {str(body.spec["nodeName"]): devices}
+
+
 # --- PriorityClasses ----------------------------------------------------------------------------
 
 
@@ -243,11 +297,17 @@ INDICES = (
     "launchers_by_job",
     "podgroups_by_job",
     "priorities_by_name",
+    "claims_by_job",
+    "allocations_by_node",
+    "slices_by_node",
 )
 
 
-def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -> None:
-    """Attach the indices and event handlers; PodGroups only in gang mode."""
+def register(
+    registry: kopf.OperatorRegistry, *, gang_api_version: str | None, dra: bool = False
+) -> None:
+    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims and
+    ResourceSlices only in the dra binding mode (the API may not be served otherwise)."""
     mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
     kopf.index(*mpijobs, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
@@ -275,3 +335,9 @@ def register(registry: kopf.OperatorRegistry, *, gang_api_version: str | None) -
         kopf.on.event(*resource, registry=registry)(child_event)
     priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
     kopf.index(*priorities, registry=registry)(priorities_by_name)
+    if dra:
+        group, version = keys.DRA_API_VERSION.split("/")
+        kopf.index(group, version, "resourceclaims", registry=registry)(claims_by_job)
+        kopf.index(group, version, "resourceclaims", registry=registry)(allocations_by_node)
+        kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
+        kopf.index(group, version, "resourceslices", registry=registry)(slices_by_node)

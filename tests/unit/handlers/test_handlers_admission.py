@@ -77,7 +77,7 @@ class Harness:
         self.admission = Admission(
             write_decision=self.write,
             enqueue=self.enqueued.append,
-            snapshot=lambda: (nodes or [NODE], [], self.parsed()),
+            snapshot=lambda: topology.Snapshot(nodes or [NODE], [], self.parsed()),
             live=self.live,
             decision_of=self.decisions.get,
             priority_values=dict,
@@ -279,7 +279,7 @@ async def test_a_squatting_pod_blocks_no_one_and_a_real_holder_is_named() -> Non
     }
     job = topology_job("j", "2026-01-01T00:01:00Z", 8)
     h = Harness(job)
-    h.admission.snapshot = lambda: ([NODE], [squatter], {})
+    h.admission.snapshot = lambda: topology.Snapshot([NODE], [squatter], {})
     h.admission.want(("ns", "j"), job)
     await h.admission.run_pass()
     assert isinstance(h.admission.decision(("ns", "j")), queue.Admit)
@@ -293,7 +293,7 @@ async def test_a_squatting_pod_blocks_no_one_and_a_real_holder_is_named() -> Non
     }
     other = topology_job("other", "2026-01-01T00:02:00Z", 8)
     h2 = Harness(other)
-    h2.admission.snapshot = lambda: ([NODE], [real], {})
+    h2.admission.snapshot = lambda: topology.Snapshot([NODE], [real], {})
     h2.admission.want(("ns", "other"), other)
     await h2.admission.run_pass()
     waiting = h2.admission.decision(("ns", "other"))
