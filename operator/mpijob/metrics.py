@@ -5,6 +5,11 @@ rest), so existing dashboards and alerts keep working; our additions share the p
 carries a per-job label except upstream's ``mpi_operator_job_info``: jobs come and go, series
 would not. Metrics live in the default registry next to the process collector (memory, CPU), and
 ``serve`` exposes them with ``/healthz`` on one port.
+
+The node agent serves the same registry on its health port; its one metric of its own carries
+the ``mpijob_agent_`` prefix. Both "not honoured" counters are labelled by ``binding`` (``dra``
+or ``annotations``, the ``--gpu-binding`` modes), so a process that never counts one exports no
+series of it.
 """
 
 from __future__ import annotations
@@ -70,6 +75,20 @@ PLACEMENT_RING_GBPS: Final = Histogram(
 )
 JOBS_WAITING_GPUS: Final = Gauge(
     "mpi_operator_jobs_waiting_for_gpus", "Topology-placed MPIJobs that do not fit yet"
+)
+PLACEMENTS_NOT_HONOURED: Final = Counter(
+    "mpi_operator_placements_not_honoured",
+    "Placed worker pods whose containers hold other GPUs than were chosen for them, as the "
+    "node agent reports (the mpijob.io/gpu-actual annotation appears or changes)",
+    ["binding"],
+)
+
+# --- node agent ---------------------------------------------------------------------------------
+AGENT_PLACEMENTS_NOT_HONOURED: Final = Counter(
+    "mpijob_agent_placements_not_honoured",
+    "Placed pods on this node whose containers hold other GPUs than were chosen for them, "
+    "according to the kubelet's pod-resources API; once per pod and set of GPUs",
+    ["binding"],
 )
 
 # --- gang admission -----------------------------------------------------------------------------
