@@ -138,6 +138,20 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 unit="GBs",
             ),
             Chart(
+                "Placements not honoured",
+                "Placed worker pods whose containers hold other GPUs than were chosen for them, "
+                "as the node agent reads them from the kubelet, by --gpu-binding mode. Nonzero "
+                "under annotations means the device plugin picked other GPUs; under dra, a "
+                "claim got other devices.",
+                [
+                    (
+                        "sum by (binding) (increase("
+                        f"mpi_operator_placements_not_honoured_total{SEL}[{RATE}]))",
+                        "{{binding}}",
+                    )
+                ],
+            ),
+            Chart(
                 "Placement decision latency",
                 "Time to choose the node and GPUs of every worker of one job.",
                 quantiles("mpi_operator_placement_decision_seconds"),
