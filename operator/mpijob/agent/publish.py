@@ -35,8 +35,8 @@ class NodeAnnotator:
 class AgentKube:
     """The calls of :class:`mpijob.agent.gpu_actual.NodeKube`, through the official client."""
 
-    def __init__(self, node: str) -> None:
-        self._client = kubernetes.client.ApiClient(configuration())
+    def __init__(self, node: str, kubeconfig: str | None = None) -> None:
+        self._client = kubernetes.client.ApiClient(configuration(kubeconfig))
         # The generated methods are typed loosely; read them as Any here.
         self._core: Any = kubernetes.client.CoreV1Api(self._client)
         self._custom: Any = kubernetes.client.CustomObjectsApi(self._client)
