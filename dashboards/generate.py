@@ -138,6 +138,20 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 unit="GBs",
             ),
             Chart(
+                "Placements not honoured",
+                "Placed worker pods whose containers hold other GPUs than were chosen for them, "
+                "as the node agent reads them from the kubelet, by --gpu-binding mode (nonzero "
+                "under annotations: the device plugin picked other GPUs), and, under dra, jobs "
+                "placed anew because a pinned GPU was taken before its claim was allocated.",
+                [
+                    (
+                        "sum by (binding) (increase("
+                        f"mpi_operator_placements_not_honoured_total{SEL}[{RATE}]))",
+                        "{{binding}}",
+                    )
+                ],
+            ),
+            Chart(
                 "Placement decision latency",
                 "Time to choose the node and GPUs of every worker of one job.",
                 quantiles("mpi_operator_placement_decision_seconds"),
@@ -153,18 +167,6 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 "Gang timeouts",
                 "Jobs failed because their gang was not admitted within scheduleTimeoutSeconds.",
                 [(f"sum(increase(mpi_operator_gang_timeouts_total{SEL}[{RATE}]))", "timeouts")],
-            ),
-            Chart(
-                "Placements not honoured",
-                "Placements the cluster did not carry out as decided: with the dra binding, a "
-                "pinned GPU taken before its claim was allocated (the job is placed anew).",
-                [
-                    (
-                        "sum by (binding) (increase("
-                        f"mpi_operator_placements_not_honoured_total{SEL}[{RATE}]))",
-                        "{{binding}}",
-                    )
-                ],
             ),
         ],
     ),

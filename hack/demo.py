@@ -5,7 +5,9 @@ Expects the cluster up and the CRD installed (the Makefile does both). Starts th
 background, watching namespace ``demo`` only (log: .cluster/logs/operator.log; stopped by
 ``make cluster-down``), applies examples/pytorch-vgg16-topology.yaml in that namespace with the
 launcher told to finish after a while (the simulated cluster runs no containers), and prints the
-job and its pods as they progress. Running it again replaces the demo job.
+job and its pods as they progress; when the workers' GPUs are pinned by DRA claims, each worker's
+line also shows the devices the scheduler allocated to its claim. Running it again replaces the
+demo job.
 
 The operator is scoped so that it never reconciles anyone else's jobs on the shared cluster: the
 integration tests run their own operator per test namespace, and refuse to start beside one that
@@ -25,6 +27,9 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
+
+from mpijob import keys
+from mpijob.desired.claims import allocated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -101,18 +106,45 @@ def conditions(job: dict[str, Any]) -> str:
     return ",".join(true) or "-"
 
 
+def job_claims(name: str) -> dict[str, dict[str, Any]]:
+    """The job's ResourceClaims by name; none where the API server serves no DRA."""
+    group, version = keys.DRA_API_VERSION.split("/")
+    try:
+        result = client.CustomObjectsApi().list_namespaced_custom_object(
+            group,
+            version,
+            NAMESPACE,
+            "resourceclaims",
+            label_selector=f"{keys.LABEL_JOB_NAME}={name}",
+        )
+    except client.ApiException as e:
+        if e.status == 404:
+            return {}
+        raise
+    return {c["metadata"]["name"]: c for c in result.get("items", [])}
+
+
 def pods_table(core: client.CoreV1Api, name: str) -> list[str]:
-    rows = []
-    for p in sorted(
-        core.list_namespaced_pod(
-            NAMESPACE, label_selector=(f"training.kubeflow.org/job-name={name}")
-        ).items,
+    pods = sorted(
+        core.list_namespaced_pod(NAMESPACE, label_selector=f"{keys.LABEL_JOB_NAME}={name}").items,
         key=lambda p: p.metadata.name,
-    ):
-        gpus = (p.metadata.annotations or {}).get("mpijob.io/gpu-ids", "")
+    )
+    claimed = any(keys.GPU_CLAIM in (p.metadata.annotations or {}) for p in pods)
+    claims = job_claims(name) if claimed else {}
+    rows = []
+    for p in pods:
+        annotations = p.metadata.annotations or {}
+        gpus = annotations.get(keys.GPU_IDS, "")
+        claim_name = annotations.get(keys.GPU_CLAIM)
+        allocated = ""
+        if claim_name:
+            devices = [device for _, device in allocated_devices(claims.get(claim_name, {}))]
+            allocated = f"  claim {claim_name}: " + (
+                ",".join(devices) + " allocated" if devices else "not allocated yet"
+            )
         rows.append(
             f"  {p.metadata.name:42} {p.status.phase:10} {p.spec.node_name or '-':12} "
-            f"{('GPUs ' + gpus) if gpus else ''}"
+            f"{('GPUs ' + gpus) if gpus else ''}{allocated}"
         )
     return rows
 

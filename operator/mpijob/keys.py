@@ -177,3 +177,8 @@ GPU_CLAIM: Final = PREFIX + "gpu-claim"
 #: On a worker pod: the GPU UUIDs the kubelet reports its containers hold (node agent), when
 #: they differ from ``mpijob.io/gpu-uuids``.
 GPU_ACTUAL: Final = PREFIX + "gpu-actual"
+#: Warning Event on the MPIJob, posted by the node agent once per pod and set of GPUs: a
+#: worker's containers hold other GPUs than its placement recorded.
+REASON_PLACEMENT_NOT_HONOURED: Final = "PlacementNotHonoured"
+#: Event source component of the node agent.
+AGENT_COMPONENT: Final = "mpijob-agent"

@@ -5,6 +5,11 @@ rest), so existing dashboards and alerts keep working; our additions share the p
 carries a per-job label except upstream's ``mpi_operator_job_info``: jobs come and go, series
 would not. Metrics live in the default registry next to the process collector (memory, CPU), and
 ``serve`` exposes them with ``/healthz`` on one port.
+
+The node agent serves the same registry on its health port; its one metric of its own carries
+the ``mpijob_agent_`` prefix. Both "not honoured" counters are labelled by ``binding`` (``dra``
+or ``annotations``, the ``--gpu-binding`` modes), so a process that never counts one exports no
+series of it.
 """
 
 from __future__ import annotations
@@ -71,6 +76,22 @@ PLACEMENT_RING_GBPS: Final = Histogram(
 JOBS_WAITING_GPUS: Final = Gauge(
     "mpi_operator_jobs_waiting_for_gpus", "Topology-placed MPIJobs that do not fit yet"
 )
+PLACEMENTS_NOT_HONOURED: Final = Counter(
+    "mpi_operator_placements_not_honoured",
+    "Placements the cluster did not carry out as decided: a placed worker whose containers hold "
+    "other GPUs than were chosen for it, as the node agent reports (mpijob.io/gpu-actual "
+    "appears or changes), or (dra binding) a pinned GPU taken before its claim was allocated, "
+    "the job then placed anew",
+    ["binding"],
+)
+
+# --- node agent ---------------------------------------------------------------------------------
+AGENT_PLACEMENTS_NOT_HONOURED: Final = Counter(
+    "mpijob_agent_placements_not_honoured",
+    "Placed pods on this node whose containers hold other GPUs than were chosen for them, "
+    "according to the kubelet's pod-resources API; once per pod and set of GPUs",
+    ["binding"],
+)
 
 # --- gang admission -----------------------------------------------------------------------------
 GANG_WAITING: Final = Gauge(
@@ -83,13 +104,6 @@ GANG_BIND_SECONDS: Final = Histogram(
 )
 GANG_TIMEOUTS: Final = Counter(
     "mpi_operator_gang_timeouts", "MPIJobs failed because their gang was not admitted in time"
-)
-
-PLACEMENTS_NOT_HONOURED: Final = Counter(
-    "mpi_operator_placements_not_honoured",
-    "Placements the cluster did not carry out as decided (dra binding: a pinned GPU was taken "
-    "before its claim was allocated, and the job was placed anew)",
-    ["binding"],
 )
 
 

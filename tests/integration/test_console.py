@@ -94,6 +94,7 @@ def test_submit_then_get_shows_gpu_ids_and_nodes(
     def placed() -> str | None:
         text = mpijob_cli(crds, "get", "vgg16", "-n", namespace).stdout
         rows = table(text, "NAME")[1:]
+        # IS_CHIEF and GPU(IDs) are the 4th and 6th columns whatever GPU columns follow.
         workers = [r for r in rows if r[3] == "false"]
         done = len(workers) == WORKERS and all(r[5] != "N/A" for r in workers)
         return text if done else None
@@ -109,18 +110,37 @@ def test_submit_then_get_shows_gpu_ids_and_nodes(
         "Duration": fields["Duration"].strip(),
     }
     rows = table(text, "NAME")
-    assert rows[0] == ["NAME", "STATUS", "AGE", "IS_CHIEF", "GPU(Requested)", "GPU(IDs)", "NODE"]
+    header = rows[0]
+    # Arena's columns; GPU(Allocated) joins them before NODE when the workers' GPUs are pinned
+    # by DRA claims (the binding mode the cluster offers), GPU(Actual) only on a mismatch.
+    assert header in (
+        ["NAME", "STATUS", "AGE", "IS_CHIEF", "GPU(Requested)", "GPU(IDs)", "NODE"],
+        [
+            "NAME",
+            "STATUS",
+            "AGE",
+            "IS_CHIEF",
+            "GPU(Requested)",
+            "GPU(IDs)",
+            "GPU(Allocated)",
+            "NODE",
+        ],
+    )
+    column = {name: i for i, name in enumerate(header)}
     launcher, workers = rows[1], rows[2:]
     assert launcher[0].startswith("vgg16-launcher-")
-    assert launcher[3] == "true"
+    assert launcher[column["IS_CHIEF"]] == "true"
     assert [w[0] for w in workers] == [f"vgg16-worker-{i}" for i in range(WORKERS)]
     for worker in workers:
-        assert worker[1] == "Running"
-        assert worker[4] == "1"
-        assert worker[6].startswith("gpu-node-")
+        assert worker[column["STATUS"]] == "Running"
+        assert worker[column["GPU(Requested)"]] == "1"
+        assert worker[column["NODE"]].startswith("gpu-node-")
+        if "GPU(Allocated)" in column:
+            # The scheduler allocated exactly the chosen GPU (no "!" mark).
+            assert worker[column["GPU(Allocated)"]] == worker[column["GPU(IDs)"]]
     # Four 1-GPU workers fit one DGX-1 NVLink ring: one node, four distinct GPUs.
-    assert len({w[6] for w in workers}) == 1
-    assert len({w[5] for w in workers}) == WORKERS
+    assert len({w[column["NODE"]] for w in workers}) == 1
+    assert len({w[column["GPU(IDs)"]] for w in workers}) == WORKERS
 
 
 def test_topology_shows_the_node_and_draws_the_jobs_gpus(

@@ -1,7 +1,10 @@
 """``mpijob-agent``: the node agent that publishes the node's GPU topology (a DaemonSet).
 
 Every ``--interval`` seconds it reads the topology through NVML and, when the annotation text
-changed, patches ``mpijob.io/gpu-topology`` on its Node (``NODE_NAME``, from the downward API).
+changed, patches ``mpijob.io/gpu-topology`` on its Node (``NODE_NAME``, from the downward API);
+then it checks what the placed pods on its node really hold through the kubelet's pod-resources
+API and reports placements not honoured (:mod:`~mpijob.agent.gpu_actual`; ``--no-check-pods``
+turns that off).
 Without a driver, a GPU or a working NVML it logs why and publishes nothing: with ``--once`` it
 exits 0, otherwise it tries again at the next interval (drivers are often installed after the
 agent starts). A failed API patch is logged; ``--once`` then exits 1, the loop retries.
@@ -14,17 +17,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import click
 
 from mpijob import keys
-from mpijob.agent import nvml_reader
+from mpijob.agent import nvml_reader, podresources
+from mpijob.agent.gpu_actual import GpuActual
 from mpijob.placement import codec, topologies
 
 logger = logging.getLogger("mpijob.agent")
 
 Annotate = Callable[[str, str, str], None]
+
+
+class PodCheck(Protocol):
+    """What the loop needs of :class:`~mpijob.agent.gpu_actual.GpuActual`."""
+
+    index_uuids: dict[str, str]
+
+    def step(self) -> object: ...
 
 
 def run(
@@ -37,19 +49,24 @@ def run(
     echo: Callable[[str], None] = click.echo,
     sleep: Callable[[float], None] = time.sleep,
     beat: Callable[[], None] = lambda: None,
+    check: PodCheck | None = None,
 ) -> int:
     """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run.
 
-    ``beat`` is called on every turn of the loop (the health endpoint's proof of life).
+    ``beat`` is called on every turn of the loop (the health endpoint's proof of life);
+    ``check``, when given, checks the node's placed pods after each reading of the topology.
     """
     published: str | None = None
     while True:
         beat()
         try:
-            text = codec.dumps(nvml_reader.discover(nvml))
+            topology = nvml_reader.discover(nvml)
+            text = codec.dumps(topology)
         except nvml_reader.NoTopology as reason:
             logger.warning("Published no GPU topology: %s node=%s", reason, node)
         else:
+            if check is not None:
+                check.index_uuids = {str(g.index): g.uuid for g in topology.gpus if g.uuid}
             if annotate is None:
                 echo(text)
             elif text != published:
@@ -62,6 +79,8 @@ def run(
                 else:
                     published = text
                     logger.info("Published the GPU topology node=%s bytes=%d", node, len(text))
+        if check is not None:
+            check.step()
         if once:
             return 0
         sleep(interval)
@@ -94,6 +113,20 @@ def run(
     type=click.Choice(topologies.NAMES),
     help="Publish this shipped topology through a fake NVML (nodes without GPUs).",
 )
+@click.option(
+    "--check-pods/--no-check-pods",
+    default=True,
+    show_default=True,
+    help="After each reading, compare the GPUs the kubelet says each placed pod holds with "
+    "its mpijob.io/gpu-uuids and report mismatches (annotation mpijob.io/gpu-actual, metric, "
+    "Event on the MPIJob). Not with --dry-run.",
+)
+@click.option(
+    "--pod-resources-socket",
+    default=podresources.SOCKET,
+    show_default=True,
+    help="The kubelet's pod-resources socket (mount its folder read-only into the agent).",
+)
 def main(
     node_name: str | None,
     once: bool,
@@ -101,6 +134,8 @@ def main(
     dry_run: bool,
     health_port: int,
     simulate: str | None,
+    check_pods: bool,
+    pod_resources_socket: str,
 ) -> None:
     """Publish this node's GPU topology as the mpijob.io/gpu-topology annotation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -108,10 +143,13 @@ def main(
         raise click.UsageError("set NODE_NAME or --node-name (or use --dry-run)")
     node = node_name or "local"
     annotate: Annotate | None = None
+    check: GpuActual | None = None
     if not dry_run:
-        from mpijob.agent.publish import NodeAnnotator  # keeps dry runs client-free
+        from mpijob.agent.publish import AgentKube, NodeAnnotator  # keeps dry runs client-free
 
         annotate = NodeAnnotator()
+        if check_pods:
+            check = GpuActual(AgentKube(node), node, socket=pod_resources_socket)
     last = [time.monotonic()]
     if health_port and not once:
         from mpijob import metrics
@@ -126,6 +164,7 @@ def main(
             once=once,
             interval=interval,
             beat=lambda: last.__setitem__(0, time.monotonic()),
+            check=check,
         )
     )
 

@@ -1,15 +1,24 @@
-"""Writes the GPU topology annotation onto the agent's own Node: the agent's only API call.
+"""The agent's API calls: its Node's topology annotation, and the report on placed pods.
 
 Uses the in-cluster service account in a pod, else the local kubeconfig (the operator's
-:func:`~mpijob.handlers.kube.configuration`). The agent's
-RBAC needs ``patch`` on ``nodes``. Called by :mod:`mpijob.agent.main`.
+:func:`~mpijob.handlers.kube.configuration`). The agent's RBAC (``manifests/base/rbac/agent.yaml``)
+allows exactly what is called here: ``get`` and ``patch`` nodes; ``list`` and ``patch`` pods;
+``create`` events; ``list`` ResourceSlices. Called by :mod:`mpijob.agent.main`.
 """
 
 from __future__ import annotations
 
-import kubernetes
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from mpijob import keys
 from mpijob.handlers.kube import configuration
+
+JSON = Mapping[str, Any]
 
 
 class NodeAnnotator:
@@ -21,3 +30,55 @@ class NodeAnnotator:
 
     def __call__(self, node: str, key: str, value: str) -> None:
         self._api.patch_node(node, {"metadata": {"annotations": {key: value}}})
+
+
+class AgentKube:
+    """The calls of :class:`mpijob.agent.gpu_actual.NodeKube`, through the official client."""
+
+    def __init__(self, node: str, kubeconfig: str | None = None) -> None:
+        self._client = kubernetes.client.ApiClient(configuration(kubeconfig))
+        # The generated methods are typed loosely; read them as Any here.
+        self._core: Any = kubernetes.client.CoreV1Api(self._client)
+        self._custom: Any = kubernetes.client.CustomObjectsApi(self._client)
+        self._node = node
+
+    def node_pods(self, node: str) -> list[JSON]:
+        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        return [self._client.sanitize_for_serialization(p) for p in pods.items]
+
+    def node_slices(self, node: str) -> list[JSON]:
+        group, version = keys.DRA_API_VERSION.split("/")
+        try:
+            result = self._custom.list_cluster_custom_object(
+                group, version, "resourceslices", field_selector=f"spec.nodeName={node}"
+            )
+        except ApiException as exc:
+            if exc.status == 404:  # resource.k8s.io/v1 not served: no DRA here
+                return []
+            raise
+        return list(result.get("items", []))
+
+    def annotate_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        self._core.patch_namespaced_pod(
+            name, namespace, {"metadata": {"annotations": {key: value}}}
+        )
+
+    def post_event(self, involved: JSON, type_: str, reason: str, message: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = str(involved.get("namespace"))
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "source": {"component": keys.AGENT_COMPONENT, "host": self._node},
+            "reportingComponent": keys.AGENT_COMPONENT,
+            "reportingInstance": self._node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._core.create_namespaced_event(namespace, body)

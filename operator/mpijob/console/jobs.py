@@ -7,6 +7,12 @@ RUNNING, SUCCEEDED, FAILED) plus upstream's SUSPENDED and RESTARTING.
 A job's GPU count is what its spec requests; a pod's is what that pod requests. Pods come and
 go (not yet created, suspended, deleted by ``cleanPodPolicy`` or the launcher Job's TTL once the
 job finishes), so a count summed over live pods would say 0 for every finished job.
+
+Of a placed worker three GPU sets can be known, all as indices on its node: the GPUs placement
+chose (``mpijob.io/gpu-ids``), those the scheduler allocated to its DRA claim (``<pod>-gpus``,
+device ``gpu-<i>``), and those the node agent found its containers hold when they differ
+(``mpijob.io/gpu-actual``, UUIDs, turned into indices with the pod's own UUIDs and its node's
+topology). An allocated or actual set other than the chosen one is a placement not honoured.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Final
 from mpijob import keys
 from mpijob.api import gpu_count
 from mpijob.api.models import parse_time
+from mpijob.api.resources import gpu_ids
+from mpijob.desired.claims import allocated_devices, claim_name
 
 JSON = Mapping[str, Any]
 
@@ -54,6 +62,20 @@ class Instance:
     gpu_ids: str
     """GPU indices on its node that placement chose (``mpijob.io/gpu-ids``), else N/A."""
     node: str
+    gpu_allocated: str = ""
+    """GPU indices the scheduler allocated to the pod's DRA claim; empty when it has none."""
+    gpu_actual: str = ""
+    """GPUs the node agent found its containers hold (``mpijob.io/gpu-actual``), as indices
+    where known, else UUIDs; empty when the agent reported nothing (they match, or unchecked)."""
+
+    @property
+    def not_honoured(self) -> bool:
+        """The GPUs allocated or held are not those placement chose."""
+        chosen = set(self.gpu_ids.split(","))
+        return any(
+            known and set(known.split(",")) != chosen
+            for known in (self.gpu_allocated, self.gpu_actual)
+        )
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,18 @@ class JobView:
     @property
     def launcher_node(self) -> str:
         return next((i.node for i in self.instances if i.is_chief), NONE)
+
+    @property
+    def allocated_known(self) -> bool:
+        return any(i.gpu_allocated for i in self.instances)
+
+    @property
+    def actual_known(self) -> bool:
+        return any(i.gpu_actual for i in self.instances)
+
+    @property
+    def not_honoured(self) -> bool:
+        return any(i.not_honoured for i in self.instances)
 
 
 def human_duration(seconds: float) -> str:
@@ -169,7 +203,39 @@ def requested_gpus(job: JSON) -> int:
     return total
 
 
-def instance(pod: JSON, now: datetime) -> Instance:
+def allocated_gpus(claim: JSON | None) -> str:
+    """The indices of the GPUs allocated to ``claim`` (devices ``gpu-<i>``), comma-separated."""
+    names = [device for _, device in allocated_devices(claim or {})]
+    indices = sorted(int(n[4:]) for n in names if n.startswith("gpu-") and n[4:].isdigit())
+    others = [n for n in names if not (n.startswith("gpu-") and n[4:].isdigit())]
+    return ",".join([*map(str, indices), *others])
+
+
+def actual_gpus(pod: JSON, uuid_index: Mapping[str, int] | None = None) -> str:
+    """``mpijob.io/gpu-actual`` of ``pod`` as indices where known (its own placed UUIDs, then
+    ``uuid_index`` of its node), else the UUIDs; empty when absent."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    actual = _uuids(annotations.get(keys.GPU_ACTUAL))
+    placed = _uuids(annotations.get(keys.GPU_UUIDS))
+    # The pod's own UUIDs and indices are in the same order; a pair missing from one is skipped.
+    ids = gpu_ids(annotations.get(keys.GPU_IDS))
+    index = {**(uuid_index or {}), **dict(zip(placed, ids, strict=False))}
+    known = sorted(index[u] for u in actual if u in index)
+    return ",".join([*map(str, known), *(u for u in actual if u not in index)])
+
+
+def _uuids(text: object) -> list[str]:
+    return [u.strip() for u in str(text or "").split(",") if u.strip()]
+
+
+def instance(
+    pod: JSON,
+    now: datetime,
+    *,
+    claim: JSON | None = None,
+    uuid_index: Mapping[str, int] | None = None,
+) -> Instance:
+    """A row for ``pod``; ``claim`` is its DRA claim, ``uuid_index`` its node's UUID -> index."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     created = parse_time(meta.get("creationTimestamp"))
@@ -181,20 +247,52 @@ def instance(pod: JSON, now: datetime) -> Instance:
         gpus=pod_gpus(pod),
         gpu_ids=str((meta.get("annotations") or {}).get(keys.GPU_IDS) or NONE),
         node=str((pod.get("spec") or {}).get("nodeName") or NONE),
+        gpu_allocated=allocated_gpus(claim),
+        gpu_actual=actual_gpus(pod, uuid_index),
+    )
+
+
+def pod_claim_name(pod: JSON) -> str:
+    """The name of the claim that would hold a worker's GPUs (``mpijob.io/gpu-claim``)."""
+    meta = pod.get("metadata") or {}
+    return str(
+        (meta.get("annotations") or {}).get(keys.GPU_CLAIM) or claim_name(str(meta.get("name")))
     )
 
 
 def job_view(
-    job: JSON, pods: Iterable[JSON], now: datetime, *, decision: JSON | None = None
+    job: JSON,
+    pods: Iterable[JSON],
+    now: datetime,
+    *,
+    decision: JSON | None = None,
+    claims: Iterable[JSON] = (),
+    uuid_index: Mapping[str, Mapping[str, int]] | None = None,
 ) -> JobView:
     """The job and its pods (launcher first, then workers by index); the placement summary
-    of ``decision``, the job's PlacementDecision, if it was written for this job."""
+    of ``decision``, the job's PlacementDecision, if it was written for this job.
+
+    ``claims`` are the job's ResourceClaims (each worker's is ``<pod>-gpus``); ``uuid_index``
+    maps, per node, GPU UUIDs to indices (from the node's topology annotation).
+    """
+    by_name = {str((c.get("metadata") or {}).get("name")): c for c in claims}
     meta = job.get("metadata") or {}
     spec = (decision or {}).get("spec") or {}
     placement = (
         spec.get("summary") if (spec.get("job") or {}).get("uid") == meta.get("uid") else None
     )
-    rows = sorted((instance(p, now) for p in pods), key=_instance_order)
+    rows = sorted(
+        (
+            instance(
+                p,
+                now,
+                claim=by_name.get(pod_claim_name(p)),
+                uuid_index=(uuid_index or {}).get(str((p.get("spec") or {}).get("nodeName"))),
+            )
+            for p in pods
+        ),
+        key=_instance_order,
+    )
     return JobView(
         name=str(meta.get("name")),
         namespace=str(meta.get("namespace") or ""),

@@ -179,6 +179,26 @@ class Api:
         finally:
             response.release_conn()
 
+    # --- DRA claims -----------------------------------------------------------------------------
+
+    def job_claims(self, job: str) -> list[JSON]:
+        """The ResourceClaims of a job's workers (they carry its job-name label); none where
+        ``resource.k8s.io/v1`` is not served or this user may not read claims."""
+        group, version = keys.DRA_API_VERSION.split("/")
+        try:
+            result: JSON = self._custom.list_namespaced_custom_object(
+                group,
+                version,
+                self.namespace,
+                "resourceclaims",
+                label_selector=f"{keys.LABEL_JOB_NAME}={job}",
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return []
+            raise explain(exc, f"ResourceClaims in {self.namespace}") from None
+        return list(result.get("items", []))
+
     # --- nodes ----------------------------------------------------------------------------------
 
     def node(self, name: str) -> JSON:

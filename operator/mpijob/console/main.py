@@ -58,6 +58,24 @@ def main() -> None:
     """
 
 
+def _annotated(pods: list[dict[str, Any]], key: str) -> bool:
+    return any(key in ((p.get("metadata") or {}).get("annotations") or {}) for p in pods)
+
+
+def _uuid_index(api: Api, node: str) -> dict[str, int]:
+    """GPU UUID -> index from the node's topology annotation; empty when it cannot be read."""
+    from mpijob.placement import codec
+
+    try:
+        text = ((api.node(node).get("metadata") or {}).get("annotations") or {}).get(
+            keys.GPU_TOPOLOGY
+        )
+        topology = codec.loads(text) if text else None
+    except (ConsoleError, ValueError):
+        return {}
+    return {g.uuid: g.index for g in topology.gpus if g.uuid} if topology else {}
+
+
 def _run(action: Callable[[], None]) -> None:
     try:
         action()
@@ -181,14 +199,30 @@ def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
     """Show one MPIJob and its instances (pods, GPUs, nodes).
 
     GPUs is what the job's spec requests, so a finished job whose pods are gone still shows it;
-    each instance's GPU(Requested) and GPU(IDs) are those of that live pod.
+    each instance's GPU(Requested) and GPU(IDs) are those of that live pod. GPU(Allocated) (what
+    the scheduler gave a worker's DRA claim) and GPU(Actual) (what the node agent found its
+    containers hold, when that differs) appear when some worker has them; a set that is not
+    the chosen GPU(IDs) ends in "!".
     """
 
     def action() -> None:
         api = Api(kubeconfig, namespace)
         job = api.get_job(name)
+        pods = api.job_pods(name)
         view = jobs.job_view(
-            job, api.job_pods(name), datetime.now(UTC), decision=api.get_decision(name)
+            job,
+            pods,
+            datetime.now(UTC),
+            decision=api.get_decision(name),
+            claims=api.job_claims(name) if _annotated(pods, keys.GPU_CLAIM) else (),
+            uuid_index={
+                node: _uuid_index(api, node)
+                for node in {
+                    str((p.get("spec") or {}).get("nodeName"))
+                    for p in pods
+                    if _annotated([p], keys.GPU_ACTUAL)
+                }
+            },
         )
         make_console().print(render.job_details(view), highlight=False)
 

@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mpijob.console.jobs import FINAL_STATUSES, NONE, JobView
+from mpijob.console.jobs import FINAL_STATUSES, NONE, Instance, JobView
 
 STATUS_STYLES: Final = {
     "SUCCEEDED": "green",
@@ -53,9 +53,32 @@ INSTANCE_HEADERS: Final = (
 )
 
 
+#: After GPU(IDs), only when some worker has them: what its DRA claim got, what it holds.
+ALLOCATED_HEADER: Final = "GPU(Allocated)"
+ACTUAL_HEADER: Final = "GPU(Actual)"
+#: Appended to an allocated or actual GPU set that is not the chosen one (piped output keeps it).
+NOT_HONOURED_MARK: Final = "!"
+NOT_HONOURED_NOTE: Final = (
+    "! not the GPUs placement chose (GPU(IDs)): the placement was not honoured; "
+    "the job's PlacementNotHonoured events name the pods"
+)
+
+
 def instance_table(view: JobView) -> Table:
-    table = plain_table(*INSTANCE_HEADERS)
+    """Arena's columns; GPU(Allocated) and GPU(Actual) join them when some worker has them."""
+    headers = list(INSTANCE_HEADERS)
+    extra = [
+        header
+        for header, known in (
+            (ALLOCATED_HEADER, view.allocated_known),
+            (ACTUAL_HEADER, view.actual_known),
+        )
+        if known
+    ]
+    headers[-1:-1] = extra
+    table = plain_table(*headers)
     for row in view.instances:
+        cells = {ALLOCATED_HEADER: row.gpu_allocated, ACTUAL_HEADER: row.gpu_actual}
         table.add_row(
             row.name,
             status_text(row.status),
@@ -63,9 +86,19 @@ def instance_table(view: JobView) -> Table:
             "true" if row.is_chief else "false",
             str(row.gpus),
             row.gpu_ids,
+            *(_gpu_set(cells[header], row) for header in extra),
             row.node,
         )
     return table
+
+
+def _gpu_set(value: str, row: Instance) -> Text:
+    """An allocated or actual GPU set: N/A when unknown, marked red when not the chosen one."""
+    if not value:
+        return Text(NONE)
+    if set(value.split(",")) != set(row.gpu_ids.split(",")):
+        return Text(value + NOT_HONOURED_MARK, style="bold red")
+    return Text(value)
 
 
 def job_details(view: JobView) -> RenderableType:
@@ -85,6 +118,8 @@ def job_details(view: JobView) -> RenderableType:
     parts: list[RenderableType] = [fields, Text("")]
     if view.instances:
         parts += [Text("Instances:", style="bold"), instance_table(view)]
+        if view.not_honoured:
+            parts.append(Text(NOT_HONOURED_NOTE, style="red"))
     elif view.status in FINAL_STATUSES:
         # cleanPodPolicy and the launcher Job's TTL delete a finished job's pods; "yet" would
         # promise pods that are not coming.

@@ -12,13 +12,18 @@ Two modes:
 ``auto`` (the default) picks ``dra`` where the API server serves ``resource.k8s.io/v1`` and the
 ``gpu.nvidia.com`` DeviceClass exists, ``annotations`` otherwise. :func:`choose` is the pure
 decision; the handlers gather the facts at startup and log the choice with its reason.
+
+Whatever the mode, the node agent compares what each placed pod's containers really hold with
+its ``mpijob.io/gpu-uuids`` and writes ``mpijob.io/gpu-actual`` when they differ;
+:func:`newly_not_honoured` tells the operator when that report is new, for its metric.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from mpijob import keys
 
@@ -115,3 +120,24 @@ def _missing(facts: ClusterFacts) -> str:
 
 def _why(facts: ClusterFacts) -> str:
     return f" ({facts.unknown})" if facts.unknown else ""
+
+
+def pod_binding(pod: Mapping[str, Any]) -> GpuBinding:
+    """How a placed pod got its GPUs: through a claim (``mpijob.io/gpu-claim``) or not."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return GpuBinding.DRA if annotations.get(keys.GPU_CLAIM) else GpuBinding.ANNOTATIONS
+
+
+def newly_not_honoured(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> GpuBinding | None:
+    """``new``'s binding when its ``mpijob.io/gpu-actual`` appeared or changed since ``old``.
+
+    None when ``new`` carries none, or the same as ``old`` (the agent reports each pod and set of
+    GPUs once; a watch replays the same pod many times).
+    """
+
+    def actual(pod: Mapping[str, Any] | None) -> str:
+        annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(keys.GPU_ACTUAL) or "")
+
+    now = actual(new)
+    return pod_binding(new) if now and now != actual(old) else None

@@ -54,6 +54,8 @@ class Runtime:
     admission: Admission | None = None
     gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
     """How placed workers get their GPUs, chosen once at startup (``--gpu-binding``)."""
+    reported_actual: dict[str, str] = field(default_factory=dict)
+    """Pod uid -> the ``mpijob.io/gpu-actual`` last counted (only pods the agent flagged)."""
 
     def forget(self, key: JobKey) -> None:
         """Drop every memory of a deleted job."""

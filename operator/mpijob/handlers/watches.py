@@ -17,9 +17,9 @@ from typing import Any
 
 import kopf
 
-from mpijob import keys
+from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
-from mpijob.desired import names
+from mpijob.desired import gpu_binding, names
 from mpijob.handlers.runtime import Runtime
 
 POD_SUMMARY_METADATA = (
@@ -93,9 +93,34 @@ async def pods_by_job(
     return {_key(namespace, job): pod_summary(body)} if job else {}
 
 
-async def pod_event(namespace: str | None, name: str, labels: Any, memo: Any, **_: Any) -> None:
+async def pod_event(
+    namespace: str | None,
+    name: str,
+    labels: Any,
+    body: kopf.Body,
+    type: str | None,
+    memo: Any,
+    **_: Any,
+) -> None:
     if job := _pod_job(labels):
-        _child_changed(_runtime(memo), _key(namespace, job), "Pod", name)
+        rt = _runtime(memo)
+        _count_not_honoured(rt, body, type)
+        _child_changed(rt, _key(namespace, job), "Pod", name)
+
+
+def _count_not_honoured(rt: Runtime, body: kopf.Body, type: str | None) -> None:
+    """Count a placed pod once per set of GPUs the agent found it holds instead of its own."""
+    uid = str(body.metadata.get("uid") or "")
+    if type == "DELETED":
+        rt.reported_actual.pop(uid, None)
+        return
+    before = rt.reported_actual.get(uid)
+    old = {"metadata": {"annotations": {keys.GPU_ACTUAL: before}}} if before else None
+    if binding := gpu_binding.newly_not_honoured(old, dict(body)):
+        metrics.PLACEMENTS_NOT_HONOURED.labels(binding=binding.value).inc()
+    actual = (body.metadata.get("annotations") or {}).get(keys.GPU_ACTUAL)
+    if actual:
+        rt.reported_actual[uid] = str(actual)
 
 
 def _gpu_requests(containers: Any) -> list[JSON]:

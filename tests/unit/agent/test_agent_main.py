@@ -136,3 +136,41 @@ def test_every_turn_of_the_loop_beats_for_the_health_endpoint() -> None:
             beat=lambda: beats.append(1),
         )
     assert len(beats) == 3
+
+
+class CheckRecorder:
+    """Stands in for GpuActual: records the turns and the index map it was given."""
+
+    def __init__(self) -> None:
+        self.index_uuids: dict[str, str] = {}
+        self.steps = 0
+
+    def step(self) -> object:
+        self.steps += 1
+        return []
+
+
+def test_each_turn_checks_the_placed_pods_with_the_gpus_uuids() -> None:
+    fake = FakeNvml(topologies.for_node("dgx1-v100", "node-3"))
+    check = CheckRecorder()
+    _, sleep = sleeps(2)
+    with pytest.raises(Stop):
+        main.run(
+            fake,
+            node="node-3",
+            annotate=Recorder(),
+            once=False,
+            interval=30,
+            sleep=sleep,
+            check=check,
+        )
+    assert check.steps == 2
+    assert check.index_uuids == {str(g.index): g.uuid for g in fake.topology.gpus}
+    assert len(check.index_uuids) == 8
+
+
+def test_pods_are_checked_even_without_nvml() -> None:
+    fake = FakeNvml(topologies.load("dgx1-v100"), init_error=fake_nvml.ERROR_DRIVER_NOT_LOADED)
+    check = CheckRecorder()
+    code = main.run(fake, node="n", annotate=Recorder(), once=True, interval=60, check=check)
+    assert (code, check.steps, check.index_uuids) == (0, 1, {})

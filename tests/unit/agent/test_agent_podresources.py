@@ -1,7 +1,8 @@
 """The pod-resources client against a fake kubelet: a real gRPC server on a unix socket.
 
-The server speaks the kubelet's ``v1.PodResourcesLister`` (the generated stubs) and answers
-``List`` with canned pods; the agent's client and comparison run unchanged against it.
+The server (:mod:`fake_kubelet`) speaks the kubelet's ``v1.PodResourcesLister`` (the generated
+stubs) and answers ``List`` with canned pods; the agent's client and comparison run unchanged
+against it.
 """
 
 from __future__ import annotations
@@ -9,80 +10,21 @@ from __future__ import annotations
 import logging
 import socket as sockets
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
+from fake_kubelet import NODE, UUIDS, FakeKubelet, api_pod, dra_pod, plugin_pod, serving
 
 from mpijob.agent import podresources
 from mpijob.agent.podresources import Check, ContainerHeld, Verdict
-from mpijob.agent.podresources_v1 import api_pb2, api_pb2_grpc
-
-UUIDS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-000000000000" for i in range(8)]
-NODE = "gpu-node-0"
-
-
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self) -> None:
-        self.pods: list[api_pb2.PodResources] = []
-        self.status: grpc.StatusCode | None = None
-        self.calls = 0
-
-    def List(
-        self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
-    ) -> api_pb2.ListPodResourcesResponse:
-        self.calls += 1
-        if self.status is not None:
-            context.abort(self.status, "pod resources API is disabled")
-        return api_pb2.ListPodResourcesResponse(pod_resources=self.pods)
 
 
 @pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[tuple[FakeKubelet, str]]:
     path = str(tmp_path / "kubelet.sock")
-    fake = FakeKubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(fake, server)
-    server.add_insecure_port(f"unix://{path}")
-    server.start()
-    yield fake, path
-    server.stop(grace=None)
-
-
-def plugin_pod(name: str, ids: list[str], namespace: str = "team") -> api_pb2.PodResources:
-    devices = api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=ids)
-    container = api_pb2.ContainerResources(name="worker", devices=[devices], cpu_ids=[2, 3])
-    return api_pb2.PodResources(name=name, namespace=namespace, containers=[container])
-
-
-def dra_pod(name: str, devices: list[str], namespace: str = "team") -> api_pb2.PodResources:
-    resources = [
-        api_pb2.ClaimResource(
-            driver_name="gpu.nvidia.com",
-            pool_name=NODE,
-            device_name=device,
-            cdi_devices=[api_pb2.CDIDevice(name=f"k8s.gpu.nvidia.com/device={device}")],
-        )
-        for device in devices
-    ]
-    dynamic = api_pb2.DynamicResource(
-        claim_name=f"{name}-gpus", claim_namespace=namespace, claim_resources=resources
-    )
-    container = api_pb2.ContainerResources(name="worker", dynamic_resources=[dynamic])
-    return api_pb2.PodResources(name=name, namespace=namespace, containers=[container])
-
-
-def api_pod(name: str, uuids: list[str], phase: str = "Running", namespace: str = "team") -> Any:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {"mpijob.io/gpu-uuids": ",".join(uuids)},
-        },
-        "status": {"phase": phase},
-    }
+    with serving(path) as fake:
+        yield fake, path
 
 
 def verdicts(checks: list[Check]) -> dict[str, Verdict]:

@@ -14,6 +14,7 @@ from console_fixtures import condition, job_body, pod_body, topology_job_pods
 from mpijob import keys
 from mpijob.console import main, submit
 from mpijob.console.kube import ConsoleError
+from mpijob.placement import codec, topologies
 
 pytestmark = pytest.mark.unit
 
@@ -109,6 +110,8 @@ class FakeApi:
 
     def __init__(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], namespace: str):
         self.jobs, self.pods, self.namespace = jobs, pods, namespace
+        self.claims: list[dict[str, Any]] = CLAIMS
+        self.nodes: dict[str, dict[str, Any]] = NODES
 
     def _here(self, body: dict[str, Any], all_namespaces: bool) -> bool:
         return all_namespaces or body["metadata"]["namespace"] == self.namespace
@@ -135,12 +138,32 @@ class FakeApi:
     def get_decision(self, name: str) -> dict[str, Any] | None:
         return None
 
+    def job_claims(self, job: str) -> list[dict[str, Any]]:
+        return [
+            c
+            for c in self.claims
+            if c["metadata"]["namespace"] == self.namespace
+            and c["metadata"]["labels"][keys.LABEL_JOB_NAME] == job
+        ]
+
+    def node(self, name: str) -> dict[str, Any]:
+        if name not in self.nodes:
+            raise ConsoleError(f"node {name} not found")
+        return self.nodes[name]
+
+
+#: ResourceClaims and Nodes the fake API serves (tests fill them; emptied between tests).
+CLAIMS: list[dict[str, Any]] = []
+NODES: dict[str, dict[str, Any]] = {}
+
 
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Jobs and pods the commands see; namespace team-a unless -n names another."""
     jobs: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
+    CLAIMS.clear()
+    NODES.clear()
     monkeypatch.setattr(
         main, "Api", lambda _kubeconfig, namespace: FakeApi(jobs, pods, namespace or "team-a")
     )
@@ -195,3 +218,56 @@ def test_get_of_a_succeeded_job_whose_pods_are_gone_shows_the_gpus_it_requested(
     fields = dict(line.split(":", 1) for line in out.splitlines()[:7])
     assert (fields["Status"].strip(), fields["GPUs"].strip()) == ("SUCCEEDED", "8")
     assert "Instances: none left" in out
+
+
+def test_get_shows_what_each_workers_claim_got_and_what_it_really_holds(
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    jobs, pods = cluster
+    jobs.append(job_body(workers=2, gpus=2, conditions=[condition("Running")]))
+    topology = topologies.for_node("dgx1-v100", "gpu-node-0")
+    uuids = [g.uuid for g in topology.gpus]
+    for index, gpus, allocated, actual in ((0, [0, 1], [0, 1], None), (1, [2, 3], [2, 3], [2, 7])):
+        pod = pod_body(f"vgg16-worker-{index}", gpus=2, gpu_ids=f"{gpus[0]},{gpus[1]}")
+        annotations = pod["metadata"]["annotations"]
+        annotations[keys.GPU_UUIDS] = ",".join(str(uuids[g]) for g in gpus)
+        annotations[keys.GPU_CLAIM] = f"vgg16-worker-{index}-gpus"
+        if actual:
+            annotations[keys.GPU_ACTUAL] = ",".join(str(uuids[g]) for g in actual)
+        pods.append(pod)
+        results = [
+            {"driver": keys.NVIDIA_GPU_DRIVER, "pool": "gpu-node-0", "device": f"gpu-{g}"}
+            for g in allocated
+        ]
+        CLAIMS.append(
+            {
+                "metadata": {
+                    "name": f"vgg16-worker-{index}-gpus",
+                    "namespace": "team-a",
+                    "labels": {keys.LABEL_JOB_NAME: "vgg16"},
+                },
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+        )
+    NODES["gpu-node-0"] = {"metadata": {"annotations": {keys.GPU_TOPOLOGY: codec.dumps(topology)}}}
+    code, out, _ = run("get", "vgg16")
+    assert code == 0
+    lines = out.splitlines()
+    table = [line.split() for line in lines[lines.index("Instances:") + 1 : -1]]
+    assert table[0] == [
+        "NAME",
+        "STATUS",
+        "AGE",
+        "IS_CHIEF",
+        "GPU(Requested)",
+        "GPU(IDs)",
+        "GPU(Allocated)",
+        "GPU(Actual)",
+        "NODE",
+    ]
+    # AGE runs to the wall clock's now; the GPU columns are fixed.
+    assert [row[5:] for row in table[1:]] == [
+        ["0,1", "0,1", "N/A", "gpu-node-0"],
+        ["2,3", "2,3", "2,7!", "gpu-node-0"],
+    ]
+    assert lines[-1].startswith("! not the GPUs placement chose")

@@ -64,9 +64,28 @@ def test_bindings_name_the_operator_service_account() -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-operator"}]
 
 
-def test_agent_may_only_read_and_annotate_nodes() -> None:
+#: What the agent's code calls (agent/publish.py): its Node's topology annotation; the pods of
+#: its node and their mpijob.io/gpu-actual; Events on MPIJobs; its node's ResourceSlices.
+AGENT_CLUSTER = (
+    grants("", "nodes", "get patch")
+    | grants("", "pods", "list patch")
+    | grants("", "events", "create")
+    | grants("resource.k8s.io", "resourceslices", "list")
+)
+
+
+def test_agent_gets_exactly_what_it_uses() -> None:
     role = one(AGENT_RBAC, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == AGENT_CLUSTER
+    # Reading pods is list only (field selector on its node): no get, no watch, no delete.
+    assert not {("", "pods", v) for v in ("get", "watch", "delete", "update")} & granted
     binding = one(AGENT_RBAC, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-agent"}]
     assert [d["kind"] for d in documents(AGENT_RBAC)] == ["ClusterRole", "ClusterRoleBinding"]

@@ -11,6 +11,7 @@ import yaml
 from manifests_files import BASE, ROOT, one
 
 from mpijob import cli
+from mpijob.agent import main as agent_main
 
 pytestmark = pytest.mark.unit
 
@@ -33,15 +34,19 @@ def field_env(c: dict[str, Any]) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("workload", [DEPLOYMENT, DAEMONSET], ids=["operator", "agent"])
-def test_runs_hardened(workload: dict[str, Any]) -> None:
+NON_ROOT = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+#: The kubelet's pod-resources socket accepts only its owner, root; the agent holds no capability.
+ROOT_WITHOUT_CAPABILITIES = {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}
+
+
+@pytest.mark.parametrize(
+    ("workload", "user"),
+    [(DEPLOYMENT, NON_ROOT), (DAEMONSET, ROOT_WITHOUT_CAPABILITIES)],
+    ids=["operator", "agent"],
+)
+def test_runs_hardened(workload: dict[str, Any], user: dict[str, Any]) -> None:
     pod = workload["spec"]["template"]["spec"]
-    assert pod["securityContext"] == {
-        "runAsNonRoot": True,
-        "runAsUser": 65532,
-        "runAsGroup": 65532,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    assert pod["securityContext"] == {**user, "seccompProfile": {"type": "RuntimeDefault"}}
     c = container(workload)
     assert c["securityContext"] == {
         "readOnlyRootFilesystem": True,
@@ -97,6 +102,28 @@ def test_agent_daemonset() -> None:
     assert "nvidia.com/gpu" not in str(c["resources"])
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+
+
+def test_agent_mounts_the_kubelets_pod_resources_folder_read_only() -> None:
+    pod = DAEMONSET["spec"]["template"]["spec"]
+    c = container(DAEMONSET)
+    assert c["volumeMounts"] == [
+        {
+            "name": "pod-resources",
+            "mountPath": "/var/lib/kubelet/pod-resources",
+            "readOnly": True,
+        }
+    ]
+    assert pod["volumes"] == [
+        {
+            "name": "pod-resources",
+            "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"},
+        }
+    ]
+    # The mount is where the agent's check looks by default.
+    ctx = agent_main.main.make_context("mpijob-agent", list(c["args"]))
+    assert ctx.params["pod_resources_socket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert ctx.params["check_pods"] is True
 
 
 def test_entry_points_used_by_the_manifests_and_the_image_exist() -> None:
