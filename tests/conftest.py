@@ -97,7 +97,8 @@ def mpijobs(crds: Cluster, namespace: str) -> MPIJobs:
 
 @pytest.fixture
 def idle_gpus(cluster: Cluster) -> None:
-    """Wait until no pod anywhere requests GPUs (earlier tests' namespaces are gone)."""
+    """Wait until no pod anywhere requests GPUs and no claim holds any (earlier tests'
+    namespaces are gone)."""
 
     def gpu_pods() -> list[str]:
         return [
@@ -109,4 +110,18 @@ def idle_gpus(cluster: Cluster) -> None:
             )
         ]
 
+    def allocated_claims() -> list[str]:
+        try:
+            found = cluster.resource("resource.k8s.io/v1", "ResourceClaim").get()
+        except Exception:  # DRA not served: nothing can hold GPUs through it
+            return []
+        return [
+            f"{c.metadata.namespace}/{c.metadata.name}"
+            for c in found.items
+            if ((c.get("status") or {}).get("allocation") or {}).get("devices")
+        ]
+
     wait_until(lambda: not gpu_pods(), timeout=120, what="no GPU pods left from earlier tests")
+    wait_until(
+        lambda: not allocated_claims(), timeout=120, what="no GPUs allocated to earlier claims"
+    )

@@ -1,0 +1,215 @@
+"""The dra GPU binding end to end: the operator pins each placed worker's GPUs with a claim,
+the real scheduler allocates exactly those, GPUs held through anyone's claims are avoided, a GPU
+taken before the binding leads to a new placement, and a SIGKILL duplicates no claim.
+
+The local cluster runs the simulated NVIDIA DRA driver (hack/dra.py), so ``--gpu-binding=auto``
+chooses dra. kwok runs no kubelet: what a worker got is read from its claim's allocation.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from mpijob import keys
+from mpijob.desired import claims
+from mpijob.placement import allocator, codec
+from mpijob.placement.tables import mask_of, tables_for
+from support.jobs import mpijob
+from support.kube import Cluster
+from support.mpijobs import MPIJobs
+from support.operator import OperatorProcess
+from support.wait import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+
+NODE = "gpu-node-0"
+
+
+def topology_job(name: str, workers: int, gpus: int, node: str | None = None) -> dict[str, Any]:
+    body = mpijob(
+        name,
+        workers=workers,
+        gpus=gpus,
+        annotations={keys.GPU_TOPOLOGY: "true"},
+        launcher_annotations={keys.SIM_SUCCEED_AFTER: "3s"},
+    )
+    if node:
+        template = body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+        template["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def topology(cluster: Cluster, node: str) -> Any:
+    return codec.loads(cluster.core.read_node(node).metadata.annotations[keys.GPU_TOPOLOGY])
+
+
+def job_claims(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    found = cluster.resource(keys.DRA_API_VERSION, "ResourceClaim").get(namespace=namespace)
+    return [c.to_dict() for c in found.items]
+
+
+def claim_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return next((c for c in job_claims(cluster, namespace) if c["metadata"]["name"] == name), None)
+
+
+def decision_workers(mpijobs: MPIJobs, name: str) -> list[tuple[str, tuple[int, ...]]]:
+    decision = wait_until(lambda: mpijobs.decision(name), what=f"{name}'s decision")
+    return [(w["node"], tuple(w["gpus"])) for w in decision["spec"]["workers"]]
+
+
+def allocated_as_decided(
+    cluster: Cluster, namespace: str, job: str, places: list[tuple[str, tuple[int, ...]]]
+) -> None:
+    """Each worker's claim is allocated exactly its decided GPUs, and the pod is on that node."""
+    for index, (node, gpus) in enumerate(places):
+        pod = f"{job}-worker-{index}"
+        got = wait_until(
+            lambda pod=pod: claims.allocated_devices(
+                claim_of(cluster, namespace, claims.claim_name(pod)) or {}
+            ),
+            what=f"{pod}'s claim allocated",
+        )
+        assert sorted(got) == sorted((node, f"gpu-{g}") for g in gpus)
+        bound = wait_until(
+            lambda pod=pod: (
+                (p := cluster.core.read_namespaced_pod(pod, namespace)).spec.node_name and p
+            ),
+            what=f"{pod} bound",
+        )
+        assert bound.spec.node_name == node
+        assert not any(
+            keys.GPU_RESOURCE in ((c.resources.limits or {}) if c.resources else {})
+            for c in bound.spec.containers
+        ), "the worker asks for its claim, not for nvidia.com/gpu"
+
+
+def foreign_claim(cluster: Cluster, namespace: str, name: str, node: str, gpus: list[int]) -> None:
+    """Someone else's pod holding ``gpus`` of ``node`` through its own claim (no annotation)."""
+    uuids = topology(cluster, node).uuids_of(gpus)
+    claim = {
+        "apiVersion": keys.DRA_API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": keys.NVIDIA_GPU_DRIVER,
+                            "count": len(gpus),
+                            "selectors": [{"cel": {"expression": claims.uuid_selector(uuids)}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    cluster.resource(keys.DRA_API_VERSION, "ResourceClaim").create(body=claim, namespace=namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpus"}]}}
+            ],
+        },
+    }
+    cluster.resource("v1", "Pod").create(body=pod, namespace=namespace)
+    wait_until(
+        lambda: claims.allocated_devices(claim_of(cluster, namespace, name) or {}),
+        what=f"{name}'s claim allocated",
+    )
+
+
+def test_each_placed_worker_gets_a_claim_allocated_exactly_its_gpus(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(topology_job("pinned", workers=2, gpus=4))
+    places = decision_workers(mpijobs, "pinned")
+    allocated_as_decided(crds, namespace, "pinned", places)
+    owned = job_claims(crds, namespace)
+    assert sorted(c["metadata"]["name"] for c in owned) == [
+        "pinned-worker-0-gpus",
+        "pinned-worker-1-gpus",
+    ]
+    for c in owned:
+        [owner] = c["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == (keys.KIND, "pinned", True)
+    mpijobs.wait_condition("pinned", keys.COND_SUCCEEDED, timeout=60)
+    mpijobs.delete("pinned")
+    wait_until(lambda: not job_claims(crds, namespace), what="the claims collected with the job")
+    wait_until(lambda: mpijobs.decision("pinned") is None, what="the decision released")
+
+
+def test_gpus_held_through_a_foreign_claim_are_avoided_and_the_best_free_ring_taken(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    held = [1, 2]
+    foreign_claim(crds, namespace, "foreign", NODE, held)
+    mpijobs.create(topology_job("around", workers=1, gpus=4, node=NODE))
+    [(node, gpus)] = decision_workers(mpijobs, "around")
+    assert node == NODE
+    assert not set(gpus) & set(held)
+    tables = tables_for(topology(crds, NODE))
+    free = ((1 << 8) - 1) & ~mask_of(held)
+    best = allocator.choose(tables, free, 4)
+    assert best is not None
+    assert tuple(sorted(gpus)) == tuple(sorted(best.gpus))
+    allocated_as_decided(crds, namespace, "around", [(node, gpus)])
+
+
+def test_a_gpu_taken_before_the_binding_leads_to_a_new_placement_and_an_event(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    # A slow client: between the decision and the worker's claim lie several requests.
+    op: OperatorProcess = start_operator("--kube-api-qps", "1", "--kube-api-burst", "1")
+    mpijobs.create(topology_job("raced", workers=1, gpus=2, node=NODE))
+    [(node, first)] = decision_workers(mpijobs, "raced")
+    assert op.proc is not None
+    op.proc.send_signal(signal.SIGSTOP)  # the operator sleeps between decision and binding
+    try:
+        foreign_claim(crds, namespace, "thief", node, list(first))
+    finally:
+        op.proc.send_signal(signal.SIGCONT)
+    event = mpijobs.wait_event("raced", keys.REASON_GPUS_TAKEN, timeout=90)
+    assert event["type"] == "Warning"
+    assert "placing the job anew" in event["message"]
+
+    def placed_again() -> list[tuple[str, tuple[int, ...]]] | None:
+        decision = mpijobs.decision("raced")
+        if decision is None:
+            return None
+        places = [(w["node"], tuple(w["gpus"])) for w in decision["spec"]["workers"]]
+        return places if places[0][1] != first else None
+
+    [(node_again, second)] = wait_until(placed_again, timeout=90, what="a new decision")
+    assert not set(second) & set(first), "the new placement avoids the taken GPUs"
+    allocated_as_decided(crds, namespace, "raced", [(node_again, second)])
+    mpijobs.wait_condition("raced", keys.COND_SUCCEEDED, timeout=90)
+
+
+def test_sigkill_while_claims_are_created_duplicates_none_and_the_job_succeeds(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    first: OperatorProcess = start_operator("--kube-api-qps", "2", "--kube-api-burst", "1")
+    mpijobs.create(topology_job("killed", workers=6, gpus=1))
+    wait_until(
+        lambda: 1 <= len(job_claims(crds, namespace)) < 6,
+        timeout=90,
+        interval=0.05,
+        what="some but not all claims created",
+    )
+    first.kill(signal.SIGKILL)
+    time.sleep(1)
+    start_operator()
+    mpijobs.wait_condition("killed", keys.COND_SUCCEEDED, timeout=120)
+    names = sorted(c["metadata"]["name"] for c in job_claims(crds, namespace))
+    assert names == [f"killed-worker-{i}-gpus" for i in range(6)]
+    allocated_as_decided(crds, namespace, "killed", decision_workers(mpijobs, "killed"))
