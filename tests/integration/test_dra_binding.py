@@ -30,12 +30,15 @@ NODE = "gpu-node-0"
 
 
 def topology_job(name: str, workers: int, gpus: int, node: str | None = None) -> dict[str, Any]:
+    """A topology job whose launcher (kwok runs no mpirun) starts once every worker is ready
+    and succeeds 3 s later."""
     body = mpijob(
         name,
         workers=workers,
         gpus=gpus,
         annotations={keys.GPU_TOPOLOGY: "true"},
         launcher_annotations={keys.SIM_SUCCEED_AFTER: "3s"},
+        spec={"launcherCreationPolicy": keys.LAUNCHER_WAIT_FOR_WORKERS_READY},
     )
     if node:
         template = body["spec"]["mpiReplicaSpecs"]["Worker"]["template"]

@@ -222,15 +222,26 @@ def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str
 TAKEN_GRACE_SECONDS = 10.0
 
 
+@dataclass(frozen=True)
+class Taken:
+    """Whether a placed job's pinned GPUs were taken before its claims were allocated."""
+
+    message: str = ""
+    """Why the job must be placed anew; empty while it need not (yet)."""
+    recheck: float | None = None
+    """Seconds until a worker that cannot be scheduled now reaches the grace: look again then."""
+
+
 def gpus_taken(
     pods: Iterable[Mapping[str, Any]],
     claims: Mapping[str, Mapping[str, Any]],
     now: datetime,
     grace: float = TAKEN_GRACE_SECONDS,
-) -> str | None:
-    """Why the job must be placed anew (dra binding), or None: a worker whose pod uses a pinned
-    claim has been unschedulable for ``grace`` seconds while its claim is unallocated, because
-    another claim took one of its GPUs between the decision and the binding."""
+) -> Taken:
+    """Whether the job must be placed anew (dra binding): a worker whose pod uses a pinned claim
+    has been unschedulable for ``grace`` seconds while its claim is unallocated, because another
+    claim took one of its GPUs between the decision and the binding."""
+    recheck: float | None = None
     for pod in pods:
         meta = pod.get("metadata") or {}
         claim_name = (meta.get("annotations") or {}).get(keys.GPU_CLAIM)
@@ -247,15 +258,18 @@ def gpus_taken(
             ):
                 continue
             since = parse_time(c.get("lastTransitionTime"))
-            if since is None or (now - since).total_seconds() < grace:
+            waited = (now - since).total_seconds() if since is not None else 0.0
+            if waited < grace:
+                left = grace - waited
+                recheck = left if recheck is None else min(recheck, left)
                 continue
             ids = (meta.get("annotations") or {}).get(keys.GPU_IDS, "?")
-            return (
+            return Taken(
                 f"worker {meta.get('name')}'s GPUs [{ids}] could not be allocated for "
-                f"{int((now - since).total_seconds())}s (another claim holds one: "
+                f"{int(waited)}s (another claim holds one: "
                 f"{c.get('message') or 'unschedulable'}); placing the job anew"
             )
-    return None
+    return Taken(recheck=recheck)
 
 
 # --- nodes -----------------------------------------------------------------------------------

@@ -64,10 +64,13 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
-    enforced = gate.placement is not None and rt.gpu_binding is GpuBinding.DRA
-    if enforced and (taken := topology.gpus_taken(seen.pods, seen.claims, now)):
-        await _place_anew(rt, key, job, body, seen, taken)
-        return
+    if gate.placement is not None and rt.gpu_binding is GpuBinding.DRA:
+        taken = topology.gpus_taken(seen.pods, seen.claims, now)
+        if taken.message:
+            await _place_anew(rt, key, job, body, seen, taken.message)
+            return
+        if taken.recheck is not None:
+            rt.workers.enqueue_after(key, taken.recheck + 0.5)
     plan = sync.plan(
         job,
         seen,

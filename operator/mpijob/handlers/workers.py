@@ -41,6 +41,10 @@ class Workers:
         self.queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self.queue))
 
+    def enqueue_after(self, key: JobKey, delay: float) -> None:
+        """Reconcile ``key`` again in ``delay`` seconds (a state that changes with time alone)."""
+        self.queue.add_after(key, delay)
+
     def start(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
         for i in range(self.threadiness):
             self.tasks.append(asyncio.create_task(self._work(reconcile), name=f"reconcile-{i}"))

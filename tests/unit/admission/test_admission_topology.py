@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -273,3 +274,88 @@ def test_affinity_terms_are_ored_and_match_fields_read_the_node_name() -> None:
     assert topology.eligible(job, node("n9", pool="a"))
     assert not topology.eligible(job, node("n2"))
     assert not topology.eligible(job_with(affinity({})), node("n1")), "an empty term matches none"
+
+
+# --- the dra binding ------------------------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def dgx_node(name: str = "n0") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+            "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.for_node("dgx1-v100", name))},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def slice_of(node: dict[str, Any]) -> dict[str, str]:
+    topo = codec.loads(node["metadata"]["annotations"][keys.GPU_TOPOLOGY])
+    return {f"gpu-{g.index}": str(g.uuid) for g in topo.gpus}
+
+
+def test_gpus_allocated_to_anyones_claims_are_taken_by_index_through_the_slice() -> None:
+    node = dgx_node()
+    held = topology.holdings(
+        {}, [], allocated={"n0": ["gpu-1", "gpu-2", "gpu-9"]}, slices={"n0": slice_of(node)}
+    )
+    [state] = topology.node_states([node], held)
+    assert state.used == {1, 2}
+    assert state.unplaced == 1, "a device the slice does not name counts, index unknown"
+    assert state.free_count == 5
+
+
+def test_a_node_whose_slice_disagrees_with_its_topology_is_named() -> None:
+    node = dgx_node()
+    published = slice_of(node)
+    assert topology.slice_conflicts([node], {"n0": published}) == {}
+    published["gpu-7"] = "GPU-not-this-one"
+    [(name, message)] = topology.slice_conflicts([node], {"n0": published}).items()
+    assert name == "n0"
+    assert "GPU-not-this-one" in message
+    assert "skips the node" in message
+
+
+def unschedulable_worker(seconds_ago: float, *, bound: bool = False) -> dict[str, Any]:
+    since = (T0 - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "cannot allocate all claims",
+        "lastTransitionTime": since,
+    }
+    meta = {
+        "name": "j-worker-0",
+        "annotations": {keys.GPU_CLAIM: "j-worker-0-gpus", keys.GPU_IDS: "1,2"},
+    }
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": "n0"} if bound else {},
+        "status": {"phase": "Pending", "conditions": [condition]},
+    }
+
+
+UNALLOCATED = {"j-worker-0-gpus": {"status": {"allocated": []}}}
+
+
+def test_a_worker_whose_pinned_gpus_stay_unallocatable_past_the_grace_is_placed_anew() -> None:
+    taken = topology.gpus_taken([unschedulable_worker(12)], UNALLOCATED, T0, grace=10)
+    assert "j-worker-0's GPUs [1,2] could not be allocated for 12s" in taken.message
+    assert "placing the job anew" in taken.message
+
+
+def test_within_the_grace_the_job_is_looked_at_again_when_it_ends() -> None:
+    taken = topology.gpus_taken([unschedulable_worker(4)], UNALLOCATED, T0, grace=10)
+    assert taken.message == ""
+    assert taken.recheck == pytest.approx(6)
+
+
+def test_an_allocated_claim_or_a_bound_worker_is_no_theft() -> None:
+    allocated = {"j-worker-0-gpus": {"status": {"allocated": [["n0", "gpu-1", "gpus"]]}}}
+    assert topology.gpus_taken([unschedulable_worker(60)], allocated, T0) == topology.Taken()
+    bound = unschedulable_worker(60, bound=True)
+    assert topology.gpus_taken([bound], UNALLOCATED, T0) == topology.Taken()
