@@ -7,13 +7,18 @@ exits 0, otherwise it tries again at the next interval (drivers are often instal
 agent starts). A failed API patch is logged; ``--once`` then exits 1, the loop retries.
 ``--dry-run`` prints the annotation instead; ``--simulate NAME`` reads a shipped topology
 through the fake NVML, for local clusters whose nodes have no GPU.
+
+``--share-gpus`` (``core_mem`` nodes) adds a step to every turn (:class:`~mpijob.agent.share.
+ShareStep`): one MPS control daemon per GPU started or checked, then the GPU-share extended
+resources patched into the node status. ``--no-mps`` advertises without daemons (simulated
+nodes); a dry run starts no daemon and prints the status patch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -37,14 +42,17 @@ def run(
     echo: Callable[[str], None] = click.echo,
     sleep: Callable[[float], None] = time.sleep,
     beat: Callable[[], None] = lambda: None,
+    steps: Sequence[Callable[[], bool]] = (),
 ) -> int:
     """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run.
 
-    ``beat`` is called on every turn of the loop (the health endpoint's proof of life).
+    ``beat`` is called on every turn of the loop (the health endpoint's proof of life);
+    ``steps`` run after the topology on every turn, and one returning False fails ``once``.
     """
     published: str | None = None
     while True:
         beat()
+        failed = False
         try:
             text = codec.dumps(nvml_reader.discover(nvml))
         except nvml_reader.NoTopology as reason:
@@ -62,8 +70,10 @@ def run(
                 else:
                     published = text
                     logger.info("Published the GPU topology node=%s bytes=%d", node, len(text))
+        for step in steps:
+            failed = not step() or failed
         if once:
-            return 0
+            return 1 if failed else 0
         sleep(interval)
 
 
@@ -94,6 +104,24 @@ def run(
     type=click.Choice(topologies.NAMES),
     help="Publish this shipped topology through a fake NVML (nodes without GPUs).",
 )
+@click.option(
+    "--share-gpus",
+    is_flag=True,
+    help="Advertise aliyun.com/gpu-count, gpu-mem and gpu-core.percentage in the node status"
+    " and run one MPS control daemon per GPU (nodes labelled ack.node.gpu.schedule=core_mem).",
+)
+@click.option(
+    "--mps/--no-mps",
+    default=True,
+    show_default=True,
+    help="With --share-gpus: start the MPS daemons before advertising (off for --simulate).",
+)
+@click.option(
+    "--mps-root",
+    default=keys.MPS_ROOT,
+    show_default=True,
+    help="Host directory of the daemons' pipe, log and shared-memory directories.",
+)
 def main(
     node_name: str | None,
     once: bool,
@@ -101,6 +129,9 @@ def main(
     dry_run: bool,
     health_port: int,
     simulate: str | None,
+    share_gpus: bool,
+    mps: bool,
+    mps_root: str,
 ) -> None:
     """Publish this node's GPU topology as the mpijob.io/gpu-topology annotation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -118,15 +149,40 @@ def main(
 
         # A reading takes well under a second; two missed turns mean the loop is stuck.
         metrics.serve(health_port, lambda: time.monotonic() - last[0] < 2 * interval + 30)
+    nvml = _nvml(simulate, node)
+    steps = []
+    if share_gpus:
+        steps.append(
+            _share_step(nvml, node, dry_run, mps and not simulate and not dry_run, mps_root)
+        )
     raise SystemExit(
         run(
-            _nvml(simulate, node),
+            nvml,
             node=node,
             annotate=annotate,
             once=once,
             interval=interval,
             beat=lambda: last.__setitem__(0, time.monotonic()),
+            steps=steps,
         )
+    )
+
+
+def _share_step(nvml: Any, node: str, dry_run: bool, mps: bool, root: str) -> Callable[[], bool]:
+    from mpijob.agent.mps import MpsDaemon
+    from mpijob.agent.share import PatchStatus, ShareStep
+
+    patch: PatchStatus | None = None
+    if not dry_run:
+        from mpijob.agent.publish import NodeStatusPatcher
+
+        patch = NodeStatusPatcher()
+    return ShareStep(
+        nvml,
+        node=node,
+        patch=patch,
+        daemon=(lambda uuid: MpsDaemon(uuid, root=root)) if mps else None,
+        echo=click.echo,
     )
 
 
