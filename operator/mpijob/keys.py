@@ -174,7 +174,7 @@ GPU_SHARE: Final = PREFIX + "gpu-share"
 #: MPS clients one GPU serves at most (Volta and later); one more fails context creation.
 MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory
-#: per GPU (``<root>/<gpu-uuid>/pipe``, ``.../log``) and the shared memory MPS needs (``shm``).
+#: per GPU (``<root>/<gpu-uuid>/pipe``, ``.../log``).
 MPS_ROOT: Final = "/run/mpijob/mps"
 #: Environment of an MPS client (NVIDIA's names).
 ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"

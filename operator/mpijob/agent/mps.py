@@ -159,7 +159,7 @@ class MpsDaemon:
         On a daemon that already runs (an agent restart) the defaults are sent again; they only
         reach servers spawned later, which is why the health says what they read back as.
         """
-        for directory in (self.dirs.pipe, self.dirs.log, self.dirs.shm):
+        for directory in (self.dirs.pipe, self.dirs.log):
             Path(directory).mkdir(parents=True, exist_ok=True)
         if not self.running():
             try:

@@ -11,10 +11,13 @@ Per container holding part of the share, the MPS client environment:
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<p>``. These are client-side limits: MPS lets a client
   lower, never raise, the daemon's limit, and a container that unsets them escapes them.
 
-Per pod: the ``mpijob.io/gpu-share`` annotation (node, GPU index and UUID, share), hostPath
-volumes for the pipe directory (mounted at the same path, so host and container agree) and for
-the shared memory MPS clients and server exchange (mounted at ``/dev/shm``), and a required node
-affinity on the chosen node, so the scheduler still checks the pod's other resources.
+Per pod: the ``mpijob.io/gpu-share`` annotation (node, GPU index and UUID, share), a read-only
+hostPath volume for the pipe directory (mounted at the same path, so host and container agree),
+and a required node affinity on the chosen node, so the scheduler still checks the pod's other
+resources. Nothing else: on a real H100 (driver 580) a client with its own ``/dev/shm`` and its
+own mount, IPC, PID and UTS namespaces, the pipe directory read-only, reached its daemon
+(``hack/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's shared
+memory.
 
 Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns.
 """
@@ -29,8 +32,6 @@ from mpijob import keys
 from mpijob.api.fractional import ContainerShare, Placed, read_request
 
 PIPE_VOLUME: Final = "mpijob-mps-pipe"
-SHM_VOLUME: Final = "mpijob-mps-shm"
-SHM_PATH: Final = "/dev/shm"
 #: The device index a client limit names: the container sees only its GPU, as device 0.
 CLIENT_DEVICE: Final = 0
 
@@ -41,12 +42,11 @@ class MpsDirectories:
 
     pipe: str
     log: str
-    shm: str
 
 
 def mps_directories(uuid: str, root: str = keys.MPS_ROOT) -> MpsDirectories:
     """The directories of the daemon serving GPU ``uuid`` (the agent creates them)."""
-    return MpsDirectories(pipe=f"{root}/{uuid}/pipe", log=f"{root}/{uuid}/log", shm=f"{root}/shm")
+    return MpsDirectories(pipe=f"{root}/{uuid}/pipe", log=f"{root}/{uuid}/log")
 
 
 def client_env(
@@ -90,14 +90,10 @@ def pod_edits(pod: Mapping[str, Any], placed: Placed, root: str = keys.MPS_ROOT)
         if part is None:
             continue
         env[index] = client_env(part, placed.uuid, root)
-        mounts[index] = (
-            {"name": PIPE_VOLUME, "mountPath": dirs.pipe},
-            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
-        )
-    volumes = (
-        {"name": PIPE_VOLUME, "hostPath": {"path": dirs.pipe, "type": "Directory"}},
-        {"name": SHM_VOLUME, "hostPath": {"path": dirs.shm, "type": "Directory"}},
-    )
+        mounts[index] = ({"name": PIPE_VOLUME, "mountPath": dirs.pipe, "readOnly": True},)
+    # Directory, not DirectoryOrCreate: on a node whose agent has not started the daemon the pod
+    # waits visibly (FailedMount) instead of running outside MPS.
+    volumes = ({"name": PIPE_VOLUME, "hostPath": {"path": dirs.pipe, "type": "Directory"}},)
     return PodEdits(
         annotations={keys.GPU_SHARE: placed.dumps()},
         env=env,

@@ -71,7 +71,7 @@ def test_start_makes_the_directories_and_runs_one_daemon_for_its_gpu(tmp_path: P
     health = daemon(tmp_path, control).start()
     assert health.ok
     assert health.percentage == 100
-    for sub in (f"{UUID}/pipe", f"{UUID}/log", "shm"):
+    for sub in (f"{UUID}/pipe", f"{UUID}/log"):
         assert (tmp_path / sub).is_dir()
     start_env = control.envs[1]
     assert start_env["CUDA_VISIBLE_DEVICES"] == UUID
