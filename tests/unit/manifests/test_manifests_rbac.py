@@ -60,9 +60,12 @@ def test_bindings_name_the_operator_service_account() -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-operator"}]
 
 
-def test_agent_may_only_read_and_annotate_nodes() -> None:
+def test_agent_may_only_read_and_annotate_nodes_and_patch_their_status() -> None:
     role = one(AGENT_RBAC, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    ]
     binding = one(AGENT_RBAC, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-agent"}]
     assert [d["kind"] for d in documents(AGENT_RBAC)] == ["ClusterRole", "ClusterRoleBinding"]

@@ -10,12 +10,14 @@ import pytest
 import yaml
 from manifests_files import BASE, ROOT, one
 
-from mpijob import cli
+from mpijob import cli, keys
+from mpijob.agent import main
 
 pytestmark = pytest.mark.unit
 
 DEPLOYMENT = one(BASE / "deployment.yaml", "Deployment")
 DAEMONSET = one(BASE / "agent-daemonset.yaml", "DaemonSet")
+MPS_DAEMONSET = one(BASE / "agent-mps-daemonset.yaml", "DaemonSet")
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -96,7 +98,36 @@ def test_agent_daemonset() -> None:
     # The agent asks for no GPU: it must never take one from a job.
     assert "nvidia.com/gpu" not in str(c["resources"])
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+        # core_mem nodes run the MPS agent instead: one agent per node.
+        {"key": keys.NODE_GPU_SCHEDULE_LABEL, "operator": "NotIn", "values": ["core_mem"]},
+    ]
+
+
+def test_mps_agent_daemonset_runs_on_core_mem_nodes_only_and_shares_their_gpus() -> None:
+    pod = MPS_DAEMONSET["spec"]["template"]["spec"]
+    c = container(MPS_DAEMONSET)
+    assert c["command"] == ["mpijob-agent"]
+    args = main.main.make_context("mpijob-agent", list(c["args"])).params
+    assert args["share_gpus"]
+    assert args["mps"]
+    assert args["mps_root"] == keys.MPS_ROOT
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": keys.NODE_GPU_SCHEDULE_LABEL, "operator": "In", "values": ["core_mem"]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+    # The daemons' pipe directories are where client pods' hostPath volumes point.
+    mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["mps"]
+    volume = {v["name"]: v for v in pod["volumes"]}["mps"]
+    assert mount == volume["hostPath"]["path"] == keys.MPS_ROOT
+    assert pod["hostPID"] is True
+    assert "hostIPC" not in pod
+    assert MPS_DAEMONSET["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    plain = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert set(plain["NVIDIA_DRIVER_CAPABILITIES"].split(",")) == {"compute", "utility"}
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    assert "agent-mps-daemonset.yaml" in (BASE / "kustomization.yaml").read_text()
 
 
 def test_entry_points_used_by_the_manifests_and_the_image_exist() -> None:
