@@ -4,8 +4,8 @@ It answers link by link as a driver does: direct NVLinks occupy link slots whose
 info is the peer GPU, NVSwitch systems have every slot pointing at a switch, unused slots are
 disabled, slots past the GPU's last one and GPUs without NVLink answer "not supported", and an
 unknown NUMA node is "not supported" too. ``init_error`` makes :meth:`FakeNvml.nvmlInit` fail as
-a node without driver does. Used by the agent's tests and by ``mpijob-agent --simulate`` on
-local clusters, whose nodes have no GPU.
+a node without driver does; ``memory`` is every GPU's total memory in bytes. Used by the agent's
+tests and by ``mpijob-agent --simulate`` on local clusters, whose nodes have no GPU.
 """
 
 from __future__ import annotations

@@ -7,5 +7,6 @@ comes back. Children: :mod:`names`, :mod:`service`, :mod:`config_map`, :mod:`ssh
 ``--gang-scheduling`` flag), :mod:`podgroup` (PodGroups and pod decoration, with
 :mod:`min_resources` and :mod:`quantity`); the sync: :mod:`observed` (what was seen),
 :mod:`sync` (the plan), :mod:`status` (the one status function, with :mod:`conditions` and
-:mod:`events`); :mod:`binding` (creation-to-bound time for the histogram).
+:mod:`events`); :mod:`binding` (creation-to-bound time for the histogram); :mod:`fractional`
+(what a placed GPU share writes into any pod).
 """
