@@ -119,6 +119,7 @@ class Ledger:
         self._nodes: dict[str, NodeState] = {}
         self._held: dict[str, Placed] = {}
         self._on_node: dict[str, set[str]] = {}
+        self._pending: dict[str, float] = {}
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -145,11 +146,21 @@ class Ledger:
 
     # --- decisions ---------------------------------------------------------------------------
 
-    def place(self, pod: str, share: Share, nodes: Collection[str] | None = None) -> Placed | str:
+    def place(
+        self,
+        pod: str,
+        share: Share,
+        nodes: Collection[str] | None = None,
+        *,
+        pending_until: float | None = None,
+    ) -> Placed | str:
         """Hold ``share`` for ``pod`` on the best GPU; the reason it fits nowhere otherwise.
 
         ``nodes`` limits the choice (the pod's node selector, affinity, taints, other
         resources, as the caller checked them). A pod already holding a share gets it back.
+        ``pending_until``: the hold lapses at that time (see :meth:`expire`) unless
+        :meth:`confirm` or :meth:`hold` sees the pod first: an admitted pod the API server
+        then refuses to store must not keep its share.
         """
         if pod in self._held:
             return self._held[pod]
@@ -157,9 +168,22 @@ class Ledger:
         if isinstance(choice, str):
             return choice
         node, gpu = choice
-        placed = Placed(node.name, gpu.index, gpu.uuid, share)
+        placed = Placed(node.name, gpu.index, gpu.uuid, share, claim=pod)
         self.hold(pod, placed)
+        if pending_until is not None:
+            self._pending[pod] = pending_until
         return placed
+
+    def confirm(self, pod: str) -> None:
+        """The pod of a pending hold exists: the hold no longer lapses."""
+        self._pending.pop(pod, None)
+
+    def expire(self, now: float) -> list[str]:
+        """Release every pending hold whose time passed; the pods released."""
+        lapsed = [pod for pod, until in self._pending.items() if until <= now]
+        for pod in lapsed:
+            self.release(pod)
+        return lapsed
 
     def place_all(
         self, shares: Sequence[tuple[str, Share]], nodes: Collection[str] | None = None
@@ -247,6 +271,7 @@ class Ledger:
         """Record that ``pod`` holds ``placed`` (a decision, or a fact read back)."""
         if pod in self._held:
             self.release(pod)
+        self._pending.pop(pod, None)
         self._held[pod] = placed
         self._on_node.setdefault(placed.node, set()).add(pod)
         node = self._nodes.get(placed.node)
@@ -256,6 +281,7 @@ class Ledger:
 
     def release(self, pod: str) -> Placed | None:
         """Free ``pod``'s share (finished or deleted pod); what it held, if anything."""
+        self._pending.pop(pod, None)
         placed = self._held.pop(pod, None)
         if placed is None:
             return None
@@ -280,6 +306,7 @@ class Ledger:
         """Replace every holding with ``facts`` (pods read back from the cluster); nodes stay."""
         self._held.clear()
         self._on_node.clear()
+        self._pending.clear()
         for node in self._nodes.values():
             for gpu in node.gpus.values():
                 gpu.holders.clear()

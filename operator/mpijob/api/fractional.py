@@ -236,6 +236,9 @@ class Placed:
     gpu: int
     uuid: str
     share: Share
+    claim: str = ""
+    """The ledger's key for the holder: fixed when the share was placed, before the pod had a
+    name (pods of controllers get theirs after admission)."""
 
     def dumps(self) -> str:
         """The ``mpijob.io/gpu-share`` annotation value."""
@@ -248,6 +251,7 @@ class Placed:
                 "mem": self.share.memory_gib,
                 "core": self.share.percentage,
                 "clients": self.share.clients,
+                "claim": self.claim,
             },
             separators=(",", ":"),
         )
@@ -267,6 +271,7 @@ class Placed:
                     percentage=None if core is None else int(core),
                     clients=int(data.get("clients", 1)),
                 ),
+                claim=str(data.get("claim") or ""),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None

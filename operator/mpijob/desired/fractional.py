@@ -24,7 +24,7 @@ Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -175,3 +175,100 @@ def _pin_to_node(spec: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+# --- The admission webhooks' configuration ------------------------------------------------------
+
+#: Name of both webhook configuration objects.
+WEBHOOK_CONFIGURATION: Final = "mpijob-gpu-share"
+#: Kopf serves each webhook handler at ``/<handler id>``.
+MUTATE_ID: Final = "gpu-share-mutate"
+VALIDATE_ID: Final = "gpu-share-validate"
+#: Seconds the API server waits for a decision. Decisions take well under 10 ms
+#: (``make bench-fractional``); a stalled operator must not hold pod creation for the 30 s
+#: maximum.
+WEBHOOK_TIMEOUT_SECONDS: Final = 5
+
+_LIMITS = "has(c.resources) && has(c.resources.limits) && "
+#: CEL: only pods naming a share reach the webhook, so with ``failurePolicy: Fail`` an operator
+#: that is down blocks those pods alone (they would otherwise run without placement or limits).
+MATCH_SHARE_PODS: Final = " || ".join(
+    f"(has(object.spec.{field}) && object.spec.{field}.exists(c, {_LIMITS}"
+    f"('{keys.GPU_MEM_RESOURCE}' in c.resources.limits ||"
+    f" '{keys.GPU_CORE_PERCENTAGE_RESOURCE}' in c.resources.limits)))"
+    for field in ("containers", "initContainers")
+)
+
+
+def webhook_configurations(
+    *,
+    service_namespace: str,
+    service_name: str,
+    port: int,
+    ca_bundle: str,
+    exempt_namespaces: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The Mutating and Validating webhook configurations for pod creation.
+
+    ``failurePolicy: Fail`` (a share pod admitted without placement would run unlimited),
+    ``matchConditions`` restricting calls to share pods, ``namespaceSelector`` exempting
+    ``exempt_namespaces`` (the operator's own and ``kube-system``: the operator must never
+    wait on itself), ``timeoutSeconds`` 5, ``sideEffects: NoneOnDryRun`` (a dry run holds
+    nothing), no reinvocation.
+    """
+
+    def webhook(handler: str, name: str) -> dict[str, Any]:
+        return {
+            "name": f"{name}.gpu-share.mpijob.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {
+                "service": {
+                    "namespace": service_namespace,
+                    "name": service_name,
+                    "port": port,
+                    "path": f"/{handler}",
+                },
+                "caBundle": ca_bundle,
+            },
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["pods"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": WEBHOOK_TIMEOUT_SECONDS,
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": sorted(set(exempt_namespaces)),
+                    }
+                ]
+            },
+            "matchConditions": [{"name": "asks-for-a-gpu-share", "expression": MATCH_SHARE_PODS}],
+        }
+
+    meta = {"name": WEBHOOK_CONFIGURATION, "labels": {"app.kubernetes.io/name": "mpijob-operator"}}
+    mutating = webhook(MUTATE_ID, "place")
+    mutating["reinvocationPolicy"] = "Never"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": dict(meta),
+            "webhooks": [mutating],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": dict(meta),
+            "webhooks": [webhook(VALIDATE_ID, "validate")],
+        },
+    ]

@@ -4,6 +4,8 @@
 its peering is off (a Lease elects the leader instead), Event posting is off (we post our own,
 with upstream's source component), its finalizer and storage keys use our prefix so that if
 anything is ever stored it is ours, and node watches are filtered server-side to opted-in nodes.
+With ``--fractional-gpus`` it also registers :mod:`~mpijob.handlers.fractional` (GPU-share
+webhooks), serves them with a certificate made at start, and applies their configurations.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
-from mpijob.handlers import reconcile, watches
+from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import Kube
 from mpijob.handlers.leader import LeaderElector
@@ -48,6 +50,12 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
         f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     )
     settings.execution.max_workers = max(4, ours.threadiness)
+    if ours.fractional_gpus:
+        # Shares go to core_mem nodes; the topology handlers still filter on their own label.
+        settings.watching.label_selectors["v1", "nodes"] = (
+            f"{keys.NODE_GPU_SCHEDULE_LABEL} in"
+            f" ({keys.NODE_GPU_SCHEDULE_TOPOLOGY},{keys.NODE_GPU_SCHEDULE_CORE_MEM})"
+        )
 
 
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
@@ -86,6 +94,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         inter_node_gbps=ours.inter_node_gbps,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
+    if ours.fractional_gpus:
+        cert = fractional.serving_certificate(ours.lock_namespace, ours.webhook_service)
+        fractional.configure_server(settings, cert, ours.webhook_port)
+        await fractional.apply_configurations(
+            kube.request,
+            service_namespace=ours.lock_namespace,
+            service_name=ours.webhook_service,
+            port=443,
+            ca_bundle=cert.ca_bundle,
+        )
     rt.workers.start(lambda key: reconcile.reconcile(rt, key))
     if ours.monitoring_port:
         metrics.serve(
@@ -129,6 +147,8 @@ def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api)
+    if ours.fractional_gpus:
+        fractional.register(registry, fractional.FractionalAdmission())
     return registry
 
 

@@ -172,7 +172,14 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
 def test_every_overlay_is_a_kustomization_over_the_base() -> None:
     overlays = ROOT / "manifests" / "overlays"
     names = sorted(p.name for p in overlays.iterdir() if p.is_dir())
-    assert names == ["kubeflow", "monitoring", "scheduler-plugins", "standalone", "volcano"]
+    assert names == [
+        "fractional-gpus",
+        "kubeflow",
+        "monitoring",
+        "scheduler-plugins",
+        "standalone",
+        "volcano",
+    ]
     for name in names:
         kustomization = yaml.safe_load((overlays / name / "kustomization.yaml").read_text())
         resources = kustomization["resources"]
@@ -185,3 +192,26 @@ def test_agent_daemonset_probes_its_health_endpoint() -> None:
     assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -> None:
+    from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+    from mpijob.settings import OperatorSettings
+
+    overlay = ROOT / "manifests" / "overlays" / "fractional-gpus"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    ops = yaml.safe_load(kustomization["patches"][0]["patch"])
+    values = [op["value"] for op in ops]
+    assert "--fractional-gpus" in values
+    port = next(v for v in values if isinstance(v, dict))
+    args = [*container(DEPLOYMENT)["args"], "--fractional-gpus"]
+    params = cli.run.make_context("run", args[1:]).params
+    assert params["fractional_gpus"]
+    assert port["containerPort"] == params["webhook_port"] == OperatorSettings().webhook_port
+    service = one(overlay / "webhook-service.yaml", "Service")
+    assert service["metadata"]["name"] == params["webhook_service"]
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+    assert service["spec"]["selector"] == DEPLOYMENT["spec"]["selector"]["matchLabels"]
+    role = one(overlay / "webhook-rbac.yaml", "ClusterRole")
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named[0]["resourceNames"] == [WEBHOOK_CONFIGURATION]
