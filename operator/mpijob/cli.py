@@ -158,6 +158,13 @@ def main(ctx: click.Context) -> None:
     help="Service in the lock namespace that routes the API server to the webhooks.",
 )
 @click.option(
+    "--webhook-url",
+    default=DEFAULTS.webhook_url,
+    metavar="URL",
+    help="Reach the webhooks at this https:// URL instead of through the Service (API servers "
+    "that cannot reach Service IPs, such as the local cluster's).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",

@@ -65,6 +65,10 @@ class OperatorSettings:
     webhook_service: str = "mpijob-operator-webhook"
     """Service in ``lock_namespace`` through which the API server reaches the webhooks."""
 
+    webhook_url: str = ""
+    """Reach the webhooks at this HTTPS URL instead of through the Service (an API server that
+    cannot reach Service IPs, e.g. the local cluster); its host goes into the certificate."""
+
     kubeconfig: str | None = None
     """Path of a kubeconfig; unset means $KUBECONFIG, else in a pod its service account, else
     ~/.kube/config."""

@@ -19,7 +19,9 @@ own mount, IPC, PID and UTS namespaces, the pipe directory read-only, reached it
 (``hack/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's shared
 memory.
 
-Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns.
+Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns,
+and :func:`webhook_configurations` builds the two webhook configuration objects the operator
+applies.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ def webhook_configurations(
     port: int,
     ca_bundle: str,
     exempt_namespaces: Sequence[str],
+    url: str = "",
 ) -> list[dict[str, Any]]:
     """The Mutating and Validating webhook configurations for pod creation.
 
@@ -214,22 +217,25 @@ def webhook_configurations(
     ``matchConditions`` restricting calls to share pods, ``namespaceSelector`` exempting
     ``exempt_namespaces`` (the operator's own and ``kube-system``: the operator must never
     wait on itself), ``timeoutSeconds`` 5, ``sideEffects: NoneOnDryRun`` (a dry run holds
-    nothing), no reinvocation.
+    nothing), no reinvocation. ``url`` replaces the Service (API servers that cannot reach
+    Service IPs).
     """
 
     def webhook(handler: str, name: str) -> dict[str, Any]:
+        client: dict[str, Any] = {
+            "service": {
+                "namespace": service_namespace,
+                "name": service_name,
+                "port": port,
+                "path": f"/{handler}",
+            }
+        }
+        if url:
+            client = {"url": f"{url.rstrip('/')}/{handler}"}
         return {
             "name": f"{name}.gpu-share.mpijob.io",
             "admissionReviewVersions": ["v1"],
-            "clientConfig": {
-                "service": {
-                    "namespace": service_namespace,
-                    "name": service_name,
-                    "port": port,
-                    "path": f"/{handler}",
-                },
-                "caBundle": ca_bundle,
-            },
+            "clientConfig": {**client, "caBundle": ca_bundle},
             "rules": [
                 {
                     "apiGroups": [""],

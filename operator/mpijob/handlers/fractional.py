@@ -10,7 +10,9 @@ on the first listing rebuilds the ledger after a restart), and the two webhooks 
 namespace selector are ours (:func:`mpijob.desired.fractional.webhook_configurations`).
 
 One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
-concurrent admissions never overcommit a GPU. A decision holds the share at once, pending: if
+concurrent admissions never overcommit a GPU. At start, before the webhooks serve, the ledger is
+rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`FractionalAdmission.
+rebuild`); the watches keep it current from then on. A decision holds the share at once, pending: if
 the pod never appears (a later webhook or the API server refused it), the hold lapses after
 :data:`PENDING_SECONDS`. A dry run places without holding.
 
@@ -24,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import ipaddress
 import logging
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +94,27 @@ class FractionalAdmission:
                 self.ledger.hold(key, placed)  # a restart's listing, or a hold that lapsed
             else:
                 self.ledger.confirm(key)
+
+    async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """Start from listed nodes and pods (before the webhooks serve, after a restart)."""
+        async with self.lock:
+            for body in nodes:
+                read = read_node(body)
+                if read is not None:
+                    self.ledger.set_node(body["metadata"]["name"], read[0], binpack=read[1])
+            facts = []
+            for body in pods:
+                meta = body.get("metadata") or {}
+                placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+                if placed is None or (body.get("status") or {}).get("phase") in _FINISHED:
+                    continue
+                facts.append(
+                    (placed.claim or f"{meta.get('namespace')}/{meta.get('name')}", placed)
+                )
+            self.ledger.rebuild(facts)
+        log.info(
+            "Rebuilt the GPU-share ledger: %d nodes, %d shares", len(self.ledger.nodes), len(facts)
+        )
 
     # --- webhooks ------------------------------------------------------------------------
 
@@ -171,9 +196,14 @@ class ServingCertificate:
 
 
 def serving_certificate(
-    service_namespace: str, service_name: str, directory: Path | None = None
+    service_namespace: str,
+    service_name: str,
+    directory: Path | None = None,
+    *,
+    url: str = "",
 ) -> ServingCertificate:
-    """A fresh P-256 key and a one-year self-signed certificate for the Service's DNS names.
+    """A fresh P-256 key and a one-year self-signed certificate for the Service's DNS names
+    (and the host of ``url``, when the API server calls a URL instead).
 
     Made at every start, so nothing secret is stored in the cluster; the configurations are
     re-applied with the new bundle at the same start.
@@ -188,6 +218,13 @@ def serving_certificate(
         f"{service_name}.{service_namespace}",
         f"{service_name}.{service_namespace}.svc",
     ]
+    alternatives: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    host = urllib.parse.urlsplit(url).hostname if url else None
+    if host:
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            alternatives.append(x509.DNSName(host))
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])])
     now = dt.datetime.now(dt.UTC)
@@ -199,7 +236,7 @@ def serving_certificate(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
+        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
@@ -239,6 +276,7 @@ async def apply_configurations(
     service_name: str,
     port: int,
     ca_bundle: str,
+    url: str = "",
 ) -> None:
     """Server-side apply both webhook configurations (``request`` is :meth:`Kube.request`)."""
     for obj in webhook_configurations(
@@ -247,6 +285,7 @@ async def apply_configurations(
         port=port,
         ca_bundle=ca_bundle,
         exempt_namespaces=(service_namespace, "kube-system"),
+        url=url,
     ):
         plural = obj["kind"].lower() + "s"
         url = f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}"

@@ -95,7 +95,15 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
-        cert = fractional.serving_certificate(ours.lock_namespace, ours.webhook_service)
+        shares: fractional.FractionalAdmission = memo["fractional"]
+        selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
+        await shares.rebuild(
+            await kube.list("v1", "Node", None, labels=selector),
+            await kube.list("v1", "Pod", None),
+        )
+        cert = fractional.serving_certificate(
+            ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
+        )
         fractional.configure_server(settings, cert, ours.webhook_port)
         await fractional.apply_configurations(
             kube.request,
@@ -103,6 +111,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
             service_name=ours.webhook_service,
             port=443,
             ca_bundle=cert.ca_bundle,
+            url=ours.webhook_url,
         )
     rt.workers.start(lambda key: reconcile.reconcile(rt, key))
     if ours.monitoring_port:
@@ -135,7 +144,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
+def registry_for(ours: OperatorSettings, memo: kopf.Memo | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -148,7 +157,10 @@ def registry_for(ours: OperatorSettings) -> kopf.OperatorRegistry:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api)
     if ours.fractional_gpus:
-        fractional.register(registry, fractional.FractionalAdmission())
+        shares = fractional.FractionalAdmission()
+        fractional.register(registry, shares)
+        if memo is not None:
+            memo["fractional"] = shares
     return registry
 
 
@@ -159,7 +171,7 @@ def run(ours: OperatorSettings) -> None:
     memo = kopf.Memo(settings=ours)
     asyncio.run(
         kopf.operator(
-            registry=registry_for(ours),
+            registry=registry_for(ours, memo),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

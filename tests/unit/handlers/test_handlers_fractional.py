@@ -240,3 +240,40 @@ def test_the_configurations_fail_closed_for_share_pods_only_and_spare_the_operat
     assert MEM in MATCH_SHARE_PODS
     assert CORE in MATCH_SHARE_PODS
     assert "initContainers" in MATCH_SHARE_PODS
+
+
+async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones() -> None:
+    first = await admission_with(node("gpu-a", gpus=1, memory=15))
+    running = pod(memory="10", core="50")
+    running, _ = placed_of(running, await first.mutate(running, dryrun=False))
+    done = pod(memory="4", core="40")
+    done, _ = placed_of(done, await first.mutate(done, dryrun=False))
+    done["status"] = {"phase": "Succeeded"}
+    plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+    restarted = FractionalAdmission(clock=Clock())
+    await restarted.rebuild(
+        [node("gpu-a", gpus=1, memory=15), {"metadata": {"name": "x"}}], [running, done, plain]
+    )
+    assert len(restarted.ledger) == 1
+    assert await restarted.mutate(pod(memory="4", core="50"), dryrun=False)
+    with pytest.raises(kopf.AdmissionError):
+        await restarted.mutate(pod(memory="1", core="5"), dryrun=False)
+
+
+def test_a_url_replaces_the_service_and_enters_the_certificate(tmp_path: Any) -> None:
+    configs = webhook_configurations(
+        service_namespace="ns",
+        service_name="svc",
+        port=443,
+        ca_bundle="Q0E=",
+        exempt_namespaces=("ns",),
+        url="https://127.0.0.1:19443/",
+    )
+    assert configs[0]["webhooks"][0]["clientConfig"] == {
+        "url": f"https://127.0.0.1:19443/{MUTATE_ID}",
+        "caBundle": "Q0E=",
+    }
+    cert = fractional.serving_certificate("ns", "svc", tmp_path, url="https://127.0.0.1:19443")
+    loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
+    names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
