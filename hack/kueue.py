@@ -243,6 +243,10 @@ def config(state: local.State) -> dict[str, Any]:
         "health": {"healthProbeBindAddress": f"127.0.0.1:{p['kueue-health']}"},
         "clientConnection": {"qps": 100, "burst": 200},
         "integrations": {"frameworks": list(FRAMEWORKS)},
+        # The on-demand visibility API server (pending workloads) reads its certificate from the
+        # fixed path /visibility when Kueue's own certificate management is off; nothing here
+        # uses it.
+        "featureGates": {"VisibilityOnDemand": False},
     }
 
 
@@ -352,7 +356,13 @@ def ensure(state: local.State) -> None:
         ],
         state,
     )
-    local.wait_for("kueue /readyz", lambda: _ready(state), 120, NAME)
+
+    def ready() -> bool:
+        if not local.alive(state.pids[NAME]):
+            local.wait_for(f"kueue (exited; {home() / 'config.yaml'})", lambda: False, 0, NAME)
+        return _ready(state)
+
+    local.wait_for("kueue /readyz", ready, 120, NAME)
     # Registered once Kueue serves them: a webhook nobody answers would fail every request.
     _apply(state, webhook_configs(mod, port, ca))
     _apply(state, flavors_and_queue(state))

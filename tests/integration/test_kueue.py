@@ -220,7 +220,8 @@ def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_later(
     kueue.priority_class(low, 100)
     kueue.priority_class(high, 1000)
     try:
-        q = queue({"mpijob.io/gpu-model": gpu_model(crds)}, gpus=8, preempt=True)
+        model = gpu_model(crds)
+        q = queue({"mpijob.io/gpu-model": model}, gpus=8, preempt=True)
         victim = mpijobs.create(queued("victim", q, runs_for="20s", priority=low, topology=True))
         mpijobs.wait_condition("victim", keys.COND_RUNNING, timeout=60)
         wait_until(lambda: len(pods_of(crds, namespace, "victim")) == 3, what="victim's pods")
@@ -250,6 +251,15 @@ def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_later(
 
         wait_until(stopped, timeout=60, what="the victim suspended, without pods or PodGroup")
         mpijobs.wait_condition("urgent", keys.COND_SUCCEEDED, timeout=90)
+
+        def running_again() -> list[Any] | None:
+            pods = pods_of(crds, namespace, "victim")
+            return pods if len(pods) == 3 and all(p.spec.node_name for p in pods) else None
+
+        # Admitted again: Kueue merged its node selector into the templates anew, and the
+        # relaunched pods (the launcher Job's too, resumed) carry it.
+        for p in wait_until(running_again, timeout=90, what="the victim running again"):
+            assert (p.spec.node_selector or {}).get("mpijob.io/gpu-model") == model
         mpijobs.wait_condition("victim", keys.COND_SUCCEEDED, timeout=120)
         wl = kueue.workload(namespace, victim["metadata"]["uid"])
         assert condition(wl, "Finished")
