@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator (default: all but mpi-operator).
+# Components: kube etcd kwok sched-plugins kueue mpi-operator (default: the control plane, i.e.
+# all but kueue, which runs on request, and mpi-operator, the benchmark peer).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -157,7 +158,7 @@ build_mpi_operator() {
 }
 
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(etcd kwok kube sched-plugins kueue)
+[ ${#components[@]} -gt 0 ] || components=(etcd kwok kube sched-plugins)
 start=$SECONDS
 for c in "${components[@]}"; do
   t=$SECONDS

@@ -222,7 +222,7 @@ def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_later(
     try:
         model = gpu_model(crds)
         q = queue({"mpijob.io/gpu-model": model}, gpus=8, preempt=True)
-        victim = mpijobs.create(queued("victim", q, runs_for="20s", priority=low, topology=True))
+        victim = mpijobs.create(queued("victim", q, runs_for="30s", priority=low, topology=True))
         mpijobs.wait_condition("victim", keys.COND_RUNNING, timeout=60)
         wait_until(lambda: len(pods_of(crds, namespace, "victim")) == 3, what="victim's pods")
         group = crds.resource(*SCHED_POD_GROUP)
