@@ -23,6 +23,7 @@ cluster that ran Kueue for a while goes on as one without it.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import json
@@ -31,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +170,6 @@ def ensure_metrics_certs() -> None:
 
 
 def crds(mod: Path, port: int, ca: bytes) -> list[dict[str, Any]]:
-    import base64
-
     out = []
     for path in sorted((mod / "config/components/crd/bases").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
@@ -200,8 +200,6 @@ def _wanted(webhook: dict[str, Any]) -> bool:
 
 
 def webhook_configs(mod: Path, port: int, ca: bytes) -> list[dict[str, Any]]:
-    import base64
-
     docs = [
         d
         for d in yaml.safe_load_all((mod / "config/components/webhook/manifests.yaml").read_text())
@@ -301,8 +299,6 @@ def flavors_and_queue(state: local.State) -> list[dict[str, Any]]:
 
 
 def _ready(state: local.State) -> bool:
-    import urllib.request
-
     url = f"http://127.0.0.1:{state.ports['kueue-health']}/readyz"
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
