@@ -33,7 +33,7 @@ install: $(VENV)/.installed ## Create .venv with the project and its test extra
 bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~/.cache)
 	hack/build-bins.sh
 
-cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100); harmless if running
+cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100, KUEUE=1 adds Kueue); harmless if running
 	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY)
 
 cluster-down: ## Stop the local cluster; leaves no process behind

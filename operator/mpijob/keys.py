@@ -20,6 +20,9 @@ OPERATOR_NAME: Final = "mpi-operator"
 #: ``spec.runPolicy.managedBy`` values this operator answers to (plus ``--controller-name``).
 MANAGED_BY_UPSTREAM: Final = "kubeflow.org/mpi-operator"
 MANAGED_BY_MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
+#: Kueue's label naming the LocalQueue of a job it queues (read only: Kueue admits such a job by
+#: unsuspending it).
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 #: Event source component, as upstream reports it.
 EVENT_COMPONENT: Final = "mpi-job-controller"
 
