@@ -15,7 +15,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds bench bench-gang bench-placement bench-storm kind-e2e clean dashboards
+        lint demo run crds bench bench-gang bench-placement bench-storm bench-fractional kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -33,7 +33,7 @@ install: $(VENV)/.installed ## Create .venv with the project and its test extra
 bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~/.cache)
 	hack/build-bins.sh
 
-cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100); harmless if running
+cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100, KUEUE=1 adds Kueue); harmless if running
 	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY)
 
 cluster-down: ## Stop the local cluster; leaves no process behind
@@ -88,6 +88,9 @@ bench-storm: install ## Kill storm: 24 SIGKILLs + an API-server restart while 56
 
 bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
 	$(PY) bench/placement.py
+
+bench-fractional: install ## Fractional-GPU admission latency per pod at 1,000 opted-in nodes (pure, no cluster)
+	$(PY) bench/fractional.py
 
 kind-e2e: install ## For users with Docker: the integration suite against a kind cluster
 	hack/kind-e2e.sh

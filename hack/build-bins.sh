@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins mpi-operator (default: all but mpi-operator).
+# Components: kube etcd kwok sched-plugins kueue mpi-operator (default: the control plane, i.e.
+# all but kueue, which runs on request, and mpi-operator, the benchmark peer).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -23,6 +24,7 @@ etcd_dir=$CACHE/bin/etcd-v$ETCD_VERSION
 kwok_dir=$CACHE/bin/kwok-v$KWOK_VERSION
 sp_dir=$CACHE/bin/scheduler-plugins-v$SCHED_PLUGINS_VERSION
 mpi_dir=$CACHE/bin/mpi-operator-v$MPI_OPERATOR_VERSION
+kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
 
 # A throwaway wrapper module per component: k8s.io/kubernetes, etcd/server and
 # scheduler-plugins carry replace directives, which `go install pkg@v` refuses.
@@ -131,6 +133,18 @@ build_sched_plugins() {
   rm -rf "$sp_dir"; mv "$sp_dir.tmp" "$sp_dir"
 }
 
+build_kueue() {
+  have "$kueue_dir" kueue && return
+  say "kueue v$KUEUE_VERSION: the manager (hack/kueue.py runs it on request)"
+  local w; w=$(wrapper kueue); cd "$w"
+  go mod edit -dropgodebug=default  # Kueue's own go.mod sets no godebug: build it as released
+  go get -tool "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  mkdir -p "$kueue_dir.tmp"
+  go build -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
+    -o "$kueue_dir.tmp/kueue" sigs.k8s.io/kueue/cmd/kueue
+  rm -rf "$kueue_dir"; mv "$kueue_dir.tmp" "$kueue_dir"
+}
+
 build_mpi_operator() {
   have "$mpi_dir" mpi-operator && return
   say "upstream mpi-operator v$MPI_OPERATOR_VERSION (benchmark peer)"
@@ -150,8 +164,8 @@ for c in "${components[@]}"; do
   t=$SECONDS
   case "$c" in
     kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
-    sched-plugins) build_sched_plugins;; mpi-operator) build_mpi_operator;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins mpi-operator)";;
+    sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
+    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator)";;
   esac
   say "$c ready ($((SECONDS - t)) s)"
 done

@@ -7,7 +7,8 @@ plain processes, from binaries that ``hack/build-bins.sh`` builds into a cache o
 State lives in ``.cluster/`` (kubeconfig, logs, pids); ``up`` twice is harmless, ``down`` leaves
 no process behind.
 
-Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fixtures.
+Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fixtures. With
+``--kueue`` (``KUEUE=1 make cluster``) Kueue runs beside it (``hack/kueue.py``).
 """
 
 from __future__ import annotations
@@ -420,14 +421,29 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
 
 
 def up(
-    nodes: int, topology: str, gpus: int, audit_log: bool = False, users: Sequence[str] = ()
+    nodes: int,
+    topology: str,
+    gpus: int,
+    audit_log: bool = False,
+    users: Sequence[str] = (),
+    kueue: bool = False,
 ) -> State:
     try:
-        return _up(nodes, topology, gpus, audit_log, users)
+        state = _up(nodes, topology, gpus, audit_log, users)
     except BaseException:
         say("start failed; stopping what was started (logs stay in .cluster/logs)")
         down(quiet=True)
         raise
+    if kueue:
+        import kueue as queueing  # hack/kueue.py, a component started on request
+
+        try:
+            queueing.ensure(state)
+        except BaseException:
+            say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
+            queueing.stop(state, quiet=True)
+            raise
+    return state
 
 
 def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
@@ -648,8 +664,10 @@ def down(quiet: bool = False) -> None:
         if not quiet:
             say("no cluster running")
         return
-    # Stop clients first, etcd last, so nothing logs a storm of connection errors.
-    for comp in reversed(COMPONENTS):
+    # Stop clients first (components started on request, then the core), etcd last, so nothing
+    # logs a storm of connection errors.
+    extras = [c for c in state.pids if c not in COMPONENTS]
+    for comp in [*extras, *reversed(COMPONENTS)]:
         pid = state.pids.get(comp)
         if pid and alive(pid):
             with contextlib.suppress(ProcessLookupError):
@@ -683,7 +701,7 @@ def status() -> int:
         print("no cluster")
         return 1
     total = 0.0
-    for comp in COMPONENTS:
+    for comp in [*COMPONENTS, *(c for c in state.pids if c not in COMPONENTS)]:
         pid = state.pids.get(comp, -1)
         mb = rss_mb(pid) if alive(pid) else 0.0
         total += mb
@@ -724,6 +742,12 @@ def main() -> int:
         metavar="NAME",
         help="add a token user NAME in system:masters with its own kubeconfig-NAME (repeatable)",
     )
+    p_up.add_argument(
+        "--kueue",
+        action="store_true",
+        default=os.environ.get("KUEUE", "") == "1",
+        help="also run Kueue (hack/kueue.py), with a ClusterQueue for the GPUs (env KUEUE=1)",
+    )
     p_nodes = sub.add_parser(
         "node-manifests", help="print the simulated GPU nodes as YAML (for any kwok cluster)"
     )
@@ -736,7 +760,7 @@ def main() -> int:
     p_kc.add_argument("--print", action="store_true", help="print the file's content instead")
     args = parser.parse_args()
     if args.cmd == "up":
-        up(args.nodes, args.topology, args.gpus, args.audit_log, args.users)
+        up(args.nodes, args.topology, args.gpus, args.audit_log, args.users, args.kueue)
     elif args.cmd == "node-manifests":
         nodes = [node_manifest(i, args.topology, args.gpus) for i in range(args.nodes)]
         print(yaml.safe_dump_all(nodes))

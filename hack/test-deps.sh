@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the integration tests need beyond the virtualenv, made present on a fresh machine:
-# Prometheus (tests/integration/test_monitoring.py starts it on 127.0.0.1 itself) and the local
-# control plane's binaries. Usage: hack/test-deps.sh (run by `make test` and `make test-integration`).
+# Prometheus (tests/integration/test_monitoring.py starts it on 127.0.0.1 itself), the local
+# control plane's binaries and Kueue's (tests/integration/test_kueue.py runs it beside them).
+# Usage: hack/test-deps.sh (run by `make test` and `make test-integration`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +27,5 @@ fi
 # Against a cluster of the user's (MPIJOB_TEST_KUBECONFIG) the local control plane is never started.
 if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
   hack/build-bins.sh
+  hack/build-bins.sh kueue
 fi

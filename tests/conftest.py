@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from support.kube import ROOT, Cluster, start_cluster
+from support.kueue import Kueue, start_kueue, stop_kueue
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
@@ -125,3 +126,12 @@ def idle_gpus(cluster: Cluster) -> None:
     wait_until(
         lambda: not allocated_claims(), timeout=120, what="no GPUs allocated to earlier claims"
     )
+
+
+@pytest.fixture(scope="module")
+def kueue(crds: Cluster) -> Iterator[Kueue]:
+    """The real Kueue beside the cluster for one test module, stopped after it (its webhooks
+    removed), so the modules after it run without Kueue."""
+    start_kueue(crds)
+    yield Kueue(crds)
+    stop_kueue(crds)

@@ -152,6 +152,34 @@ def main(ctx: click.Context) -> None:
     "bounds the ring of a job spread over nodes.",
 )
 @click.option(
+    "--fractional-gpus/--no-fractional-gpus",
+    default=DEFAULTS.fractional_gpus,
+    show_default=True,
+    help="Place GPU shares (aliyun.com/gpu-mem, aliyun.com/gpu-core.percentage) of any pod on "
+    "one GPU of a core_mem node at creation, through admission webhooks served by the operator.",
+)
+@click.option(
+    "--webhook-port",
+    default=DEFAULTS.webhook_port,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="HTTPS port of the admission webhooks (with --fractional-gpus).",
+)
+@click.option(
+    "--webhook-service",
+    default=DEFAULTS.webhook_service,
+    show_default=True,
+    metavar="NAME",
+    help="Service in the lock namespace that routes the API server to the webhooks.",
+)
+@click.option(
+    "--webhook-url",
+    default=DEFAULTS.webhook_url,
+    metavar="URL",
+    help="Reach the webhooks at this https:// URL instead of through the Service (API servers "
+    "that cannot reach Service IPs, such as the local cluster's).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",

@@ -20,6 +20,9 @@ OPERATOR_NAME: Final = "mpi-operator"
 #: ``spec.runPolicy.managedBy`` values this operator answers to (plus ``--controller-name``).
 MANAGED_BY_UPSTREAM: Final = "kubeflow.org/mpi-operator"
 MANAGED_BY_MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
+#: Kueue's label naming the LocalQueue of a job it queues (read only: Kueue admits such a job by
+#: unsuspending it).
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 #: Event source component, as upstream reports it.
 EVENT_COMPONENT: Final = "mpi-job-controller"
 
@@ -182,3 +185,35 @@ GPU_ACTUAL: Final = PREFIX + "gpu-actual"
 REASON_PLACEMENT_NOT_HONOURED: Final = "PlacementNotHonoured"
 #: Event source component of the node agent.
 AGENT_COMPONENT: Final = "mpijob-agent"
+
+# --- Fractional GPUs (shares of one GPU, limited by CUDA MPS) --------------------------------
+#: Extended resources a pod asks for in a container's limits, and a node advertises (kept as
+#: the established names so that manifests written for that scheme work unchanged).
+GPU_MEM_RESOURCE: Final = "aliyun.com/gpu-mem"
+"""GiB of GPU memory; on a node, the total over its GPUs."""
+GPU_CORE_PERCENTAGE_RESOURCE: Final = "aliyun.com/gpu-core.percentage"
+"""Percent of one GPU's compute (multiples of 5, 5..100); on a node, 100 per GPU."""
+GPU_COUNT_RESOURCE: Final = "aliyun.com/gpu-count"
+"""On a node: how many GPUs it shares out."""
+#: Value of NODE_GPU_SCHEDULE_LABEL that opts a node into shares with memory and compute limits.
+NODE_GPU_SCHEDULE_CORE_MEM: Final = "core_mem"
+#: Node label choosing how shares are packed onto the node's GPUs.
+NODE_GPU_PLACEMENT_LABEL: Final = "ack.node.gpu.placement"
+NODE_GPU_PLACEMENT_BINPACK: Final = "binpack"
+"""Fill the GPUs already in use first (fewest GPUs)."""
+NODE_GPU_PLACEMENT_SPREAD: Final = "spread"
+"""The least used GPU first (the default when the label is absent)."""
+#: On a pod holding a share: compact JSON ``{"v":1,"node":..,"gpu":<index>,"uuid":..,
+#: "mem":<GiB>,"core":<percent or null>}``; what the ledger is rebuilt from after a restart.
+GPU_SHARE: Final = PREFIX + "gpu-share"
+#: MPS clients one GPU serves at most (Volta and later); one more fails context creation.
+MPS_MAX_CLIENTS: Final = 48
+#: Host directory under which the agent keeps one MPS control daemon's pipe and log directory
+#: per GPU (``<root>/<gpu-uuid>/pipe``, ``.../log``).
+MPS_ROOT: Final = "/run/mpijob/mps"
+#: Environment of an MPS client (NVIDIA's names).
+ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"
+ENV_MPS_ACTIVE_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

@@ -60,6 +60,20 @@ class OperatorSettings:
     inter_node_gbps: float = 12.5
     """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
 
+    fractional_gpus: bool = False
+    """Place and limit GPU shares (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-core.percentage``)
+    of any pod at creation, through admission webhooks this process serves."""
+
+    webhook_port: int = 9443
+    """Port of the HTTPS webhook server (with ``fractional_gpus``)."""
+
+    webhook_service: str = "mpijob-operator-webhook"
+    """Service in ``lock_namespace`` through which the API server reaches the webhooks."""
+
+    webhook_url: str = ""
+    """Reach the webhooks at this HTTPS URL instead of through the Service (an API server that
+    cannot reach Service IPs, e.g. the local cluster); its host goes into the certificate."""
+
     kubeconfig: str | None = None
     """Path of a kubeconfig; unset means $KUBECONFIG, else in a pod its service account, else
     ~/.kube/config."""

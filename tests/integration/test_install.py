@@ -66,6 +66,7 @@ def operator_args(docs: list[dict[str, Any]]) -> dict[str, Any]:
         ("scheduler-plugins", "mpi-operator", "scheduler-plugins-scheduler"),
         ("volcano", "mpi-operator", "volcano"),
         ("monitoring", "mpi-operator", ""),
+        ("fractional-gpus", "mpi-operator", ""),
     ],
 )
 def test_overlay_builds(overlay: str, namespace: str, gang: str) -> None:
@@ -100,6 +101,19 @@ def test_monitoring_overlay_ships_dashboard_rules_and_service_monitor() -> None:
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_fractional_overlay_serves_the_webhooks_beside_the_operator() -> None:
+    docs = kustomize("fractional-gpus")
+    assert operator_args(docs)["fractional_gpus"] is True
+    deployment = find(docs, "Deployment", "mpijob-operator")
+    service = find(docs, "Service", "mpijob-operator-webhook")
+    # The webhook configurations name the Service in the operator's (lock) namespace.
+    assert service["metadata"].get("namespace") == deployment["metadata"]["namespace"]
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert service["spec"]["ports"][0]["targetPort"] in ports
 
 
 def test_kubeflow_overlay_adds_upstreams_aggregated_roles() -> None:

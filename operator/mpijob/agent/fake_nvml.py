@@ -4,8 +4,8 @@ It answers link by link as a driver does: direct NVLinks occupy link slots whose
 info is the peer GPU, NVSwitch systems have every slot pointing at a switch, unused slots are
 disabled, slots past the GPU's last one and GPUs without NVLink answer "not supported", and an
 unknown NUMA node is "not supported" too. ``init_error`` makes :meth:`FakeNvml.nvmlInit` fail as
-a node without driver does. Used by the agent's tests and by ``mpijob-agent --simulate`` on
-local clusters, whose nodes have no GPU.
+a node without driver does; ``memory`` is every GPU's total memory in bytes. Used by the agent's
+tests and by ``mpijob-agent --simulate`` on local clusters, whose nodes have no GPU.
 """
 
 from __future__ import annotations
@@ -50,15 +50,34 @@ class PciInfo:
     busId: bytes
 
 
+@dataclass(frozen=True)
+class MemoryInfo:
+    """``nvmlMemory_t``: bytes."""
+
+    total: int
+    free: int
+    used: int
+
+
+#: What NVML reports as an H100 80GB HBM3's total memory (81,559 MiB).
+H100_MEMORY: Final = 81559 << 20
+
+
 class FakeNvml:
     """NVML of a node with the given topology; :attr:`topology` is what a reader should see."""
 
     NVMLError = FakeNvmlError
 
     def __init__(
-        self, topology: Topology, *, product: str = "Fake GPU", init_error: int | None = None
+        self,
+        topology: Topology,
+        *,
+        product: str = "Fake GPU",
+        init_error: int | None = None,
+        memory: int = H100_MEMORY,
     ) -> None:
         self.topology = replace(topology, name=product, gpus=_with_identities(topology))
+        self.memory = memory
         self.init_error = init_error
         self.initialised = False
         self._slots = _slots(self.topology)
@@ -84,6 +103,9 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         return self.topology.gpus[handle].uuid or ""
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> MemoryInfo:
+        return MemoryInfo(total=self.memory, free=self.memory, used=0)
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> PciInfo:
         return PciInfo((self.topology.gpus[handle].pci_bus_id or "").encode())

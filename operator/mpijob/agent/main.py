@@ -10,13 +10,18 @@ exits 0, otherwise it tries again at the next interval (drivers are often instal
 agent starts). A failed API patch is logged; ``--once`` then exits 1, the loop retries.
 ``--dry-run`` prints the annotation instead; ``--simulate NAME`` reads a shipped topology
 through the fake NVML, for local clusters whose nodes have no GPU.
+
+``--share-gpus`` (``core_mem`` nodes) adds a step to every turn (:class:`~mpijob.agent.share.
+ShareStep`): one MPS control daemon per GPU started or checked, then the GPU-share extended
+resources patched into the node status. ``--no-mps`` advertises without daemons (simulated
+nodes); a dry run starts no daemon and prints the status patch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import click
@@ -50,15 +55,18 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
     beat: Callable[[], None] = lambda: None,
     check: PodCheck | None = None,
+    steps: Sequence[Callable[[], bool]] = (),
 ) -> int:
     """The agent's loop; returns the exit code (only with ``once``). No ``annotate``: dry run.
 
     ``beat`` is called on every turn of the loop (the health endpoint's proof of life);
-    ``check``, when given, checks the node's placed pods after each reading of the topology.
+    ``check``, when given, checks the node's placed pods after each reading of the topology;
+    ``steps`` run after that on every turn, and one returning False fails ``once``.
     """
     published: str | None = None
     while True:
         beat()
+        failed = False
         try:
             topology = nvml_reader.discover(nvml)
             text = codec.dumps(topology)
@@ -81,8 +89,10 @@ def run(
                     logger.info("Published the GPU topology node=%s bytes=%d", node, len(text))
         if check is not None:
             check.step()
+        for step in steps:
+            failed = not step() or failed
         if once:
-            return 0
+            return 1 if failed else 0
         sleep(interval)
 
 
@@ -127,6 +137,24 @@ def run(
     show_default=True,
     help="The kubelet's pod-resources socket (mount its folder read-only into the agent).",
 )
+@click.option(
+    "--share-gpus",
+    is_flag=True,
+    help="Advertise aliyun.com/gpu-count, gpu-mem and gpu-core.percentage in the node status"
+    " and run one MPS control daemon per GPU (nodes labelled ack.node.gpu.schedule=core_mem).",
+)
+@click.option(
+    "--mps/--no-mps",
+    default=True,
+    show_default=True,
+    help="With --share-gpus: start the MPS daemons before advertising (off for --simulate).",
+)
+@click.option(
+    "--mps-root",
+    default=keys.MPS_ROOT,
+    show_default=True,
+    help="Host directory of the daemons' pipe, log and shared-memory directories.",
+)
 def main(
     node_name: str | None,
     once: bool,
@@ -136,6 +164,9 @@ def main(
     simulate: str | None,
     check_pods: bool,
     pod_resources_socket: str,
+    share_gpus: bool,
+    mps: bool,
+    mps_root: str,
 ) -> None:
     """Publish this node's GPU topology as the mpijob.io/gpu-topology annotation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -156,16 +187,41 @@ def main(
 
         # A reading takes well under a second; two missed turns mean the loop is stuck.
         metrics.serve(health_port, lambda: time.monotonic() - last[0] < 2 * interval + 30)
+    nvml = _nvml(simulate, node)
+    steps = []
+    if share_gpus:
+        steps.append(
+            _share_step(nvml, node, dry_run, mps and not simulate and not dry_run, mps_root)
+        )
     raise SystemExit(
         run(
-            _nvml(simulate, node),
+            nvml,
             node=node,
             annotate=annotate,
             once=once,
             interval=interval,
             beat=lambda: last.__setitem__(0, time.monotonic()),
             check=check,
+            steps=steps,
         )
+    )
+
+
+def _share_step(nvml: Any, node: str, dry_run: bool, mps: bool, root: str) -> Callable[[], bool]:
+    from mpijob.agent.mps import MpsDaemon
+    from mpijob.agent.share import PatchStatus, ShareStep
+
+    patch: PatchStatus | None = None
+    if not dry_run:
+        from mpijob.agent.publish import NodeStatusPatcher
+
+        patch = NodeStatusPatcher()
+    return ShareStep(
+        nvml,
+        node=node,
+        patch=patch,
+        daemon=(lambda uuid: MpsDaemon(uuid, root=root)) if mps else None,
+        echo=click.echo,
     )
 
 

@@ -1,9 +1,11 @@
-"""The agent's API calls: its Node's topology annotation, and the report on placed pods.
+"""The agent's API calls: its Node's topology annotation, the report on placed pods and, on
+``core_mem`` nodes, the GPU-share extended resources in its Node's status.
 
 Uses the in-cluster service account in a pod, else the local kubeconfig (the operator's
 :func:`~mpijob.handlers.kube.configuration`). The agent's RBAC (``manifests/base/rbac/agent.yaml``)
-allows exactly what is called here: ``get`` and ``patch`` nodes; ``list`` and ``patch`` pods;
-``create`` events; ``list`` ResourceSlices. Called by :mod:`mpijob.agent.main`.
+allows exactly what is called here: ``get`` and ``patch`` nodes; ``patch`` ``nodes/status``;
+``list`` and ``patch`` pods; ``create`` events; ``list`` ResourceSlices. Called by
+:mod:`mpijob.agent.main`.
 """
 
 from __future__ import annotations
@@ -82,3 +84,15 @@ class AgentKube:
             "count": 1,
         }
         self._core.create_namespaced_event(namespace, body)
+
+
+class NodeStatusPatcher:
+    """Applies a JSON patch to a Node's status subresource."""
+
+    def __init__(self) -> None:
+        api = kubernetes.client.ApiClient(configuration())
+        self._api = kubernetes.client.CoreV1Api(api)
+
+    def __call__(self, node: str, body: list[dict[str, Any]]) -> None:
+        # A list body is sent as application/json-patch+json by the client.
+        self._api.patch_node_status(node, body)

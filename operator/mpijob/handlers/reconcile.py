@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mpijob import api, keys, metrics
-from mpijob.admission import outcome, queue, topology
+from mpijob.admission import kueue, outcome, queue, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.models import format_time
@@ -248,7 +248,7 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
     if last is None:
         waiting = queue.waiting_job(job, priority_values={})
         last = queue.Wait(waiting, "waiting for the next admission pass")
-    return Gate(admitted=False, outcome=outcome.outcome(last, now=now))
+    return Gate(admitted=False, outcome=outcome.outcome(kueue.explain(job, last), now=now))
 
 
 DEVICE_PLUGIN_PICKS = (

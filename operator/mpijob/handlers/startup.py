@@ -4,6 +4,10 @@
 its peering is off (a Lease elects the leader instead), Event posting is off (we post our own,
 with upstream's source component), its finalizer and storage keys use our prefix so that if
 anything is ever stored it is ours, and node watches are filtered server-side to opted-in nodes.
+Before Kopf starts, :func:`preflight` checks that the CRDs are served and picks the
+``--gpu-binding`` mode, which decides the watches registered. With ``--fractional-gpus`` it
+also registers :mod:`~mpijob.handlers.fractional` (GPU-share webhooks), serves them with a
+certificate made at start, and applies their configurations.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
-from mpijob.handlers import reconcile, watches
+from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.leader import LeaderElector
@@ -49,6 +53,12 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
         f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     )
     settings.execution.max_workers = max(4, ours.threadiness)
+    if ours.fractional_gpus:
+        # Shares go to core_mem nodes; the topology handlers still filter on their own label.
+        settings.watching.label_selectors["v1", "nodes"] = (
+            f"{keys.NODE_GPU_SCHEDULE_LABEL} in"
+            f" ({keys.NODE_GPU_SCHEDULE_TOPOLOGY},{keys.NODE_GPU_SCHEDULE_CORE_MEM})"
+        )
 
 
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
@@ -89,6 +99,25 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         inter_node_gbps=ours.inter_node_gbps,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
+    if ours.fractional_gpus:
+        shares: fractional.FractionalAdmission = memo["fractional"]
+        selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
+        await shares.rebuild(
+            await kube.list("v1", "Node", None, labels=selector),
+            await kube.list("v1", "Pod", None),
+        )
+        cert = fractional.serving_certificate(
+            ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
+        )
+        fractional.configure_server(settings, cert, ours.webhook_port)
+        await fractional.apply_configurations(
+            kube.request,
+            service_namespace=ours.lock_namespace,
+            service_name=ours.webhook_service,
+            port=443,
+            ca_bundle=cert.ca_bundle,
+            url=ours.webhook_url,
+        )
     rt.workers.start(lambda key: reconcile.reconcile(rt, key))
     if ours.monitoring_port:
         metrics.serve(
@@ -156,7 +185,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 def registry_for(
-    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
+    ours: OperatorSettings,
+    binding: GpuBinding = GpuBinding.ANNOTATIONS,
+    memo: kopf.Memo | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
@@ -169,6 +200,11 @@ def registry_for(
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
+    if ours.fractional_gpus:
+        shares = fractional.FractionalAdmission()
+        fractional.register(registry, shares)
+        if memo is not None:
+            memo["fractional"] = shares
     return registry
 
 
@@ -237,7 +273,7 @@ def run(ours: OperatorSettings) -> None:
     memo = kopf.Memo(settings=ours, gpu_binding=binding)
     asyncio.run(
         kopf.operator(
-            registry=registry_for(ours, binding),
+            registry=registry_for(ours, binding, memo),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

@@ -174,3 +174,26 @@ def test_pods_are_checked_even_without_nvml() -> None:
     check = CheckRecorder()
     code = main.run(fake, node="n", annotate=Recorder(), once=True, interval=60, check=check)
     assert (code, check.steps, check.index_uuids) == (0, 1, {})
+
+
+def test_a_turn_runs_the_pod_check_then_the_steps_and_a_failed_step_fails_once() -> None:
+    """A core_mem node's share step and the pod check live in one loop: both run every turn."""
+    order: list[str] = []
+
+    class OrderedCheck(CheckRecorder):
+        def step(self) -> object:
+            order.append("check")
+            return super().step()
+
+    check = OrderedCheck()
+
+    def step() -> bool:
+        order.append("share")
+        return False
+
+    fake = FakeNvml(topologies.for_node("dgx1-v100", "node-3"))
+    code = main.run(
+        fake, node="node-3", annotate=Recorder(), once=True, interval=60, check=check, steps=[step]
+    )
+    assert (code, order, check.steps) == (1, ["check", "share"], 1)
+    assert len(check.index_uuids) == 8

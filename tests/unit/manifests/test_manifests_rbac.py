@@ -65,9 +65,11 @@ def test_bindings_name_the_operator_service_account() -> None:
 
 
 #: What the agent's code calls (agent/publish.py): its Node's topology annotation; the pods of
-#: its node and their mpijob.io/gpu-actual; Events on MPIJobs; its node's ResourceSlices.
+#: its node and their mpijob.io/gpu-actual; Events on MPIJobs; its node's ResourceSlices; on
+#: core_mem nodes, its Node's status (the GPU-share extended resources).
 AGENT_CLUSTER = (
     grants("", "nodes", "get patch")
+    | grants("", "nodes/status", "patch")
     | grants("", "pods", "list patch")
     | grants("", "events", "create")
     | grants("resource.k8s.io", "resourceslices", "list")

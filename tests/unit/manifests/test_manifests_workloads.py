@@ -10,13 +10,14 @@ import pytest
 import yaml
 from manifests_files import BASE, ROOT, one
 
-from mpijob import cli
+from mpijob import cli, keys
 from mpijob.agent import main as agent_main
 
 pytestmark = pytest.mark.unit
 
 DEPLOYMENT = one(BASE / "deployment.yaml", "Deployment")
 DAEMONSET = one(BASE / "agent-daemonset.yaml", "DaemonSet")
+MPS_DAEMONSET = one(BASE / "agent-mps-daemonset.yaml", "DaemonSet")
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -101,7 +102,39 @@ def test_agent_daemonset() -> None:
     # The agent asks for no GPU: it must never take one from a job.
     assert "nvidia.com/gpu" not in str(c["resources"])
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+        # core_mem nodes run the MPS agent instead: one agent per node.
+        {"key": keys.NODE_GPU_SCHEDULE_LABEL, "operator": "NotIn", "values": ["core_mem"]},
+    ]
+
+
+def test_mps_agent_daemonset_runs_on_core_mem_nodes_only_and_shares_their_gpus() -> None:
+    pod = MPS_DAEMONSET["spec"]["template"]["spec"]
+    c = container(MPS_DAEMONSET)
+    assert c["command"] == ["mpijob-agent"]
+    args = agent_main.main.make_context("mpijob-agent", list(c["args"])).params
+    assert args["share_gpus"]
+    assert args["mps"]
+    assert args["mps_root"] == keys.MPS_ROOT
+    # No topology-placed pod runs here, and no pod-resources socket is mounted.
+    assert not args["check_pods"]
+    assert "pod-resources" not in str(pod["volumes"])
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": keys.NODE_GPU_SCHEDULE_LABEL, "operator": "In", "values": ["core_mem"]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+    # The daemons' pipe directories are where client pods' hostPath volumes point.
+    mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["mps"]
+    volume = {v["name"]: v for v in pod["volumes"]}["mps"]
+    assert mount == volume["hostPath"]["path"] == keys.MPS_ROOT
+    assert pod["hostPID"] is True
+    assert "hostIPC" not in pod
+    assert MPS_DAEMONSET["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    plain = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert set(plain["NVIDIA_DRIVER_CAPABILITIES"].split(",")) == {"compute", "utility"}
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    assert "agent-mps-daemonset.yaml" in (BASE / "kustomization.yaml").read_text()
 
 
 def test_agent_mounts_the_kubelets_pod_resources_folder_read_only() -> None:
@@ -168,7 +201,14 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
 def test_every_overlay_is_a_kustomization_over_the_base() -> None:
     overlays = ROOT / "manifests" / "overlays"
     names = sorted(p.name for p in overlays.iterdir() if p.is_dir())
-    assert names == ["kubeflow", "monitoring", "scheduler-plugins", "standalone", "volcano"]
+    assert names == [
+        "fractional-gpus",
+        "kubeflow",
+        "monitoring",
+        "scheduler-plugins",
+        "standalone",
+        "volcano",
+    ]
     for name in names:
         kustomization = yaml.safe_load((overlays / name / "kustomization.yaml").read_text())
         resources = kustomization["resources"]
@@ -181,3 +221,26 @@ def test_agent_daemonset_probes_its_health_endpoint() -> None:
     assert c["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -> None:
+    from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+    from mpijob.settings import OperatorSettings
+
+    overlay = ROOT / "manifests" / "overlays" / "fractional-gpus"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    ops = yaml.safe_load(kustomization["patches"][0]["patch"])
+    values = [op["value"] for op in ops]
+    assert "--fractional-gpus" in values
+    port = next(v for v in values if isinstance(v, dict))
+    args = [*container(DEPLOYMENT)["args"], "--fractional-gpus"]
+    params = cli.run.make_context("run", args[1:]).params
+    assert params["fractional_gpus"]
+    assert port["containerPort"] == params["webhook_port"] == OperatorSettings().webhook_port
+    service = one(overlay / "webhook-service.yaml", "Service")
+    assert service["metadata"]["name"] == params["webhook_service"]
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+    assert service["spec"]["selector"] == DEPLOYMENT["spec"]["selector"]["matchLabels"]
+    role = one(overlay / "webhook-rbac.yaml", "ClusterRole")
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named[0]["resourceNames"] == [WEBHOOK_CONFIGURATION]

@@ -1,0 +1,299 @@
+"""GPU shares at pod creation: Kopf's mutating and validating webhooks over one ledger.
+
+Off unless the operator runs with ``--fractional-gpus``. Then :func:`register` adds to the
+registry: a watch of ``core_mem`` nodes (what the ledger can place on), a watch of pods holding
+a share (``mpijob.io/gpu-share``: confirms fresh holds, releases finished or deleted pods, and
+on the first listing rebuilds the ledger after a restart), and the two webhooks for pod
+``CREATE``. The webhook server is Kopf's, with a serving certificate of its own
+(:func:`serving_certificate`), and the webhook configurations are applied by the operator
+(:func:`apply_configurations`) so that their failure policy, timeout, match conditions and
+namespace selector are ours (:func:`mpijob.desired.fractional.webhook_configurations`).
+
+One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
+concurrent admissions never overcommit a GPU. At start, before the webhooks serve, the ledger is
+rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`FractionalAdmission.
+rebuild`); the watches keep it current from then on. A decision holds the share at once, pending: if
+the pod never appears (a later webhook or the API server refused it), the hold lapses after
+:data:`PENDING_SECONDS`. A dry run places without holding.
+
+Not yet: nodes are eligible by label alone (the pod's node selector, affinity, taints and other
+resources are left to the scheduler, which may then leave the pinned pod Pending); a pod that
+fits nowhere now is refused rather than kept waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import ipaddress
+import logging
+import tempfile
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import jsonpatch
+import kopf
+
+from mpijob import keys
+from mpijob.admission.fractional import Ledger, read_node
+from mpijob.api.errors import aggregate
+from mpijob.api.fractional import Placed, read_request
+from mpijob.desired.fractional import (
+    MUTATE_ID,
+    VALIDATE_ID,
+    json_patch,
+    pod_edits,
+    webhook_configurations,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds a fresh hold waits for its pod to be seen before it lapses.
+PENDING_SECONDS: Final = 60.0
+_FINISHED = ("Succeeded", "Failed")
+
+
+class FractionalAdmission:
+    """The ledger and its lock, and the decisions the webhooks and watches ask of it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = Ledger()
+        self.lock = asyncio.Lock()
+        self._clock = clock
+        self._rebuilt = False
+
+    # --- watches -------------------------------------------------------------------------
+
+    async def on_node(self, body: dict[str, Any], event_type: str | None) -> None:
+        name = (body.get("metadata") or {}).get("name") or ""
+        read = None if event_type == "DELETED" else read_node(body)
+        async with self.lock:
+            if read is None:
+                self.ledger.remove_node(name)
+            else:
+                gpus, binpack = read
+                self.ledger.set_node(name, gpus, binpack=binpack)
+
+    async def on_pod(self, body: dict[str, Any], event_type: str | None) -> None:
+        meta = body.get("metadata") or {}
+        placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+        if placed is None:
+            return
+        key = placed.claim or f"{meta.get('namespace')}/{meta.get('name')}"
+        phase = (body.get("status") or {}).get("phase")
+        async with self.lock:
+            if event_type == "DELETED" or phase in _FINISHED:
+                self.ledger.release(key)
+            elif self.ledger.held(key) is None:
+                self.ledger.hold(key, placed)  # a restart's listing, or a hold that lapsed
+            else:
+                self.ledger.confirm(key)
+
+    async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """Start from listed nodes and pods (before the webhooks serve, after a restart)."""
+        async with self.lock:
+            for body in nodes:
+                read = read_node(body)
+                if read is not None:
+                    self.ledger.set_node(body["metadata"]["name"], read[0], binpack=read[1])
+            facts = []
+            for body in pods:
+                meta = body.get("metadata") or {}
+                placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+                if placed is None or (body.get("status") or {}).get("phase") in _FINISHED:
+                    continue
+                facts.append(
+                    (placed.claim or f"{meta.get('namespace')}/{meta.get('name')}", placed)
+                )
+            self.ledger.rebuild(facts)
+        log.info(
+            "Rebuilt the GPU-share ledger: %d nodes, %d shares", len(self.ledger.nodes), len(facts)
+        )
+
+    # --- webhooks ------------------------------------------------------------------------
+
+    def validate(self, body: dict[str, Any]) -> None:
+        """Refuse a pod whose share breaks a rule or could never fit any known GPU."""
+        request = read_request(body.get("spec"))
+        if request.errors:
+            raise kopf.AdmissionError(f"GPU share refused: {aggregate(request.errors)}", code=422)
+        share = request.share
+        if share is not None and not self.ledger.could_ever_fit(share):
+            raise kopf.AdmissionError(
+                f"GPU share refused: no opted-in GPU ({keys.NODE_GPU_SCHEDULE_LABEL}="
+                f"{keys.NODE_GPU_SCHEDULE_CORE_MEM}) has {share.memory_gib} GiB of memory;"
+                f" lower {keys.GPU_MEM_RESOURCE}",
+                code=422,
+            )
+
+    async def mutate(self, body: dict[str, Any], *, dryrun: bool) -> list[dict[str, Any]]:
+        """The JSON patch placing the pod's share; AdmissionError when it cannot be placed."""
+        self.validate(body)
+        share = read_request(body.get("spec")).share
+        if share is None:
+            return []
+        claim = f"claim-{uuid.uuid4()}"
+        async with self.lock:
+            self.ledger.expire(self._clock())
+            if dryrun:
+                placed = self.ledger.place(claim, share)
+                if isinstance(placed, Placed):
+                    self.ledger.release(claim)
+            else:
+                placed = self.ledger.place(
+                    claim, share, pending_until=self._clock() + PENDING_SECONDS
+                )
+        if not isinstance(placed, Placed):
+            raise kopf.AdmissionError(f"GPU share cannot be placed now: {placed}", code=409)
+        return json_patch(body, pod_edits(body, placed))
+
+
+# --- Kopf wiring -------------------------------------------------------------------------------
+
+
+def register(registry: kopf.OperatorRegistry, admission: FractionalAdmission) -> None:
+    """Add the node and pod watches and both webhooks to ``registry``."""
+    core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
+
+    async def node_event(body: Any, type: str | None, **_: Any) -> None:
+        await admission.on_node(dict(body), type)
+
+    async def pod_event(body: Any, type: str | None, **_: Any) -> None:
+        await admission.on_pod(dict(body), type)
+
+    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
+        ops = await admission.mutate(dict(body), dryrun=dryrun)
+        if ops:
+            patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
+
+    def validate(body: Any, **_: Any) -> None:
+        admission.validate(dict(body))
+
+    kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
+    kopf.on.event("v1", "pods", annotations={keys.GPU_SHARE: kopf.PRESENT}, registry=registry)(
+        pod_event
+    )
+    kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
+    kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
+        validate
+    )
+
+
+@dataclass(frozen=True)
+class ServingCertificate:
+    """The webhook server's key and self-signed certificate, as files and as a CA bundle."""
+
+    certfile: Path
+    keyfile: Path
+    ca_bundle: str
+    """Base64 of the certificate PEM, the ``caBundle`` of the webhook configurations."""
+
+
+def serving_certificate(
+    service_namespace: str,
+    service_name: str,
+    directory: Path | None = None,
+    *,
+    url: str = "",
+) -> ServingCertificate:
+    """A fresh P-256 key and a one-year self-signed certificate for the Service's DNS names
+    (and the host of ``url``, when the API server calls a URL instead).
+
+    Made at every start, so nothing secret is stored in the cluster; the configurations are
+    re-applied with the new bundle at the same start.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    names = [
+        service_name,
+        f"{service_name}.{service_namespace}",
+        f"{service_name}.{service_namespace}.svc",
+    ]
+    alternatives: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    host = urllib.parse.urlsplit(url).hostname if url else None
+    if host:
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            alternatives.append(x509.DNSName(host))
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    where = directory or Path(tempfile.mkdtemp(prefix="mpijob-webhook-"))
+    certfile, keyfile = where / "tls.crt", where / "tls.key"
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    certfile.write_bytes(pem)
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    keyfile.chmod(0o600)
+    return ServingCertificate(certfile, keyfile, base64.b64encode(pem).decode("ascii"))
+
+
+def configure_server(settings: kopf.OperatorSettings, cert: ServingCertificate, port: int) -> None:
+    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself."""
+    settings.admission.server = kopf.WebhookServer(
+        addr="0.0.0.0",  # all interfaces: the Service reaches the pod on its IP
+        port=port,
+        certfile=str(cert.certfile),
+        pkeyfile=str(cert.keyfile),
+    )
+    settings.admission.managed = None
+
+
+Request = Callable[..., Any]
+
+
+async def apply_configurations(
+    request: Request,
+    *,
+    service_namespace: str,
+    service_name: str,
+    port: int,
+    ca_bundle: str,
+    url: str = "",
+) -> None:
+    """Server-side apply both webhook configurations (``request`` is :meth:`Kube.request`)."""
+    for obj in webhook_configurations(
+        service_namespace=service_namespace,
+        service_name=service_name,
+        port=port,
+        ca_bundle=ca_bundle,
+        exempt_namespaces=(service_namespace, "kube-system"),
+        url=url,
+    ):
+        plural = obj["kind"].lower() + "s"
+        url = f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}"
+        await request(
+            "PATCH",
+            url,
+            obj,
+            query={"fieldManager": "mpijob-operator", "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+        log.info("Applied the %s for GPU shares", obj["kind"])

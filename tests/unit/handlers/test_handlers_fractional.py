@@ -1,0 +1,279 @@
+"""GPU-share webhooks and watches over one ledger: decisions, refusals, holds that lapse, no
+overcommit under concurrent admissions, the serving certificate, the configurations."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import jsonpatch
+import kopf
+import pytest
+from cryptography import x509
+
+from mpijob import keys
+from mpijob.api.fractional import Placed
+from mpijob.desired.fractional import (
+    MATCH_SHARE_PODS,
+    MUTATE_ID,
+    VALIDATE_ID,
+    WEBHOOK_TIMEOUT_SECONDS,
+    webhook_configurations,
+)
+from mpijob.handlers import fractional
+from mpijob.handlers.fractional import FractionalAdmission
+
+MEM = keys.GPU_MEM_RESOURCE
+CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
+
+
+def node(name: str, *, gpus: int = 4, memory: int = 60, binpack: bool = True) -> dict[str, Any]:
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
+    if binpack:
+        labels[keys.NODE_GPU_PLACEMENT_LABEL] = keys.NODE_GPU_PLACEMENT_BINPACK
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "allocatable": {
+                keys.GPU_COUNT_RESOURCE: str(gpus),
+                keys.GPU_MEM_RESOURCE: str(memory),
+                keys.GPU_CORE_PERCENTAGE_RESOURCE: str(100 * gpus),
+            }
+        },
+    }
+
+
+def pod(memory: Any = "2", core: Any = "30", name: str = "cuda-sample") -> dict[str, Any]:
+    limits = {MEM: memory}
+    if core is not None:
+        limits[CORE] = core
+    return {
+        "metadata": {"generateName": f"{name}-", "namespace": "default"},
+        "spec": {"containers": [{"name": "cuda", "resources": {"limits": limits}}]},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def admission_with(*nodes: dict[str, Any], clock: Clock | None = None) -> FractionalAdmission:
+    admission = FractionalAdmission(clock=clock or Clock())
+    for body in nodes:
+        await admission.on_node(body, None)
+    return admission
+
+
+def placed_of(body: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[dict[str, Any], Placed]:
+    patched = jsonpatch.apply_patch(body, ops)
+    record = Placed.loads(patched["metadata"]["annotations"][keys.GPU_SHARE])
+    assert record is not None
+    return patched, record
+
+
+async def test_the_cuda_sample_gets_its_gpu_env_and_annotation() -> None:
+    admission = await admission_with(node("gpu-a"))
+    body = pod()
+    patched, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    env = {e["name"]: e["value"] for e in patched["spec"]["containers"][0]["env"]}
+    assert env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
+    assert env[keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=2G"
+    assert record.node == "gpu-a"
+    assert record.share.memory_gib == 2
+    assert record.claim.startswith("claim-")
+
+
+async def test_binpack_three_then_a_fourth_on_another_gpu() -> None:
+    admission = await admission_with(node("gpu-a"))
+    gpus = []
+    for _ in range(4):
+        body = pod()
+        gpus.append(placed_of(body, await admission.mutate(body, dryrun=False))[1].gpu)
+    assert gpus[0] == gpus[1] == gpus[2] != gpus[3]
+
+
+@pytest.mark.parametrize("core", ["33", "105"])
+async def test_a_bad_percentage_is_refused_naming_the_field(core: str) -> None:
+    admission = await admission_with(node("gpu-a"))
+    with pytest.raises(kopf.AdmissionError) as refused:
+        admission.validate(pod(core=core))
+    assert refused.value.code == 422
+    assert f"spec.containers[0].resources.limits[{CORE}]" in str(refused.value)
+    assert "multiple of 5" in str(refused.value)
+
+
+async def test_a_share_no_gpu_could_ever_hold_is_refused() -> None:
+    admission = await admission_with(node("gpu-a", gpus=4, memory=60))
+    with pytest.raises(kopf.AdmissionError, match="has 16 GiB of memory"):
+        admission.validate(pod(memory="16"))
+
+
+async def test_a_share_that_fits_nowhere_now_is_refused_with_the_reason() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    with pytest.raises(kopf.AdmissionError, match="cannot be placed now") as refused:
+        await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    assert refused.value.code == 409
+
+
+async def test_pods_without_a_share_are_left_alone() -> None:
+    admission = await admission_with(node("gpu-a"))
+    body = {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c"}]}}
+    assert await admission.mutate(body, dryrun=False) == []
+
+
+async def test_a_dry_run_holds_nothing() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    for _ in range(5):
+        assert await admission.mutate(pod(memory="10", core="50"), dryrun=True)
+    assert len(admission.ledger) == 0
+
+
+async def test_a_hold_whose_pod_never_appears_lapses() -> None:
+    clock = Clock()
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
+    await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    clock.now += fractional.PENDING_SECONDS + 1
+    await admission.mutate(pod(memory="10", core="50"), dryrun=False)  # the first one lapsed
+    assert len(admission.ledger) == 1
+
+
+async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
+    clock = Clock()
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
+    body = pod(memory="10", core="50")
+    patched, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    patched["metadata"]["name"] = "cuda-sample-x1"
+    await admission.on_pod(patched, "ADDED")
+    clock.now += fractional.PENDING_SECONDS + 1
+    with pytest.raises(kopf.AdmissionError):
+        await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    patched["status"] = {"phase": "Succeeded"}
+    await admission.on_pod(patched, "MODIFIED")
+    assert admission.ledger.held(record.claim) is None
+    assert await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+
+
+async def test_after_a_restart_the_listing_rebuilds_the_ledger() -> None:
+    first = await admission_with(node("gpu-a", gpus=1, memory=15))
+    body = pod(memory="10", core="50")
+    patched, _ = placed_of(body, await first.mutate(body, dryrun=False))
+    restarted = await admission_with()
+    await restarted.on_pod(patched, None)  # pods may be listed before their node
+    await restarted.on_node(node("gpu-a", gpus=1, memory=15), None)
+    with pytest.raises(kopf.AdmissionError, match="cannot be placed now"):
+        await restarted.mutate(pod(memory="10", core="50"), dryrun=False)
+
+
+async def test_a_node_that_opts_out_takes_no_more_shares() -> None:
+    admission = await admission_with(node("gpu-a"))
+    await admission.on_node(node("gpu-a"), "DELETED")
+    with pytest.raises(kopf.AdmissionError, match="no opted-in GPU"):
+        admission.validate(pod())
+
+
+async def test_concurrent_admissions_never_overcommit() -> None:
+    admission = await admission_with(*(node(f"gpu-{i}", gpus=2, memory=30) for i in range(3)))
+
+    async def one(i: int) -> Placed | None:
+        body = pod(memory=str(1 + i % 4), core=str(5 * (1 + i % 6)))
+        try:
+            return placed_of(body, await admission.mutate(body, dryrun=False))[1]
+        except kopf.AdmissionError:
+            return None
+
+    results = await asyncio.gather(*(one(i) for i in range(100)))
+    held = [r for r in results if r is not None]
+    assert held
+    for name, state in admission.ledger.nodes.items():
+        for gpu in state.gpus.values():
+            mine = [r for r in held if r.node == name and r.gpu == gpu.index]
+            assert sum(r.share.memory_gib for r in mine) <= gpu.memory_gib
+            assert sum(r.share.percentage or 0 for r in mine) <= 100
+    assert admission.ledger.overcommitted() == []
+
+
+def test_register_adds_both_webhooks_and_both_watches() -> None:
+    registry = kopf.OperatorRegistry()
+    fractional.register(registry, FractionalAdmission())
+    ids = {h.id for h in registry._webhooks.get_all_handlers()}
+    assert ids == {MUTATE_ID, VALIDATE_ID}
+    assert len(registry._watching.get_all_handlers()) == 2
+
+
+def test_the_serving_certificate_names_the_service(tmp_path: Any) -> None:
+    cert = fractional.serving_certificate("mpi-operator", "mpijob-operator-webhook", tmp_path)
+    loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
+    names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "mpijob-operator-webhook.mpi-operator.svc" in names.get_values_for_type(x509.DNSName)
+    assert base64.b64decode(cert.ca_bundle) == cert.certfile.read_bytes()
+    assert oct(cert.keyfile.stat().st_mode)[-3:] == "600"
+
+
+def test_the_configurations_fail_closed_for_share_pods_only_and_spare_the_operator() -> None:
+    mutating, validating = webhook_configurations(
+        service_namespace="mpi-operator",
+        service_name="mpijob-operator-webhook",
+        port=443,
+        ca_bundle="Q0E=",
+        exempt_namespaces=("mpi-operator", "kube-system"),
+    )
+    assert mutating["kind"] == "MutatingWebhookConfiguration"
+    assert validating["kind"] == "ValidatingWebhookConfiguration"
+    for config, path in ((mutating, MUTATE_ID), (validating, VALIDATE_ID)):
+        [hook] = config["webhooks"]
+        assert hook["failurePolicy"] == "Fail"
+        assert hook["timeoutSeconds"] == WEBHOOK_TIMEOUT_SECONDS <= 10
+        assert hook["sideEffects"] == "NoneOnDryRun"
+        assert hook["clientConfig"]["service"]["path"] == f"/{path}"
+        assert hook["rules"][0]["operations"] == ["CREATE"]
+        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
+            "kube-system",
+            "mpi-operator",
+        ]
+        assert hook["matchConditions"][0]["expression"] == MATCH_SHARE_PODS
+    assert MEM in MATCH_SHARE_PODS
+    assert CORE in MATCH_SHARE_PODS
+    assert "initContainers" in MATCH_SHARE_PODS
+
+
+async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones() -> None:
+    first = await admission_with(node("gpu-a", gpus=1, memory=15))
+    running = pod(memory="10", core="50")
+    running, _ = placed_of(running, await first.mutate(running, dryrun=False))
+    done = pod(memory="4", core="40")
+    done, _ = placed_of(done, await first.mutate(done, dryrun=False))
+    done["status"] = {"phase": "Succeeded"}
+    plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+    restarted = FractionalAdmission(clock=Clock())
+    await restarted.rebuild(
+        [node("gpu-a", gpus=1, memory=15), {"metadata": {"name": "x"}}], [running, done, plain]
+    )
+    assert len(restarted.ledger) == 1
+    assert await restarted.mutate(pod(memory="4", core="50"), dryrun=False)
+    with pytest.raises(kopf.AdmissionError):
+        await restarted.mutate(pod(memory="1", core="5"), dryrun=False)
+
+
+def test_a_url_replaces_the_service_and_enters_the_certificate(tmp_path: Any) -> None:
+    configs = webhook_configurations(
+        service_namespace="ns",
+        service_name="svc",
+        port=443,
+        ca_bundle="Q0E=",
+        exempt_namespaces=("ns",),
+        url="https://127.0.0.1:19443/",
+    )
+    assert configs[0]["webhooks"][0]["clientConfig"] == {
+        "url": f"https://127.0.0.1:19443/{MUTATE_ID}",
+        "caBundle": "Q0E=",
+    }
+    cert = fractional.serving_certificate("ns", "svc", tmp_path, url="https://127.0.0.1:19443")
+    loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
+    names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
