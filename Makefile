@@ -15,7 +15,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds bench bench-gang bench-placement bench-storm bench-fractional kind-e2e clean dashboards
+        lint demo run crds bench bench-gang bench-placement bench-storm bench-dra bench-fractional kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -82,6 +82,9 @@ bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream
 
 bench-gang: install ## Submission to all pods bound, 16 workers: Coscheduling vs our admission
 	$(PY) bench/gang.py
+
+bench-dra: install ## What the dra GPU binding adds: 100 topology jobs x 8 workers, annotations vs dra
+	$(PY) bench/dra.py
 
 bench-storm: install ## Kill storm: 24 SIGKILLs + an API-server restart while 56 topology jobs compete
 	$(PY) bench/killstorm.py
