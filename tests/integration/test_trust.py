@@ -131,6 +131,10 @@ def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(
     # What the trust model relies on.
     for verb in ("create", "update", "patch", "delete", "deletecollection"):
         assert not can_i(crds, tenant, namespace, verb, "placementdecisions.mpijob.io"), verb
+    # DRA allocations are believed too: only the scheduler writes a claim's status.
+    assert can_i(crds, tenant, namespace, "create", "resourceclaims.resource.k8s.io")
+    for verb in ("update", "patch"):
+        assert not can_i(crds, tenant, namespace, verb, "resourceclaims.resource.k8s.io/status")
 
     forged = {
         "apiVersion": keys.DECISION_API_VERSION,
