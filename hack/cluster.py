@@ -314,10 +314,9 @@ def scheduler_config(kubeconfig: Path) -> str:
     )
 
 
-def third_party_crds() -> list[Path]:
-    """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
-    v = versions()
-    mod = f"sigs.k8s.io/scheduler-plugins@v{v['SCHED_PLUGINS_VERSION']}"
+def go_module_dir(mod: str, what: str, who: str = "cluster") -> Path:
+    """Where the Go module proxy's copy of ``mod`` (``path@vX``) lies; exits naming ``what``
+    it was needed for when it cannot be downloaded."""
     out = subprocess.run(
         ["go", "mod", "download", "-json", mod],
         capture_output=True,
@@ -327,10 +326,16 @@ def third_party_crds() -> list[Path]:
     )
     if out.returncode != 0:
         raise SystemExit(
-            f"[cluster] error: cannot download {mod} from the Go module proxy "
-            f"for its CRDs:\n{out.stdout}{out.stderr}"
+            f"[{who}] error: cannot download {mod} from the Go module proxy "
+            f"for {what}:\n{out.stdout}{out.stderr}"
         )
-    sp = Path(json.loads(out.stdout)["Dir"])
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def third_party_crds() -> list[Path]:
+    """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
+    v = versions()
+    sp = go_module_dir(f"sigs.k8s.io/scheduler-plugins@v{v['SCHED_PLUGINS_VERSION']}", "its CRDs")
     return [
         # PodGroup (manifests/crds/ holds symlinks, which a module zip leaves out).
         sp / "manifests/coscheduling/crd.yaml",

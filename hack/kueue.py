@@ -69,20 +69,9 @@ def home() -> Path:
 
 
 def module_dir() -> Path:
-    mod = f"{MODULE}@v{version()}"
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", mod],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        check=False,
+    return local.go_module_dir(
+        f"{MODULE}@v{version()}", "its CRDs and webhook manifests", who="kueue"
     )
-    if out.returncode != 0:
-        raise SystemExit(
-            f"[kueue] error: cannot download {mod} from the Go module proxy for its CRDs and "
-            f"webhook manifests:\n{out.stdout}{out.stderr}"
-        )
-    return Path(json.loads(out.stdout)["Dir"])
 
 
 # --- certificates ---------------------------------------------------------------------------------
