@@ -84,6 +84,8 @@ PLACEMENTS_NOT_HONOURED: Final = Counter(
     "the job then placed anew",
     ["binding"],
 )
+for _binding in ("dra", "annotations"):  # exported at 0 from the start, for rates and alerts
+    PLACEMENTS_NOT_HONOURED.labels(binding=_binding)
 
 # --- node agent ---------------------------------------------------------------------------------
 AGENT_PLACEMENTS_NOT_HONOURED: Final = Counter(

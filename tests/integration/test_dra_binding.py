@@ -18,6 +18,7 @@ from mpijob import keys
 from mpijob.desired import claims
 from mpijob.placement import allocator, codec
 from mpijob.placement.tables import mask_of, tables_for
+from support.gpus import hold_by_claim
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
@@ -90,47 +91,6 @@ def allocated_as_decided(
         ), "the worker asks for its claim, not for nvidia.com/gpu"
 
 
-def foreign_claim(cluster: Cluster, namespace: str, name: str, node: str, gpus: list[int]) -> None:
-    """Someone else's pod holding ``gpus`` of ``node`` through its own claim (no annotation)."""
-    uuids = topology(cluster, node).uuids_of(gpus)
-    claim = {
-        "apiVersion": keys.DRA_API_VERSION,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {
-                            "deviceClassName": keys.NVIDIA_GPU_DRIVER,
-                            "count": len(gpus),
-                            "selectors": [{"cel": {"expression": claims.uuid_selector(uuids)}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
-    cluster.resource(keys.DRA_API_VERSION, "ResourceClaim").create(body=claim, namespace=namespace)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": name}],
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpus"}]}}
-            ],
-        },
-    }
-    cluster.resource("v1", "Pod").create(body=pod, namespace=namespace)
-    wait_until(
-        lambda: claims.allocated_devices(claim_of(cluster, namespace, name) or {}),
-        what=f"{name}'s claim allocated",
-    )
-
-
 def test_each_placed_worker_gets_a_claim_allocated_exactly_its_gpus(
     crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
 ) -> None:
@@ -155,7 +115,7 @@ def test_gpus_held_through_a_foreign_claim_are_avoided_and_the_best_free_ring_ta
     crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
 ) -> None:
     held = [1, 2]
-    foreign_claim(crds, namespace, "foreign", NODE, held)
+    hold_by_claim(crds, namespace, "foreign", NODE, held)
     mpijobs.create(topology_job("around", workers=1, gpus=4, node=NODE))
     [(node, gpus)] = decision_workers(mpijobs, "around")
     assert node == NODE
@@ -178,7 +138,7 @@ def test_a_gpu_taken_before_the_binding_leads_to_a_new_placement_and_an_event(
     assert op.proc is not None
     op.proc.send_signal(signal.SIGSTOP)  # the operator sleeps between decision and binding
     try:
-        foreign_claim(crds, namespace, "thief", node, list(first))
+        hold_by_claim(crds, namespace, "thief", node, list(first))
     finally:
         op.proc.send_signal(signal.SIGCONT)
     event = mpijobs.wait_event("raced", keys.REASON_GPUS_TAKEN, timeout=90)

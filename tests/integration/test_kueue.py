@@ -19,7 +19,7 @@ import pytest
 from mpijob import keys
 from mpijob.placement import allocator, codec
 from mpijob.placement.scoring import ring_gbps
-from support.gpus import hold
+from support.gpus import hold, hold_by_claim
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.kueue import PRIORITY_LABEL, QUEUE_LABEL, Kueue, condition
@@ -281,7 +281,8 @@ def test_a_topology_job_admitted_by_kueue_gets_the_best_ring_inside_the_flavor(
     but Kueue's flavor allows only the pool: the job gets node 2's free ring {1,2,5,6}."""
     labels = pool("gpu-node-2", "gpu-node-3")
     hold(crds, namespace, "gpu-node-3")
-    hold(crds, namespace, "gpu-node-2", "0,3,4,7")
+    # GPUs held through a claim: the cluster says which ones (a pod's annotation would not count).
+    hold_by_claim(crds, namespace, "held", "gpu-node-2", [0, 3, 4, 7])
     q = queue(labels, gpus=8)
     mpijobs.create(queued("ring", q, workers=1, gpus=4, runs_for="30s", topology=True))
     mpijobs.wait_condition("ring", keys.COND_RUNNING, timeout=60)

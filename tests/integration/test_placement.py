@@ -29,6 +29,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 
 
+@pytest.fixture(params=["dra", "annotations"])
+def operator(start_operator: Any, request: pytest.FixtureRequest) -> Any:
+    """Every placement test runs under both GPU bindings: placement decides the same."""
+    return start_operator("--gpu-binding", request.param)
+
+
 def topology_job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> dict[str, Any]:
     return mpijob(name, workers=workers, gpus=gpus, annotations=TOPOLOGY, **kw)
 
@@ -221,3 +227,21 @@ def test_seed_scenarios_topology_aware_against_ordinary_on_two_v100_nodes(
     assert {p.spec.node_name for p in plain} <= {"gpu-node-0", "gpu-node-1"}
     mpijobs.wait_condition("pytorch-vgg16-topology", "Succeeded", timeout=90)
     mpijobs.wait_condition("pytorch-vgg16", "Succeeded", timeout=90)
+
+
+def test_under_the_annotations_binding_an_event_says_the_device_plugin_picks_the_gpus(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    start_operator("--gpu-binding", "annotations")
+    mpijobs.create(topology_job("advised", workers=2, gpus=1))
+    event = mpijobs.wait_event("advised", keys.REASON_DEVICE_PLUGIN_PICKS)
+    assert event["type"] == "Normal"
+    assert "the device plugin, not the operator, picks" in event["message"]
+    pods = workers(crds, namespace, "advised", 2)
+    for p in pods:
+        limits = p.spec.containers[0].resources.limits or {}
+        assert limits.get(keys.GPU_RESOURCE) == "1", "the pod keeps nvidia.com/gpu"
+        assert not p.spec.resource_claims
+    assert [e["reason"] for e in mpijobs.events("advised")].count(
+        keys.REASON_DEVICE_PLUGIN_PICKS
+    ) == 1

@@ -181,7 +181,12 @@ def pod_status(pod: JSON) -> str:
 
 
 def pod_gpus(pod: JSON) -> int:
-    """GPUs a pod, or a pod template, requests (the operator's own reading of them)."""
+    """GPUs a pod, or a pod template, requests (the operator's own reading of them): its
+    ``nvidia.com/gpu``, or, for a worker given its GPUs through a claim (dra binding), the
+    GPUs the claim pins."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(keys.GPU_CLAIM):
+        return len(gpu_ids(annotations.get(keys.GPU_IDS)))
     return gpu_count(pod)
 
 
