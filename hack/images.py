@@ -46,7 +46,6 @@ FLAVOURS: dict[str, dict[str, list[str]]] = {
 COMMON_RUNTIME = ["openssh-server", "openssh-client", "ca-certificates"]
 COMMON_BUILD = ["gcc", "libc6-dev"]
 RECIPE_FILES = [
-    HACK / "images.py",
     HACK / "mpi-pi/pi.c",
     HACK / "mpi-pi/entrypoint.sh",
     HACK / "mpi-pi/sshd_config",
@@ -76,10 +75,13 @@ def recipe_digest(files: list[Path], extra: str) -> str:
 
 
 def archive_path(name: str) -> Path:
+    """The image's archive, named after its recipe: what it installs and runs, the files it
+    copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
     if name == "pause":
-        digest = recipe_digest([HACK / "images.py", HACK / "pause/pause.go"], "pause")
+        digest = recipe_digest([HACK / "pause/pause.go"], "pause")
     else:
-        digest = recipe_digest(RECIPE_FILES, json.dumps([SUITE, FLAVOURS[name], COMMON_RUNTIME]))
+        recipe = [a.replace(str(HACK), "hack") for a in mpi_recipe(name)]
+        digest = recipe_digest(RECIPE_FILES, json.dumps([recipe, EXTRA_DIRS, MPI_CONFIG]))
     return cache_dir() / f"{name}-{digest}.oci.tar"
 
 
@@ -175,15 +177,19 @@ def add_dirs(layer: Path, dirs: dict[str, int]) -> None:
                 t.addfile(info)
 
 
-def build_mpi(name: str, dest: Path) -> None:
-    missing = [t for t in ("mmdebstrap",) if not shutil.which(t)]
-    if missing:
-        raise die(
-            "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
-            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
-        )
-    if os.geteuid() != 0:
-        raise die("building the MPI images needs root (mmdebstrap --mode=root)")
+# Directories mmdebstrap's tarball leaves out (/run's content among them, with the /run/sshd
+# root's sshd needs), added to the layer unless present.
+EXTRA_DIRS = {"run": 0o755, "run/sshd": 0o755, "tmp": 0o1777, "proc": 0o555, "sys": 0o555}
+MPI_CONFIG = {
+    "Env": [PATH_ENV],
+    "Entrypoint": ["/entrypoint.sh"],
+    "Cmd": ["/bin/bash"],
+    "WorkingDir": "/home/mpiuser",
+}
+
+
+def mpi_recipe(name: str) -> list[str]:
+    """mmdebstrap's arguments for one flavour, up to the output path."""
     flavour = FLAVOURS[name]
     build = flavour["build"] + COMMON_BUILD
     files = " ".join(str(HACK / "mpi-pi" / f) for f in ("pi.c", "entrypoint.sh", "sshd_config"))
@@ -191,18 +197,16 @@ def build_mpi(name: str, dest: Path) -> None:
     # and put the server's settings in the drop-in folder Debian's sshd_config includes first.
     ssh_client = (
         "printf '    StrictHostKeyChecking no\\n    UserKnownHostsFile /dev/null\\n"
-        "    Port 2222\\n' >> \"$1/etc/ssh/ssh_config\""
+        '    Port 2222\\n\' >> "$1/etc/ssh/ssh_config"'
     )
-    sshd = (
-        "printf 'Port 2222\\nStrictModes no\\n' > \"$1/etc/ssh/sshd_config.d/mpi.conf\" && "
-        'mkdir -p "$1/run/sshd" && chmod 0755 "$1/run/sshd"'
-    )
+    sshd = "printf 'Port 2222\\nStrictModes no\\n' > \"$1/etc/ssh/sshd_config.d/mpi.conf\""
     hooks = [
         f'mkdir -p "$1/tmp/recipe" && cp {files} "$1/tmp/recipe/"',
         'chroot "$1" useradd --create-home --uid 1000 --shell /bin/bash mpiuser',
         ssh_client,
         sshd,
-        'install -m 0644 -o 1000 -g 1000 "$1/tmp/recipe/sshd_config" "$1/home/mpiuser/.sshd_config"',
+        'install -m 0644 -o 1000 -g 1000 "$1/tmp/recipe/sshd_config" '
+        '"$1/home/mpiuser/.sshd_config"',
         'install -m 0755 "$1/tmp/recipe/entrypoint.sh" "$1/entrypoint.sh"',
         'chroot "$1" mpicc -O2 -o /home/mpiuser/pi /tmp/recipe/pi.c',
         'chown 1000:1000 "$1/home/mpiuser/pi"',
@@ -210,7 +214,7 @@ def build_mpi(name: str, dest: Path) -> None:
         'rm -rf "$1/tmp/recipe" "$1/var/cache/apt/archives"/*.deb "$1/usr/share/doc" '
         '"$1/usr/share/man" "$1/usr/share/locale"',
     ]
-    argv = [
+    return [
         "mmdebstrap",
         "--mode=root",
         "--variant=apt",
@@ -220,27 +224,26 @@ def build_mpi(name: str, dest: Path) -> None:
         *(f"--customize-hook={h}" for h in hooks),
         SUITE,
     ]
+
+
+def build_mpi(name: str, dest: Path) -> None:
+    if not shutil.which("mmdebstrap"):
+        raise die(
+            "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
+            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
+        )
+    if os.geteuid() != 0:
+        raise die("building the MPI images needs root (mmdebstrap --mode=root)")
     with tempfile.TemporaryDirectory(prefix="mpi-pi-", dir=dest.parent) as tmp:
         layer = Path(tmp) / "rootfs.tar"
-        result = subprocess.run([*argv, str(layer)], check=False)
+        result = subprocess.run([*mpi_recipe(name), str(layer)], check=False)
         if result.returncode != 0:
             raise die(
                 f"mmdebstrap failed for {reference(name)} (exit {result.returncode}); it needs "
                 "Debian's archive (apt's sources) reachable"
             )
-        add_dirs(layer, {"run": 0o755, "run/sshd": 0o755, "tmp": 0o1777, "proc": 0o555,
-                         "sys": 0o555})
-        write_oci(
-            layer,
-            reference(name),
-            {
-                "Env": [PATH_ENV],
-                "Entrypoint": ["/entrypoint.sh"],
-                "Cmd": ["/bin/bash"],
-                "WorkingDir": "/home/mpiuser",
-            },
-            dest,
-        )
+        add_dirs(layer, EXTRA_DIRS)
+        write_oci(layer, reference(name), MPI_CONFIG, dest)
 
 
 def build_pause(dest: Path) -> None:

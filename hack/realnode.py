@@ -157,9 +157,7 @@ def preflight(bins: dict[str, Path]) -> None:
         problems.append(f"missing Debian packages {', '.join(missing)}: {INSTALL_HINT}")
     plugins = [p for p in ("bridge", "host-local", "loopback") if not (CNI_BIN / p).exists()]
     if plugins:
-        problems.append(
-            f"CNI plugins {', '.join(plugins)} missing from {CNI_BIN}: {INSTALL_HINT}"
-        )
+        problems.append(f"CNI plugins {', '.join(plugins)} missing from {CNI_BIN}: {INSTALL_HINT}")
     if not (CGROUP_V1 / "memory" / "cgroup.procs").exists():
         problems.append(
             f"no cgroup v1 memory hierarchy at {CGROUP_V1}/memory: the real node's kubelet is set "
@@ -364,7 +362,10 @@ def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / f"{name}.log").open("ab") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
     st.pids[name] = proc.pid
@@ -408,8 +409,9 @@ def in_node_ns(st: NodeState, argv: list[str]) -> list[str]:
 
 
 def ctr(d: Path, *args: str, check: bool = True) -> str:
-    return run("ctr", "--address", str(d / "containerd.sock"), "--namespace", "k8s.io", *args,
-               check=check)
+    return run(
+        "ctr", "--address", str(d / "containerd.sock"), "--namespace", "k8s.io", *args, check=check
+    )
 
 
 def import_images(d: Path) -> None:
@@ -481,8 +483,9 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
     say(f"{count} real node(s) Ready in {time.monotonic() - t0:.1f}s (pods in {st.subnet})")
 
 
-def _up(root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path,
-        kubectl: Kubectl) -> None:
+def _up(
+    root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path, kubectl: Kubectl
+) -> None:
     base = root / "realnode"
     st.subnet = pick_subnet(st.id)
     st.ports = {"coredns-health": free_port()}
@@ -503,8 +506,21 @@ def _up(root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path,
     (base / "sysctl").mkdir(parents=True, exist_ok=True)
     (base / "resolv.conf").write_text("")
     st.save(root)
-    start(root, st, "holder", ["unshare", "--mount", "--propagation", "private", "--",
-                               "sh", "-c", holder_script(st, base)])
+    start(
+        root,
+        st,
+        "holder",
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            holder_script(st, base),
+        ],
+    )
     wait("the node's mount namespace", lambda: _ns_ready(st), 10, root, "holder")
 
     for i in range(st.count):
@@ -517,26 +533,48 @@ def _up(root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path,
         (d / "kubelet.yaml").write_text(kubelet_config(st, i, d))
         make_cgroups(st, i)
         st.save(root)
-        start(root, st, f"containerd-{i}",
-              in_node_ns(st, ["containerd", "--config", str(d / "containerd.toml")]))
-        wait(f"containerd of {node_name(i)}", lambda d=d: _containerd_ready(d), 30, root,
-             f"containerd-{i}")
+        start(
+            root,
+            st,
+            f"containerd-{i}",
+            in_node_ns(st, ["containerd", "--config", str(d / "containerd.toml")]),
+        )
+        wait(
+            f"containerd of {node_name(i)}",
+            lambda d=d: _containerd_ready(d),
+            30,
+            root,
+            f"containerd-{i}",
+        )
         import_images(d)
-        start(root, st, f"kubelet-{i}", in_node_ns(st, [
-            str(bins["kubelet"]),
-            f"--config={d / 'kubelet.yaml'}",
-            f"--kubeconfig={kubeconfig}",
-            f"--hostname-override={node_name(i)}",
-            f"--node-ip={st.gateway}",
-            f"--root-dir={d / 'kubelet'}",
-            f"--node-labels={ROLE}=true",
-            "--v=1",
-        ]))
+        start(
+            root,
+            st,
+            f"kubelet-{i}",
+            in_node_ns(
+                st,
+                [
+                    str(bins["kubelet"]),
+                    f"--config={d / 'kubelet.yaml'}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--hostname-override={node_name(i)}",
+                    f"--node-ip={st.gateway}",
+                    f"--root-dir={d / 'kubelet'}",
+                    f"--node-labels={ROLE}=true",
+                    "--v=1",
+                ],
+            ),
+        )
 
     wait("CoreDNS", lambda: _dns_ready(st), 30, root, "coredns")
     for i in range(st.count):
-        wait(f"{node_name(i)} Ready", lambda i=i: node_ready(kubectl, node_name(i)), 120, root,
-             f"kubelet-{i}")
+        wait(
+            f"{node_name(i)} Ready",
+            lambda i=i: node_ready(kubectl, node_name(i)),
+            120,
+            root,
+            f"kubelet-{i}",
+        )
 
 
 def _containerd_ready(d: Path) -> bool:
@@ -566,8 +604,9 @@ def _dns_ready(st: NodeState) -> bool:
 
 def node_ready(kubectl: Kubectl, name: str) -> bool:
     try:
-        out = kubectl("get", "node", name, "-o",
-                      "jsonpath={.status.conditions[?(@.type=='Ready')].status}")
+        out = kubectl(
+            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+        )
     except SystemExit:
         return False
     return out.strip() == "True"
@@ -646,9 +685,16 @@ def drain(kubectl: Kubectl, st: NodeState, root: Path) -> None:
     the regular way (CNI DEL frees its address, the kubelet unmounts its volumes)."""
     for i in range(st.count):
         with contextlib.suppress(SystemExit):
-            kubectl("delete", "pods", "--all-namespaces", "--field-selector",
-                    f"spec.nodeName={node_name(i)}", "--grace-period=0", "--force",
-                    "--wait=false")
+            kubectl(
+                "delete",
+                "pods",
+                "--all-namespaces",
+                "--field-selector",
+                f"spec.nodeName={node_name(i)}",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            )
     deadline = time.monotonic() + 20
     for i in range(st.count):
         d = root / "realnode" / f"node-{i}"
