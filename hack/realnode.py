@@ -30,6 +30,7 @@ stays between runs so a warm start imports nothing.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import ipaddress
 import json
@@ -43,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -139,6 +141,25 @@ def run(*argv: str, check: bool = True, input: str | None = None) -> str:
     if check and out.returncode != 0:
         raise NodeError(f"{' '.join(argv)} failed: {(out.stderr or out.stdout).strip()}")
     return out.stdout
+
+
+def place_on_real_node(body: dict[str, Any], cpu: str = "200m") -> dict[str, Any]:
+    """The MPIJob with every replica sent to a real node, its images taken from the node's store
+    (there is no registry) and CPU limits lowered to ``cpu``: upstream's pi examples ask for a
+    whole CPU per pod, and a real node here has this machine's 2 cores."""
+    job = copy.deepcopy(body)
+    for spec in job["spec"]["mpiReplicaSpecs"].values():
+        pod = spec["template"].setdefault("spec", {})
+        pod.setdefault("nodeSelector", {})[ROLE] = "true"
+        pod.setdefault("tolerations", []).append(
+            {"key": ROLE, "operator": "Exists", "effect": "NoSchedule"}
+        )
+        for c in pod["containers"]:
+            c["imagePullPolicy"] = "IfNotPresent"
+            limits = c.setdefault("resources", {}).setdefault("limits", {})
+            limits["cpu"] = cpu
+            limits.setdefault("memory", "1Gi")
+    return job
 
 
 # --- preflight ----------------------------------------------------------------------------------

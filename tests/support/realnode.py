@@ -1,13 +1,12 @@
-"""The real node for tests: find it (or say why there is none), send pods there, read their logs.
+"""The real node for tests: find it (or say why there is none), send jobs there, read their logs.
 
 A real node (hack/realnode.py) carries the label and NoSchedule taint ``mpijob.io/real-node``;
-a job meant to run real processes selects and tolerates it. Upstream's pi examples ask for a whole
-CPU per pod; the node is this machine's 2 cores, so their limits are lowered to fit.
+a job meant to run real processes selects and tolerates it.
 """
 
 from __future__ import annotations
 
-import copy
+import sys
 from typing import Any
 
 from kubernetes import client
@@ -17,7 +16,6 @@ from support.kube import ROOT, Cluster
 from support.wait import wait_until
 
 ROLE = "mpijob.io/real-node"
-CPU = "200m"
 
 
 def ready_real_node(cluster: Cluster) -> str:
@@ -41,22 +39,12 @@ def ready_real_node(cluster: Cluster) -> str:
     )
 
 
-def on_real_node(body: dict[str, Any], cpu: str = CPU) -> dict[str, Any]:
-    """The job with every replica sent to the real node, images taken from the node's store
-    (no registry here) and CPU limits lowered to ``cpu``."""
-    job = copy.deepcopy(body)
-    for spec in job["spec"]["mpiReplicaSpecs"].values():
-        pod = spec["template"].setdefault("spec", {})
-        pod.setdefault("nodeSelector", {})[ROLE] = "true"
-        pod.setdefault("tolerations", []).append(
-            {"key": ROLE, "operator": "Exists", "effect": "NoSchedule"}
-        )
-        for c in pod["containers"]:
-            c["imagePullPolicy"] = "IfNotPresent"
-            limits = c.setdefault("resources", {}).setdefault("limits", {})
-            limits["cpu"] = cpu
-            limits.setdefault("memory", "1Gi")
-    return job
+def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
+    """The job sent to the real node (hack/realnode.py's placement, as ``make demo`` uses)."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    import realnode  # hack/realnode.py
+
+    return realnode.place_on_real_node(body)
 
 
 def pods(cluster: Cluster, namespace: str, job: str, role: str) -> list[client.V1Pod]:
