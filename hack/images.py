@@ -10,8 +10,8 @@ compiler removed again. ``mpijob.local/pause`` is the pod sandbox image (hack/pa
 Each image is one uncompressed layer in an OCI archive under
 ``~/.cache/mpijob-operator/images/``, named after a digest of its recipe (this file and the files
 it copies in), so it is rebuilt only when the recipe changes. ``import_all`` loads them into the
-real node's containerd (hack/realnode.py). ``:intel`` is not built: Intel MPI's runtime is not in
-Debian's archive, and Intel's own apt repository is not reachable from here.
+real node's containerd (hack/realnode.py). ``:intel`` is not built yet: Intel MPI is not in
+Debian's archive (its runtime is on PyPI as ``impi-rt``, which could make one).
 
 Usage: hack/images.py build [openmpi|mpich|pause ...]   (default: all)
 """
