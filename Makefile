@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NODES ?= 4
 TOPOLOGY ?= dgx1-v100
+# Real nodes (kubelet + containerd running real containers) beside the simulated ones; 0 for none.
+REAL_NODES ?= 1
+export REAL_NODES
 KUBECONFIG ?= $(CURDIR)/.cluster/kubeconfig
 export KUBECONFIG
 
@@ -33,8 +36,8 @@ install: $(VENV)/.installed ## Create .venv with the project and its test extra
 bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~/.cache)
 	hack/build-bins.sh
 
-cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100, KUEUE=1 adds Kueue); harmless if running
-	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY)
+cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NODES=1; KUEUE=1 adds Kueue); harmless if running
+	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES)
 
 cluster-down: ## Stop the local cluster; leaves no process behind
 	@if [ -x $(PY) ]; then $(PY) hack/cluster.py down; else python3 hack/cluster.py down; fi

@@ -141,6 +141,7 @@ def main() -> int:
     args = parser.parse_args()
     env = {**os.environ, "MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
     up = [sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", str(args.nodes)]
+    up += ["--real-nodes", "0"]  # simulated nodes only
     subprocess.run(up, check=True, env=env)
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     kubectl = [str(kubectl_path()), "--kubeconfig", str(kubeconfig)]

@@ -93,7 +93,16 @@ def run(mode: str, index: int, kubeconfig: Path) -> float:
 
 def main() -> int:
     env = {"MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
-    sh(sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", "4", env=env)
+    sh(
+        sys.executable,
+        str(ROOT / "hack/cluster.py"),
+        "up",
+        "--nodes",
+        "4",
+        "--real-nodes",
+        "0",
+        env=env,
+    )
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     config.load_kube_config(config_file=str(kubeconfig))
     kubectl = subprocess.run(

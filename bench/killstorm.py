@@ -249,7 +249,7 @@ def decisions_left(objects: client.CustomObjectsApi, within: float) -> list[str]
 
 def start_cluster() -> Path:
     env = {**os.environ, "MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
-    up = [sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", "4"]
+    up = [sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", "4", "--real-nodes", "0"]
     subprocess.run(up, check=True, env=env)
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     kubectl = [str(local.binaries()["kubectl"]), "--kubeconfig", str(kubeconfig)]

@@ -506,7 +506,7 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     try:
         users = [a for run in RUNS for a in ("--user", f"bench-{run}")]
-        run_cluster("up", "--nodes", str(args.nodes), "--audit-log", *users)
+        run_cluster("up", "--nodes", str(args.nodes), "--real-nodes", "0", "--audit-log", *users)
         kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
         server = cluster.server_url(cluster.State.load())  # type: ignore[arg-type]

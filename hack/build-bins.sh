@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator (default: the control plane, i.e.
-# all but kueue, which runs on request, and mpi-operator, the benchmark peer).
+# Components: kube etcd kwok sched-plugins kueue mpi-operator kubelet coredns (default: the
+# control plane, i.e. all but kueue, which runs on request, and mpi-operator, the benchmark peer;
+# kubelet and coredns when REAL_NODES is not 0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -25,6 +26,8 @@ kwok_dir=$CACHE/bin/kwok-v$KWOK_VERSION
 sp_dir=$CACHE/bin/scheduler-plugins-v$SCHED_PLUGINS_VERSION
 mpi_dir=$CACHE/bin/mpi-operator-v$MPI_OPERATOR_VERSION
 kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
+kubelet_dir=$CACHE/bin/kubelet-v$KUBE_VERSION
+coredns_dir=$CACHE/bin/coredns-v$COREDNS_VERSION
 
 # A throwaway wrapper module per component: k8s.io/kubernetes, etcd/server and
 # scheduler-plugins carry replace directives, which `go install pkg@v` refuses.
@@ -48,10 +51,13 @@ kube_ldflags() {
 
 # The module proxy may lack a staging module at the exact patch release (a mirror with holes).
 # Use the exact version when it downloads, else the nearest 0.<minor>.x that does, and say so:
-# patch releases of one minor share their APIs.
+# patch releases of one minor share their APIs. With "older" as 4th argument, earlier patches are
+# tried first: a later cri-api patch changed a field's Go type that kubelet v$KUBE_VERSION uses.
 pick_staging() {
-  local mod=$1 minor=$2 patch=$3 d p
-  for d in 0 1 -1 2 -2 3 -3 4 -4 5 -5 6 -6; do
+  local mod=$1 minor=$2 patch=$3 order=${4:-near} d p
+  local steps="0 1 -1 2 -2 3 -3 4 -4 5 -5 6 -6"
+  [ "$order" = older ] && steps="0 -1 -2 -3 -4 -5 -6 1 2 3 4 5 6"
+  for d in $steps; do
     p=$((patch + d)); [ "$p" -ge 0 ] || continue
     if go mod download "$mod@v0.$minor.$p" >/dev/null 2>&1; then
       [ "$d" -eq 0 ] || say "  $mod: v0.$minor.$patch is not on the module proxy; using v0.$minor.$p"
@@ -88,6 +94,38 @@ build_kube() {
     go build -ldflags "$(kube_ldflags)" -o "$kube_dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
   done
   rm -rf "$kube_dir"; mv "$kube_dir.tmp" "$kube_dir"
+}
+
+# The real node's kubelet: the same k8s.io/kubernetes build as the control plane, in a wrapper
+# module of its own (a directory of its own, so the control plane's atomic rebuild never drops it).
+build_kubelet() {
+  have "$kubelet_dir" kubelet && return
+  say "kubelet v$KUBE_VERSION (the real node; ~5 min once the control plane's build cache is warm)"
+  check_proxy
+  local w; w=$(wrapper kubelet); cd "$w"
+  local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  local minor patch; minor=$(echo "$KUBE_VERSION" | cut -d. -f2); patch=$(echo "$KUBE_VERSION" | cut -d. -f3)
+  for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
+    case "$m" in k8s.io/sample-*|k8s.io/code-generator) continue;; esac
+    local v; v=$(pick_staging "$m" "$minor" "$patch" older) \
+      || die "no v0.$minor.x of $m near v0.$minor.$patch on the module proxy ($(go env GOPROXY))"
+    go mod edit -replace="$m=$m@$v"
+  done
+  go get -tool "k8s.io/kubernetes/cmd/kubelet@v$KUBE_VERSION"
+  mkdir -p "$kubelet_dir.tmp"
+  go build -ldflags "$(kube_ldflags)" -o "$kubelet_dir.tmp/kubelet" k8s.io/kubernetes/cmd/kubelet
+  rm -rf "$kubelet_dir"; mv "$kubelet_dir.tmp" "$kubelet_dir"
+}
+
+# CoreDNS serves cluster.local to the real node's pods; its go.mod has no replace directives.
+build_coredns() {
+  have "$coredns_dir" coredns && return
+  say "CoreDNS v$COREDNS_VERSION (the real node's cluster DNS)"
+  local w; w=$(wrapper coredns); cd "$w"
+  go get -tool "github.com/coredns/coredns@v$COREDNS_VERSION"
+  mkdir -p "$coredns_dir.tmp"
+  go build -ldflags "-s -w" -o "$coredns_dir.tmp/coredns" github.com/coredns/coredns
+  rm -rf "$coredns_dir"; mv "$coredns_dir.tmp" "$coredns_dir"
 }
 
 build_etcd() {
@@ -158,14 +196,18 @@ build_mpi_operator() {
 }
 
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(etcd kwok kube sched-plugins)
+if [ ${#components[@]} -eq 0 ]; then
+  components=(etcd kwok kube sched-plugins)
+  [ "${REAL_NODES:-1}" = 0 ] || components+=(kubelet coredns)
+fi
 start=$SECONDS
 for c in "${components[@]}"; do
   t=$SECONDS
   case "$c" in
     kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
     sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator)";;
+    kubelet) build_kubelet;; coredns) build_coredns;;
+    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator kubelet coredns)";;
   esac
   say "$c ready ($((SECONDS - t)) s)"
 done

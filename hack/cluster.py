@@ -3,9 +3,10 @@
 
 Runs etcd, kube-apiserver, kube-controller-manager, the scheduler-plugins scheduler (Coscheduling
 as the default scheduler), the scheduler-plugins PodGroup controller and the kwok controller as
-plain processes, from binaries that ``hack/build-bins.sh`` builds into a cache outside the repo.
-State lives in ``.cluster/`` (kubeconfig, logs, pids); ``up`` twice is harmless, ``down`` leaves
-no process behind.
+plain processes, from binaries that ``hack/build-bins.sh`` builds into a cache outside the repo,
+plus ``--real-nodes`` (env ``REAL_NODES``, default 1) real nodes that run real containers
+(hack/realnode.py). State lives in ``.cluster/`` (kubeconfig, logs, pids); ``up`` twice is
+harmless, ``down`` leaves no process, mount, veth or cgroup behind.
 
 Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fixtures. With
 ``--kueue`` (``KUEUE=1 make cluster``) Kueue runs beside it (``hack/kueue.py``).
@@ -35,6 +36,7 @@ from typing import Any
 import yaml
 
 import dra  # hack/dra.py
+import realnode  # hack/realnode.py
 
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent
@@ -87,6 +89,8 @@ def binaries() -> dict[str, Path]:
         "kube-scheduler": sp / "kube-scheduler",
         "sched-plugins-controller": sp / "sched-plugins-controller",
         "kwok": b / f"kwok-v{v['KWOK_VERSION']}" / "kwok",
+        "kubelet": b / f"kubelet-v{v['KUBE_VERSION']}" / "kubelet",
+        "coredns": b / f"coredns-v{v['COREDNS_VERSION']}" / "coredns",
     }
 
 
@@ -425,6 +429,10 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
     say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
 
 
+def default_real_nodes() -> int:
+    return int(os.environ.get("REAL_NODES") or "1")
+
+
 def up(
     nodes: int,
     topology: str,
@@ -432,6 +440,7 @@ def up(
     audit_log: bool = False,
     users: Sequence[str] = (),
     kueue: bool = False,
+    real_nodes: int = 0,
 ) -> State:
     try:
         state = _up(nodes, topology, gpus, audit_log, users)
@@ -448,7 +457,23 @@ def up(
             say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
             queueing.stop(state, quiet=True)
             raise
+    ensure_real_nodes(state, real_nodes)  # last: its failure leaves everything else up
     return state
+
+
+def ensure_real_nodes(state: State, count: int) -> None:
+    """Starts (or restarts) the real nodes; their failure stops them, never the control plane."""
+    api = lambda *a, input=None: kubectl(state, *a, input=input)  # noqa: E731
+    if count <= 0:
+        if realnode.NodeState.load(state_dir()):
+            say("stopping the real node(s) (REAL_NODES=0)")
+            realnode.down(state_dir(), api)
+        return
+    bins = binaries()
+    if not (bins["kubelet"].exists() and bins["coredns"].exists()):
+        say("real-node binaries missing; building them (hack/build-bins.sh kubelet coredns)")
+        subprocess.run([str(HACK / "build-bins.sh"), "kubelet", "coredns"], check=True)
+    realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api)
 
 
 def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
@@ -475,7 +500,9 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         say("found a stale cluster; cleaning it up")
         down(quiet=True)
     bins = binaries()
-    missing = [str(p) for p in bins.values() if not p.exists()]
+    missing = [
+        str(p) for c, p in bins.items() if not p.exists() and c not in ("kubelet", "coredns")
+    ]
     if missing:
         say("control-plane binaries missing; building them (hack/build-bins.sh)")
         subprocess.run([str(HACK / "build-bins.sh")], check=True)
@@ -550,6 +577,8 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--enable-priority-and-fairness=false",
             # Loopback cannot be a Service endpoint; nothing here reaches it through a Service.
             "--endpoint-reconciler-type=none",
+            # A real node's name resolves nowhere; its address is where its kubelet listens.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
             "--v=1",
             *audit,
@@ -665,6 +694,11 @@ def stop_demo_operator() -> None:
 def down(quiet: bool = False) -> None:
     stop_demo_operator()
     state = State.load()
+    # The real nodes first, while the API server can still tell their kubelets to stop pods.
+    live = state if state and healthy(state) else None
+    realnode.down(
+        state_dir(), (lambda *a, input=None: kubectl(live, *a, input=input)) if live else None
+    )
     if state is None:
         if not quiet:
             say("no cluster running")
@@ -711,6 +745,10 @@ def status() -> int:
         mb = rss_mb(pid) if alive(pid) else 0.0
         total += mb
         print(f"{comp:26} pid {pid:>7}  {'up' if alive(pid) else 'DOWN':4}  rss {mb:8.1f} MiB")
+    for comp, pid in realnode.status(state_dir()):
+        mb = rss_mb(pid) if alive(pid) else 0.0
+        total += mb
+        print(f"{comp:26} pid {pid:>7}  {'up' if alive(pid) else 'DOWN':4}  rss {mb:8.1f} MiB")
     print(f"{'total':26} {'':16} rss {total:8.1f} MiB")
     print(f"server {server_url(state)}  kubeconfig {state_dir() / 'kubeconfig'}")
     return 0 if healthy(state) else 1
@@ -734,6 +772,13 @@ def main() -> int:
         help=f"GPU topology fixture of every node (default {DEFAULT_TOPOLOGY})",
     )
     p_up.add_argument("--gpus", type=int, default=8, help="allocatable nvidia.com/gpu per node")
+    p_up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=default_real_nodes(),
+        help="real nodes (kubelet + containerd) beside the simulated ones (default 1, env "
+        "REAL_NODES; 0 for none)",
+    )
     p_up.add_argument(
         "--audit-log",
         action="store_true",
@@ -765,7 +810,20 @@ def main() -> int:
     p_kc.add_argument("--print", action="store_true", help="print the file's content instead")
     args = parser.parse_args()
     if args.cmd == "up":
-        up(args.nodes, args.topology, args.gpus, args.audit_log, args.users, args.kueue)
+        try:
+            up(
+                args.nodes,
+                args.topology,
+                args.gpus,
+                args.audit_log,
+                args.users,
+                kueue=args.kueue,
+                real_nodes=args.real_nodes,
+            )
+        except realnode.NodeError as e:
+            # The control plane and the kwok nodes are up: only what needs a real node fails.
+            print(e.code, file=sys.stderr)
+            return realnode.FAILED
     elif args.cmd == "node-manifests":
         nodes = [node_manifest(i, args.topology, args.gpus) for i in range(args.nodes)]
         print(yaml.safe_dump_all(nodes))

@@ -6,8 +6,9 @@ background, watching namespace ``demo`` only (log: .cluster/logs/operator.log; s
 ``make cluster-down``), applies examples/pytorch-vgg16-topology.yaml in that namespace with the
 launcher told to finish after a while (the simulated cluster runs no containers), and prints the
 job and its pods as they progress; when the workers' GPUs are pinned by DRA claims, each worker's
-line also shows the devices the scheduler allocated to its claim. Running it again replaces the
-demo job.
+line also shows the devices the scheduler allocated to its claim. When a real node is up
+(hack/realnode.py), it then runs upstream's OpenMPI pi example there for real and prints the
+launcher's log. Running it again replaces the demo jobs.
 
 The operator is scoped so that it never reconciles anyone else's jobs on the shared cluster: the
 integration tests run their own operator per test namespace, and refuse to start beside one that
@@ -34,10 +35,12 @@ from mpijob.desired.claims import allocated_devices
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster  # noqa: E402 - hack/cluster.py, beside this file
+import realnode  # noqa: E402 - hack/realnode.py, beside this file
 import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
 NAMESPACE = "demo"
 EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
+REAL_EXAMPLE = ROOT / "examples" / "pi.yaml"
 RUN_SECONDS = "20s"
 TIMEOUT = 180
 BOLD, DIM, GREEN, RESET = (
@@ -206,6 +209,12 @@ def main() -> int:
         print(f"\n{name} did not finish within {TIMEOUT}s; see .cluster/logs/operator.log")
         return 1
 
+    if real_node_ready(core):
+        if run_real_pi(core, mpijobs, args) != 0:
+            return 1
+    else:
+        print(f"\n{DIM}No real node is up (REAL_NODES=0?): no real pi run.{RESET}")
+
     kc = f"KUBECONFIG={kubeconfig}"
     print(f"""
 Look around:
@@ -215,6 +224,53 @@ Look around:
   .venv/bin/mpijob topology gpu-node-0
   curl -s localhost:8080/metrics | grep mpi_operator
 The operator keeps running, for namespace {NAMESPACE} only. Stop everything: make cluster-down""")
+    return 0
+
+
+def real_node_ready(core: client.CoreV1Api) -> bool:
+    for node in core.list_node(label_selector=f"{realnode.ROLE}=true").items:
+        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+            return True
+    return False
+
+
+def run_real_pi(core: client.CoreV1Api, api: client.CustomObjectsApi, args: tuple[str, ...]) -> int:
+    """Upstream's OpenMPI pi example on the real node: real mpirun, real ranks; its log."""
+    job = realnode.place_on_real_node(yaml.safe_load(REAL_EXAMPLE.read_text()))
+    name = job["metadata"]["name"]
+    with contextlib.suppress(client.ApiException):
+        api.delete_namespaced_custom_object(*args, name)
+    while (
+        _exists(api, args, name)
+        or core.list_namespaced_pod(NAMESPACE, label_selector=f"{keys.LABEL_JOB_NAME}={name}").items
+    ):
+        time.sleep(0.5)
+    api.create_namespaced_custom_object(*args, job)
+    print(
+        f"\n{BOLD}Applied{RESET} {REAL_EXAMPLE.relative_to(ROOT)} on the real node "
+        f"({realnode.NODE_PREFIX}0: kubelet, containerd, runc), image mpioperator/mpi-pi:openmpi"
+    )
+    deadline = time.monotonic() + TIMEOUT
+    state = "-"
+    while time.monotonic() < deadline:
+        state = conditions(api.get_namespaced_custom_object(*args, name))
+        if "Succeeded" in state.split(",") or "Failed" in state.split(","):
+            break
+        time.sleep(0.5)
+    launchers = sorted(
+        core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"{keys.LABEL_JOB_NAME}={name},{keys.LABEL_JOB_ROLE}=launcher"
+        ).items,
+        key=lambda p: p.metadata.creation_timestamp,
+    )
+    if launchers:
+        log = core.read_namespaced_pod_log(launchers[-1].metadata.name, NAMESPACE)
+        print(f"{BOLD}Launcher log{RESET} ({launchers[-1].metadata.name}):")
+        print("\n".join(f"  {line}" for line in log.splitlines()))
+    if "Succeeded" not in state.split(","):
+        print(f"\n{name} did not succeed (conditions: {state}); see .cluster/logs/operator.log")
+        return 1
+    print(f"{GREEN}{BOLD}{name} Succeeded{RESET} on real containers.")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the integration tests need beyond the virtualenv, made present on a fresh machine:
 # Prometheus (tests/integration/test_monitoring.py starts it on 127.0.0.1 itself), the local
-# control plane's binaries and Kueue's (tests/integration/test_kueue.py runs it beside them).
+# control plane's binaries and Kueue's (tests/integration/test_kueue.py runs it beside them)
+# and, unless REAL_NODES=0, the real node's packages and images.
 # Usage: hack/test-deps.sh (run by `make test` and `make test-integration`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +25,33 @@ if ! command -v prometheus >/dev/null 2>&1; then
     || die "apt-get installed prometheus but 'prometheus' is not on PATH (expected /usr/bin/prometheus)."
 fi
 
+# The real node (hack/realnode.py; REAL_NODES=0 turns it off): Debian's containerd, runc and CNI
+# plugins run it, mmdebstrap builds its images.
+real_node_pkgs() {
+  local missing=() tool pkg
+  for tool in containerd:containerd runc:runc mmdebstrap:mmdebstrap \
+      /usr/lib/cni/bridge:containernetworking-plugins; do
+    pkg=${tool#*:}; tool=${tool%%:*}
+    if [[ "$tool" == /* ]]; then [ -x "$tool" ] || missing+=("$pkg")
+    else command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg"); fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    die "the real node needs ${missing[*]}. Install them, then re-run:
+  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}
+(or run without the real node: REAL_NODES=0)"
+  fi
+  say "installing ${missing[*]} (Debian packages, for the real node)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 # Against a cluster of the user's (MPIJOB_TEST_KUBECONFIG) the local control plane is never started.
 if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
+  [ "${REAL_NODES:-1}" = 0 ] || real_node_pkgs
   hack/build-bins.sh
   hack/build-bins.sh kueue
+  if [ "${REAL_NODES:-1}" != 0 ]; then
+    python3 hack/images.py build  # standard library only
+  fi
 fi

@@ -74,7 +74,9 @@ def start_cluster() -> Cluster:
     if os.environ.get("MPIJOB_TEST_KUBECONFIG"):
         return Cluster(Path(os.environ["MPIJOB_TEST_KUBECONFIG"]), local=False)
     result = subprocess.run([sys.executable, str(ROOT / "hack/cluster.py"), "up"], check=False)
-    if result.returncode != 0:
+    # 3: the control plane is up but a real node is not; only the tests that need one fail
+    # (the real_node fixture reports why).
+    if result.returncode not in (0, 3):
         raise RuntimeError(
             "the local cluster did not start (see the [cluster] lines above and .cluster/logs/). "
             "Integration tests need a real API server: fix the cluster, or point "

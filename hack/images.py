@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""OCI images for the real node, built from Debian packages without a registry or Docker.
+
+``mpioperator/mpi-pi:openmpi`` and ``:mpich`` carry upstream's image names, so upstream's pi
+examples run unchanged (``imagePullPolicy: IfNotPresent``): a minimal Debian rootfs made by
+mmdebstrap, the MPI implementation, OpenSSH (port 2222, no host-key checks, ``mpiuser`` uid 1000
+with its own sshd config) and the pi program (hack/mpi-pi/pi.c) compiled in the image, its
+compiler removed again. ``mpijob.local/pause`` is the pod sandbox image (hack/pause/pause.go).
+
+Each image is one uncompressed layer in an OCI archive under
+``~/.cache/mpijob-operator/images/``, named after a digest of its recipe (this file and the files
+it copies in), so it is rebuilt only when the recipe changes. ``import_all`` loads them into the
+real node's containerd (hack/realnode.py). ``:intel`` is not built yet: Intel MPI is not in
+Debian's archive (its runtime is on PyPI as ``impi-rt``, which could make one).
+
+Usage: hack/images.py build [openmpi|mpich|pause ...]   (default: all)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+HACK = Path(__file__).resolve().parent
+SUITE = "bookworm"
+REPO = "docker.io/mpioperator/mpi-pi"
+PAUSE = "mpijob.local/pause:1"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# What each MPI flavour installs: runtime packages stay, build packages are purged after pi is
+# compiled.
+FLAVOURS: dict[str, dict[str, list[str]]] = {
+    "openmpi": {"runtime": ["openmpi-bin"], "build": ["libopenmpi-dev"]},
+    "mpich": {"runtime": ["mpich"], "build": ["libmpich-dev"]},
+}
+COMMON_RUNTIME = ["openssh-server", "openssh-client", "ca-certificates"]
+COMMON_BUILD = ["gcc", "libc6-dev"]
+RECIPE_FILES = [
+    HACK / "mpi-pi/pi.c",
+    HACK / "mpi-pi/entrypoint.sh",
+    HACK / "mpi-pi/sshd_config",
+]
+
+
+def say(msg: str) -> None:
+    print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str) -> SystemExit:
+    return SystemExit(f"[images] error: {msg}")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("MPIJOB_CACHE"):
+        return Path(os.environ["MPIJOB_CACHE"]) / "images"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "mpijob-operator" / "images"
+
+
+def recipe_digest(files: list[Path], extra: str) -> str:
+    h = hashlib.sha256(extra.encode())
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def archive_path(name: str) -> Path:
+    """The image's archive, named after its recipe: what it installs and runs, the files it
+    copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
+    if name == "pause":
+        digest = recipe_digest([HACK / "pause/pause.go"], "pause")
+    else:
+        recipe = [a.replace(str(HACK), "hack") for a in mpi_recipe(name)]
+        digest = recipe_digest(RECIPE_FILES, json.dumps([recipe, EXTRA_DIRS, MPI_CONFIG]))
+    return cache_dir() / f"{name}-{digest}.oci.tar"
+
+
+def reference(name: str) -> str:
+    return PAUSE if name == "pause" else f"{REPO}:{name}"
+
+
+def _blob(out: tarfile.TarFile, data: bytes | Path) -> tuple[str, int]:
+    """Adds a blob to the OCI layout; returns its digest and size."""
+    h = hashlib.sha256()
+    if isinstance(data, Path):
+        with data.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        size = data.stat().st_size
+        digest = h.hexdigest()
+        out.add(str(data), arcname=f"blobs/sha256/{digest}")
+    else:
+        h.update(data)
+        size = len(data)
+        digest = h.hexdigest()
+        info = tarfile.TarInfo(f"blobs/sha256/{digest}")
+        info.size = size
+        out.addfile(info, io.BytesIO(data))
+    return f"sha256:{digest}", size
+
+
+def write_oci(layer: Path, ref: str, config: dict[str, object], dest: Path) -> None:
+    """An OCI image-layout archive of one uncompressed layer, named ``ref`` for containerd."""
+    tmp = dest.with_suffix(".partial")
+    with tarfile.open(tmp, "w") as out:
+        layer_digest, layer_size = _blob(out, layer)
+        image_config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }
+        cfg_digest, cfg_size = _blob(out, json.dumps(image_config).encode())
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": cfg_digest,
+                "size": cfg_size,
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest,
+                    "size": layer_size,
+                }
+            ],
+        }
+        man_digest, man_size = _blob(out, json.dumps(manifest).encode())
+        index = {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": man_digest,
+                    "size": man_size,
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": ref,
+                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        }
+        for name, data in (
+            ("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode()),
+            ("index.json", json.dumps(index).encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    tmp.rename(dest)
+
+
+def add_dirs(layer: Path, dirs: dict[str, int]) -> None:
+    """Appends the directories mmdebstrap's tarball leaves out (/run's content, among them the
+    /run/sshd root's sshd needs) unless the layer has them."""
+    with tarfile.open(layer, "r") as t:
+        present = {m.name.removeprefix("./").rstrip("/") for m in t.getmembers() if m.isdir()}
+    with tarfile.open(layer, "a") as t:
+        for path, mode in dirs.items():
+            if path not in present:
+                info = tarfile.TarInfo(f"./{path}/")
+                info.type = tarfile.DIRTYPE
+                info.mode = mode
+                t.addfile(info)
+
+
+# Directories mmdebstrap's tarball leaves out (/run's content among them, with the /run/sshd
+# root's sshd needs), added to the layer unless present.
+EXTRA_DIRS = {"run": 0o755, "run/sshd": 0o755, "tmp": 0o1777, "proc": 0o555, "sys": 0o555}
+MPI_CONFIG = {
+    "Env": [PATH_ENV],
+    "Entrypoint": ["/entrypoint.sh"],
+    "Cmd": ["/bin/bash"],
+    "WorkingDir": "/home/mpiuser",
+}
+
+
+def mpi_recipe(name: str) -> list[str]:
+    """mmdebstrap's arguments for one flavour, up to the output path."""
+    flavour = FLAVOURS[name]
+    build = flavour["build"] + COMMON_BUILD
+    files = " ".join(str(HACK / "mpi-pi" / f) for f in ("pi.c", "entrypoint.sh", "sshd_config"))
+    # ssh and sshd both take the first value they read: append to the client's "Host *" block,
+    # and put the server's settings in the drop-in folder Debian's sshd_config includes first.
+    ssh_client = (
+        "printf '    StrictHostKeyChecking no\\n    UserKnownHostsFile /dev/null\\n"
+        '    Port 2222\\n\' >> "$1/etc/ssh/ssh_config"'
+    )
+    sshd = "printf 'Port 2222\\nStrictModes no\\n' > \"$1/etc/ssh/sshd_config.d/mpi.conf\""
+    hooks = [
+        f'mkdir -p "$1/tmp/recipe" && cp {files} "$1/tmp/recipe/"',
+        'chroot "$1" useradd --create-home --uid 1000 --shell /bin/bash mpiuser',
+        ssh_client,
+        sshd,
+        'install -m 0644 -o 1000 -g 1000 "$1/tmp/recipe/sshd_config" '
+        '"$1/home/mpiuser/.sshd_config"',
+        'install -m 0755 "$1/tmp/recipe/entrypoint.sh" "$1/entrypoint.sh"',
+        'chroot "$1" mpicc -O2 -o /home/mpiuser/pi /tmp/recipe/pi.c',
+        'chown 1000:1000 "$1/home/mpiuser/pi"',
+        f'chroot "$1" apt-get purge -y -qq --auto-remove {" ".join(build)} >/dev/null',
+        'rm -rf "$1/tmp/recipe" "$1/var/cache/apt/archives"/*.deb "$1/usr/share/doc" '
+        '"$1/usr/share/man" "$1/usr/share/locale"',
+    ]
+    return [
+        "mmdebstrap",
+        "--mode=root",
+        "--variant=apt",
+        "--format=tar",
+        "--quiet",
+        f"--include={','.join(COMMON_RUNTIME + flavour['runtime'] + build)}",
+        *(f"--customize-hook={h}" for h in hooks),
+        SUITE,
+    ]
+
+
+def build_mpi(name: str, dest: Path) -> None:
+    if not shutil.which("mmdebstrap"):
+        raise die(
+            "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
+            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
+        )
+    if os.geteuid() != 0:
+        raise die("building the MPI images needs root (mmdebstrap --mode=root)")
+    with tempfile.TemporaryDirectory(prefix="mpi-pi-", dir=dest.parent) as tmp:
+        layer = Path(tmp) / "rootfs.tar"
+        result = subprocess.run([*mpi_recipe(name), str(layer)], check=False)
+        if result.returncode != 0:
+            raise die(
+                f"mmdebstrap failed for {reference(name)} (exit {result.returncode}); it needs "
+                "Debian's archive (apt's sources) reachable"
+            )
+        add_dirs(layer, EXTRA_DIRS)
+        write_oci(layer, reference(name), MPI_CONFIG, dest)
+
+
+def build_pause(dest: Path) -> None:
+    if not shutil.which("go"):
+        raise die("Go is needed to build the pod sandbox (pause) image")
+    with tempfile.TemporaryDirectory(prefix="pause-", dir=dest.parent) as tmp:
+        binary = Path(tmp) / "pause"
+        subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "pause.go"],
+            cwd=HACK / "pause",
+            env={**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off"},
+            check=True,
+        )
+        layer = Path(tmp) / "layer.tar"
+        with tarfile.open(layer, "w") as t:
+            info = t.gettarinfo(str(binary), arcname="pause")
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            with binary.open("rb") as f:
+                t.addfile(info, f)
+        write_oci(layer, PAUSE, {"Entrypoint": ["/pause"]}, dest)
+
+
+def ensure(name: str) -> Path:
+    """The image's archive, built first when its recipe changed (or was never built)."""
+    dest = archive_path(name)
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    say(f"building {reference(name)} (recipe {dest.name})")
+    if name == "pause":
+        build_pause(dest)
+    else:
+        build_mpi(name, dest)
+    for old in dest.parent.glob(f"{name}-*.oci.tar"):
+        if old != dest:
+            old.unlink()
+    say(
+        f"built {reference(name)} in {time.monotonic() - t0:.0f}s "
+        f"({dest.stat().st_size / 2**20:.0f} MiB)"
+    )
+    return dest
+
+
+ALL = ("pause", "openmpi", "mpich")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_build = sub.add_parser("build", help="build the images that are missing or out of date")
+    p_build.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(ALL)}")
+    sub.add_parser("paths", help="print each image's reference and cached archive")
+    args = parser.parse_args()
+    if args.cmd == "build":
+        unknown = set(args.names) - set(ALL)
+        if unknown:
+            parser.error(f"unknown image(s) {sorted(unknown)}; choose from {', '.join(ALL)}")
+        for name in args.names or ALL:
+            ensure(name)
+    else:
+        for name in ALL:
+            path = archive_path(name)
+            print(f"{reference(name):40} {path}{'' if path.exists() else '  (not built)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The real node for tests: find it (or say why there is none), send jobs there, read their logs.
+
+A real node (hack/realnode.py) carries the label and NoSchedule taint ``mpijob.io/real-node``;
+a job meant to run real processes selects and tolerates it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from kubernetes import client
+
+from mpijob import keys
+from support.kube import ROOT, Cluster
+from support.wait import wait_until
+
+ROLE = "mpijob.io/real-node"
+
+
+def ready_real_node(cluster: Cluster) -> str:
+    """The name of a Ready real node; fails with the reason the local cluster recorded."""
+    error = ROOT / ".cluster" / "realnode" / "error.txt"
+
+    def ready() -> str | None:
+        for node in cluster.core.list_node(label_selector=f"{ROLE}=true").items:
+            for c in node.status.conditions or []:
+                if c.type == "Ready" and c.status == "True":
+                    return str(node.metadata.name)
+        if cluster.local and error.exists():
+            raise AssertionError(f"the real node did not start:\n{error.read_text()}")
+        return None
+
+    return wait_until(
+        ready,
+        timeout=60,
+        what=f"a Ready node labelled {ROLE}=true (hack/cluster.py up starts one unless "
+        "REAL_NODES=0)",
+    )
+
+
+def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
+    """The job sent to the real node (hack/realnode.py's placement, as ``make demo`` uses)."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    import realnode  # hack/realnode.py
+
+    return realnode.place_on_real_node(body)
+
+
+def pods(cluster: Cluster, namespace: str, job: str, role: str) -> list[client.V1Pod]:
+    selector = f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}={role}"
+    return list(cluster.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def launcher_log(cluster: Cluster, namespace: str, job: str) -> str:
+    """The log of the job's newest launcher pod (its last run)."""
+    found = pods(cluster, namespace, job, keys.ROLE_LAUNCHER)
+    assert found, f"MPIJob {job} has no launcher pod"
+    newest = max(found, key=lambda p: p.metadata.creation_timestamp)
+    return str(cluster.core.read_namespaced_pod_log(newest.metadata.name, namespace))
+
+
+def exit_codes(pod: client.V1Pod) -> list[int]:
+    """Exit codes of the pod's containers, last run and the one before it."""
+    out = []
+    for status in pod.status.container_statuses or []:
+        for state in (status.state, status.last_state):
+            if state and state.terminated:
+                out.append(int(state.terminated.exit_code))
+    return out
