@@ -42,7 +42,7 @@ from typing import Any, Final
 import jsonpatch
 import kopf
 
-from mpijob import keys
+from mpijob import keys, metrics
 from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read_node
 from mpijob.api.errors import aggregate
 from mpijob.api.fractional import Placed, Share, read_request
@@ -60,6 +60,12 @@ log = logging.getLogger(__name__)
 #: Seconds a fresh hold waits for its pod to be seen before it lapses.
 PENDING_SECONDS: Final = 60.0
 _FINISHED = ("Succeeded", "Failed")
+
+_GPU_GAUGES: Final = (
+    metrics.GPU_SHARE_MEMORY,
+    metrics.GPU_SHARE_PERCENTAGE,
+    metrics.GPU_SHARE_CLIENTS,
+)
 
 #: ``(namespace, name)`` of an MPIJob to its number of workers (None: no such job).
 WorkersOf = Callable[[str, str], Awaitable[int | None]]
@@ -109,6 +115,8 @@ class FractionalAdmission:
         """Set by the operator at start; None: MPIJob workers are placed one by one."""
         self._clock = clock
         self._nodes: dict[str, dict[str, Any]] = {}
+        self._exported: dict[str, set[int]] = {}
+        self._touched: list[str] = []
 
     # --- watches -------------------------------------------------------------------------
 
@@ -123,6 +131,7 @@ class FractionalAdmission:
                 gpus, binpack = read
                 self.ledger.set_node(name, gpus, binpack=binpack)
                 self._nodes[name] = node_facts(body)
+            self.export([name])
 
     async def on_pod(self, body: dict[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
@@ -138,6 +147,7 @@ class FractionalAdmission:
                 self.ledger.hold(key, placed)  # a restart's listing, or a hold that lapsed
             else:
                 self.ledger.confirm(key)
+            self.export([placed.node])
 
     async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         """Start from listed nodes and pods (before the webhooks serve, after a restart)."""
@@ -157,6 +167,7 @@ class FractionalAdmission:
                     (placed.claim or f"{meta.get('namespace')}/{meta.get('name')}", placed)
                 )
             self.ledger.rebuild(facts)
+            self.export(list(self.ledger.nodes))
         log.info(
             "Rebuilt the GPU-share ledger: %d nodes, %d shares", len(self.ledger.nodes), len(facts)
         )
@@ -196,7 +207,7 @@ class FractionalAdmission:
             count = await self.workers_of(worker.namespace, worker.job)
         async with self.lock:
             now = self._clock()
-            self.ledger.expire(now)
+            lapsed = self.ledger.expire(now)
             allowed = eligible_nodes(spec, self._nodes)
             if worker is not None and count is not None and worker.index < count:
                 placed = self._place_workers(worker, count, share, allowed, now)
@@ -209,6 +220,11 @@ class FractionalAdmission:
                 placed = self.ledger.place(
                     f"claim-{uuid.uuid4()}", share, allowed, pending_until=now + PENDING_SECONDS
                 )
+            if lapsed:
+                self.export(list(self.ledger.nodes))
+            elif isinstance(placed, Placed):
+                self.export(self._touched or [placed.node])
+            self._touched = []
         if not isinstance(placed, Placed):
             raise kopf.AdmissionError(f"GPU share cannot be placed now: {placed}", code=409)
         return json_patch(body, pod_edits(body, placed))
@@ -229,7 +245,27 @@ class FractionalAdmission:
         )
         if isinstance(result, str):
             return f"the {count} workers of MPIJob {worker.job} are placed all or nothing: {result}"
+        self._touched = sorted({p.node for p in result})
         return result[worker.index]
+
+    def export(self, nodes: list[str]) -> None:
+        """Set the share gauges of ``nodes``' GPUs (a node gone: its series removed)."""
+        metrics.GPU_SHARES.set(len(self.ledger))
+        for name in nodes:
+            state = self.ledger.nodes.get(name)
+            known = self._exported.pop(name, set())
+            current = set(state.gpus) if state is not None else set()
+            for index in known - current:
+                for gauge in _GPU_GAUGES:
+                    gauge.remove(name, str(index))
+            if state is None:
+                continue
+            for gpu in state.gpus.values():
+                labels = (name, str(gpu.index))
+                metrics.GPU_SHARE_MEMORY.labels(*labels).set(gpu.memory_used)
+                metrics.GPU_SHARE_PERCENTAGE.labels(*labels).set(gpu.percentage_used)
+                metrics.GPU_SHARE_CLIENTS.labels(*labels).set(gpu.clients)
+            self._exported[name] = current
 
 
 def workers_reader(kube: Kube) -> WorkersOf:
