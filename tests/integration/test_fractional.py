@@ -323,6 +323,18 @@ def test_binpack_fills_one_gpu_first_and_spread_uses_different_gpus(
     gpus = [placed(pods[n]).gpu for n in spread]
     assert sorted(set(gpus)) == sorted(gpus), gpus
     assert {pods[n].spec.node_name for n in spread} == {"share-node-1"}
+    # The console shows each GPU's shares and their holders.
+    shown = subprocess.run(
+        [str(ROOT / ".venv/bin/mpijob"), "topology", "share-node-0", "-n", namespace],
+        env={**os.environ, "KUBECONFIG": str(share_nodes.kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split()[0]: line for line in shown.splitlines() if line.startswith("GPU")}
+    full = rows[f"GPU{first[0]}"].split()
+    assert full[1:3] == ["6/15", "90/100"], shown
+    assert all(f"{namespace}/{name}" in rows[f"GPU{first[0]}"] for name in packed[:3]), shown
 
 
 @pytest.mark.parametrize("percentage", [33, 105])
