@@ -171,6 +171,48 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
         ],
     ),
     (
+        "GPU shares",
+        [
+            Chart(
+                "GPU shares held",
+                "Shares of one GPU the ledger holds (with --fractional-gpus: admitted pods and "
+                "workers reserved for their MPIJob), and the most MPS clients on any one GPU "
+                "(MPS allows 48).",
+                [
+                    (f"sum(mpi_operator_gpu_shares{SEL})", "shares"),
+                    (
+                        f"max(mpi_operator_gpu_share_clients{SEL}) or on() vector(0)",
+                        "most clients on one GPU",
+                    ),
+                ],
+            ),
+            Chart(
+                "GPU compute held",
+                "Percent of each core_mem GPU's compute held by shares (100 at most); 0 "
+                "without --fractional-gpus.",
+                [
+                    (
+                        f"max by (node, gpu) (mpi_operator_gpu_share_percentage{SEL})"
+                        " or on() vector(0)",
+                        "{{node}} GPU{{gpu}}",
+                    )
+                ],
+                unit="percent",
+            ),
+            Chart(
+                "GPU memory held",
+                "GiB of each core_mem GPU's memory held by shares; 0 without --fractional-gpus.",
+                [
+                    (
+                        f"max by (node, gpu) (mpi_operator_gpu_share_memory_gib{SEL})"
+                        " or on() vector(0)",
+                        "{{node}} GPU{{gpu}}",
+                    )
+                ],
+            ),
+        ],
+    ),
+    (
         "Operator",
         [
             Chart(

@@ -6,6 +6,9 @@ carries a per-job label except upstream's ``mpi_operator_job_info``: jobs come a
 would not. Metrics live in the default registry next to the process collector (memory, CPU), and
 ``serve`` exposes them with ``/healthz`` on one port.
 
+The per-GPU share gauges (``mpi_operator_gpu_share_*``) are labelled by node and GPU index: one
+series per GPU of a ``core_mem`` node, a bounded set (the opted-in fleet), removed with the node.
+
 The node agent serves the same registry on its health port; its one metric of its own carries
 the ``mpijob_agent_`` prefix. Both "not honoured" counters are labelled by ``binding`` (``dra``
 or ``annotations``, the ``--gpu-binding`` modes), so a process that never counts one exports no
@@ -106,6 +109,28 @@ GANG_BIND_SECONDS: Final = Histogram(
 )
 GANG_TIMEOUTS: Final = Counter(
     "mpi_operator_gang_timeouts", "MPIJobs failed because their gang was not admitted in time"
+)
+
+# --- GPU shares (--fractional-gpus) -------------------------------------------------------------
+GPU_SHARES: Final = Gauge(
+    "mpi_operator_gpu_shares",
+    "GPU shares the ledger holds (admitted pods and workers reserved for their MPIJob); 0 "
+    "without --fractional-gpus",
+)
+GPU_SHARE_MEMORY: Final = Gauge(
+    "mpi_operator_gpu_share_memory_gib",
+    "GiB of GPU memory held by shares, per core_mem node and GPU index",
+    ["node", "gpu"],
+)
+GPU_SHARE_PERCENTAGE: Final = Gauge(
+    "mpi_operator_gpu_share_percentage",
+    "Percent of a GPU's compute held by shares, per core_mem node and GPU index",
+    ["node", "gpu"],
+)
+GPU_SHARE_CLIENTS: Final = Gauge(
+    "mpi_operator_gpu_share_clients",
+    "MPS clients (containers) holding a share, per core_mem node and GPU index (at most 48)",
+    ["node", "gpu"],
 )
 
 

@@ -23,7 +23,11 @@ from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: Examples holding GPU shares need --fractional-gpus and core_mem nodes: test_fractional.py runs
+#: them.
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples").glob("*.yaml") if keys.GPU_MEM_RESOURCE not in p.read_text()
+)
 #: Namespace labels an example is meant to run under (the Pod Security level it claims).
 NAMESPACE_LABELS = {
     "pi-restricted.yaml": {"pod-security.kubernetes.io/enforce": "restricted"},

@@ -18,7 +18,7 @@ the cluster after a restart; holdings on nodes or GPUs the ledger does not know 
 and counted once the node is set. Cost per decision: one pass over the nodes on per-node
 summaries, then over the GPUs of the one chosen node.
 
-Pure; the I/O shell (the admission webhook, not yet) feeds it nodes and pod facts.
+Pure; the I/O shell (:mod:`mpijob.handlers.fractional`) feeds it nodes and pod facts.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
+from mpijob.admission.topology import admits
 from mpijob.api.fractional import PERCENT_MAX, Placed, Share
 from mpijob.placement import codec
 
@@ -186,9 +187,17 @@ class Ledger:
         return lapsed
 
     def place_all(
-        self, shares: Sequence[tuple[str, Share]], nodes: Collection[str] | None = None
+        self,
+        shares: Sequence[tuple[str, Share]],
+        nodes: Collection[str] | None = None,
+        *,
+        pending_until: float | None = None,
     ) -> list[Placed] | str:
-        """Place every share or none (in the given order in the result); largest first."""
+        """Place every share or none (in the given order in the result); largest first.
+
+        Shares already held are returned as they are; ``pending_until`` as for :meth:`place`,
+        for the fresh ones.
+        """
         order = sorted(
             range(len(shares)),
             key=lambda i: (-shares[i][1].memory_gib, -(shares[i][1].percentage or 0), i),
@@ -198,7 +207,7 @@ class Ledger:
         for i in order:
             pod, share = shares[i]
             was_held = pod in self._held
-            result = self.place(pod, share, nodes)
+            result = self.place(pod, share, nodes, pending_until=pending_until)
             if isinstance(result, str):
                 for earlier in fresh:
                     self.release(earlier)
@@ -383,3 +392,59 @@ def _uuids(text: str | None) -> list[str]:
     except ValueError:
         return []
     return [gpu.uuid or "" for gpu in topology.gpus]
+
+
+def node_facts(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`eligible_nodes` reads of a Node: its name, labels and taints."""
+    meta = node.get("metadata") or {}
+    return {
+        "metadata": {"name": meta.get("name") or "", "labels": dict(meta.get("labels") or {})},
+        "spec": {"taints": list((node.get("spec") or {}).get("taints") or [])},
+    }
+
+
+def eligible_nodes(
+    spec: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]
+) -> list[str] | None:
+    """The nodes (of ``nodes``, name to :func:`node_facts`) a pod with ``spec`` may run on: its
+    node selector and required node affinity admit them and it tolerates their ``NoSchedule``
+    and ``NoExecute`` taints. None when every node qualifies (the common case, checked first).
+
+    The ledger only places a share where the scheduler can then bind the pod; a pod pinned to a
+    node it cannot run on would stay Pending while holding its share. The node's other
+    allocatable resources (cpu, memory, pods) are not checked here: the scheduler does.
+    """
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    tainted = any((n.get("spec") or {}).get("taints") for n in nodes.values())
+    if not spec.get("nodeSelector") and not affinity and not tainted:
+        return None
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    return [
+        name
+        for name, node in nodes.items()
+        if admits(spec, node)
+        and all(
+            _tolerated(taint, tolerations) for taint in (node.get("spec") or {}).get("taints") or []
+        )
+    ]
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    effect = taint.get("effect")
+    if effect not in ("NoSchedule", "NoExecute"):
+        return True  # PreferNoSchedule only steers the scheduler
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration.get("effect") != effect:
+            continue
+        operator = toleration.get("operator") or "Equal"
+        if not toleration.get("key"):
+            if operator == "Exists":
+                return True
+            continue
+        if toleration.get("key") != taint.get("key"):
+            continue
+        if operator == "Exists" or (toleration.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False

@@ -3,7 +3,8 @@
 The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
 
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
-  nodes their worker template's selector and node affinity admit (:func:`eligible`); a placed
+  nodes their worker template's selector and node affinity admit (:func:`eligible`, on
+  :func:`admits`, which the GPU-share webhook also asks of any pod); a placed
   worker's template may not name its node (:func:`template_errors`);
 - a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
   operator writes, so that a restarted operator knows every reservation and no tenant can
@@ -73,11 +74,18 @@ def eligible(job: MPIJob, node: Mapping[str, Any]) -> bool:
     """Whether the worker template's ``nodeSelector`` and required node affinity admit ``node``.
 
     Placement honours them, so a decision never contradicts the template (the pod would stay
-    Pending on the node placement chose for it). Terms are ORed, expressions within a term
-    ANDed, as the scheduler reads them; taints are the scheduler's business.
+    Pending on the node placement chose for it).
     """
     worker = job.spec.worker
-    spec = ((worker.template if worker is not None else {}).get("spec")) or {}
+    return admits(((worker.template if worker is not None else {}).get("spec")) or {}, node)
+
+
+def admits(spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether a pod spec's ``nodeSelector`` and required node affinity admit ``node``.
+
+    Terms are ORed, expressions within a term ANDed, as the scheduler reads them; taints are
+    the scheduler's business.
+    """
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     selector: Mapping[str, str] = spec.get("nodeSelector") or {}

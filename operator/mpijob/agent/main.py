@@ -9,7 +9,8 @@ Without a driver, a GPU or a working NVML it logs why and publishes nothing: wit
 exits 0, otherwise it tries again at the next interval (drivers are often installed after the
 agent starts). A failed API patch is logged; ``--once`` then exits 1, the loop retries.
 ``--dry-run`` prints the annotation instead; ``--simulate NAME`` reads a shipped topology
-through the fake NVML, for local clusters whose nodes have no GPU.
+through the fake NVML (each GPU ``--simulate-memory`` MiB), for local clusters whose nodes
+have no GPU.
 
 ``--share-gpus`` (``core_mem`` nodes) adds a step to every turn (:class:`~mpijob.agent.share.
 ShareStep`): one MPS control daemon per GPU started or checked, then the GPU-share extended
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import click
 
 from mpijob import keys
-from mpijob.agent import nvml_reader, podresources
+from mpijob.agent import fake_nvml, nvml_reader, podresources
 from mpijob.agent.gpu_actual import GpuActual
 from mpijob.placement import codec, topologies
 
@@ -124,6 +125,14 @@ def run(
     help="Publish this shipped topology through a fake NVML (nodes without GPUs).",
 )
 @click.option(
+    "--simulate-memory",
+    type=click.IntRange(min=1),
+    default=fake_nvml.H100_MEMORY >> 20,
+    show_default=True,
+    metavar="MIB",
+    help="With --simulate: each GPU's total memory in MiB, as NVML reports it (a T4: 15360).",
+)
+@click.option(
     "--check-pods/--no-check-pods",
     default=True,
     show_default=True,
@@ -162,6 +171,7 @@ def main(
     dry_run: bool,
     health_port: int,
     simulate: str | None,
+    simulate_memory: int,
     check_pods: bool,
     pod_resources_socket: str,
     share_gpus: bool,
@@ -187,7 +197,7 @@ def main(
 
         # A reading takes well under a second; two missed turns mean the loop is stuck.
         metrics.serve(health_port, lambda: time.monotonic() - last[0] < 2 * interval + 30)
-    nvml = _nvml(simulate, node)
+    nvml = _nvml(simulate, node, simulate_memory)
     steps = []
     if share_gpus:
         steps.append(
@@ -225,11 +235,11 @@ def _share_step(nvml: Any, node: str, dry_run: bool, mps: bool, root: str) -> Ca
     )
 
 
-def _nvml(simulate: str | None, node: str) -> Any:
+def _nvml(simulate: str | None, node: str, memory_mib: int) -> Any:
     if simulate:
-        from mpijob.agent.fake_nvml import FakeNvml
-
-        return FakeNvml(topologies.for_node(simulate, node), product=simulate)
+        return fake_nvml.FakeNvml(
+            topologies.for_node(simulate, node), product=simulate, memory=memory_mib << 20
+        )
     import pynvml
 
     return pynvml

@@ -316,41 +316,51 @@ def delete(name: str, namespace: str | None, kubeconfig: str | None) -> None:
 )
 @cluster_options
 def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str | None) -> None:
-    """Show a node's GPU links and which job holds which GPU."""
+    """Show a node's GPU links and which job holds which GPU (and its GPU shares)."""
     from mpijob.console import topology as view
     from mpijob.placement import codec
 
     def action() -> None:
         api = Api(kubeconfig, namespace)
-        annotations = api.node(node).get("metadata", {}).get("annotations") or {}
+        body = api.node(node)
+        annotations = body.get("metadata", {}).get("annotations") or {}
         text = annotations.get(keys.GPU_TOPOLOGY)
-        if not text:
+        pods, cluster_wide = api.node_pods(node)
+        shares = view.shares_table(body, view.share_usage(pods))
+        if not text and shares is None:
             raise ConsoleError(
                 f"node {node} has no {keys.GPU_TOPOLOGY} annotation: its GPU topology is not "
                 "published (is mpijob-agent running on it?)"
             )
-        try:
-            topo = codec.loads(text)
-        except ValueError as exc:
-            raise ConsoleError(f"node {node}: unreadable {keys.GPU_TOPOLOGY}: {exc}") from None
-        pods, cluster_wide = api.node_pods(node)
-        usage = view.gpu_usage(pods)
         out = make_console()
-        out.print(view.summary(node, topo, usage), highlight=False)
-        out.print()
-        out.print(view.matrix_table(topo, usage), highlight=False)
-        out.print()
-        out.print(view.LEGEND, style="dim", highlight=False)
+        topo = None
+        if text:
+            try:
+                topo = codec.loads(text)
+            except ValueError as exc:
+                raise ConsoleError(f"node {node}: unreadable {keys.GPU_TOPOLOGY}: {exc}") from None
+            usage = view.gpu_usage(pods)
+            out.print(view.summary(node, topo, usage), highlight=False)
+            out.print()
+            out.print(view.matrix_table(topo, usage), highlight=False)
+            out.print()
+            out.print(view.LEGEND, style="dim", highlight=False)
+        if shares is not None:
+            if topo is not None:
+                out.print()
+            else:
+                out.print(f"Node {node}", highlight=False)
+            out.print(shares, highlight=False)
         if not cluster_wide:
             out.print(
                 f"Only namespace {api.namespace} was searched for pods (no right to list all).",
                 style="yellow",
                 highlight=False,
             )
-        if png is not None:
+        if png is not None and topo is not None:
             from mpijob.console import plot
 
-            plot.write_png(png, topo, usage, node=node)
+            plot.write_png(png, topo, view.gpu_usage(pods), node=node)
             out.print(f"Wrote {png}", highlight=False)
 
     _run(action)

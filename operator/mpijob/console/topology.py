@@ -1,4 +1,6 @@
-"""``mpijob topology NODE``: a node's GPU links as a matrix and which job holds which GPU.
+"""``mpijob topology NODE``: a node's GPU links as a matrix and which job holds which GPU; on a
+``core_mem`` node, each GPU's shares too (:func:`shares_table`: memory and compute held, by which
+pod, from the pods' ``mpijob.io/gpu-share`` annotations).
 
 Pure: a :class:`~mpijob.placement.model.Topology` (decoded from the node's
 ``mpijob.io/gpu-topology`` annotation) and the node's pods in, data and rich tables out. A GPU is
@@ -16,7 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from mpijob import keys
+from mpijob.admission.fractional import read_node
 from mpijob.api import gpu_ids
+from mpijob.api.fractional import PERCENT_MAX, Placed
 from mpijob.placement.model import PcieLevel, Topology
 
 JSON = Mapping[str, Any]
@@ -120,3 +124,73 @@ LEGEND: Final = (
     "NV<k> = k NVLinks (direct or through NVSwitch); PIX, PXB, PHB, NODE, SYS = PCIe path, "
     "nearest to farthest"
 )
+
+
+# --- GPU shares (core_mem nodes) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShareUse:
+    """One pod's share of one GPU, read from its ``mpijob.io/gpu-share`` annotation."""
+
+    pod: str
+    """``namespace/name``."""
+    memory_gib: int
+    percentage: int | None
+
+
+def share_usage(pods: Iterable[JSON]) -> dict[int, list[ShareUse]]:
+    """GPU index -> the shares held on it, from the node's pods that have not finished."""
+    usage: dict[int, list[ShareUse]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+            continue
+        placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+        if placed is None:
+            continue
+        usage.setdefault(placed.gpu, []).append(
+            ShareUse(
+                f"{meta.get('namespace')}/{meta.get('name')}",
+                placed.share.memory_gib,
+                placed.share.percentage,
+            )
+        )
+    for shares in usage.values():
+        shares.sort(key=lambda s: s.pod)
+    return usage
+
+
+def shares_table(node: JSON, usage: Mapping[int, list[ShareUse]]) -> Table | None:
+    """One row per GPU of a ``core_mem`` node: memory and compute held, and by whom; None for a
+    node that shares no GPU (not opted in, or nothing advertised yet)."""
+    read = read_node(node)
+    if read is None:
+        return None
+    gpus, binpack = read
+    table = Table(
+        title=f"GPU shares ({'binpack' if binpack else 'spread'})",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        show_edge=False,
+        title_justify="left",
+    )
+    for column in ("GPU", "MEMORY GiB", "COMPUTE %", "SHARES"):
+        table.add_column(column, no_wrap=column != "SHARES")
+    for gpu in gpus:
+        shares = usage.get(gpu.index, [])
+        memory = sum(s.memory_gib for s in shares)
+        compute = sum(s.percentage or 0 for s in shares)
+        held = ", ".join(
+            f"{s.pod} ({s.memory_gib} GiB"
+            + (f", {s.percentage}%)" if s.percentage is not None else ", memory only)")
+            for s in shares
+        )
+        table.add_row(
+            f"GPU{gpu.index}",
+            f"{memory}/{gpu.memory_gib}",
+            f"{compute}/{PERCENT_MAX}",
+            held or Text("-", style="dim"),
+        )
+    return table

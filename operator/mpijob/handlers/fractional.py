@@ -16,9 +16,11 @@ rebuild`); the watches keep it current from then on. A decision holds the share 
 the pod never appears (a later webhook or the API server refused it), the hold lapses after
 :data:`PENDING_SECONDS`. A dry run places without holding.
 
-Not yet: nodes are eligible by label alone (the pod's node selector, affinity, taints and other
-resources are left to the scheduler, which may then leave the pinned pod Pending); a pod that
-fits nowhere now is refused rather than kept waiting.
+Eligible nodes are those the pod's node selector and required node affinity admit and whose
+``NoSchedule``/``NoExecute`` taints it tolerates; their cpu, memory and pod counts are left to the
+scheduler, which may then leave the pinned pod Pending. A worker of an MPIJob reserves shares
+for all the job's workers at once (all or nothing, see :meth:`FractionalAdmission.mutate`). A pod
+that fits nowhere now is refused rather than kept waiting.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -40,10 +42,10 @@ from typing import Any, Final
 import jsonpatch
 import kopf
 
-from mpijob import keys
-from mpijob.admission.fractional import Ledger, read_node
+from mpijob import keys, metrics
+from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read_node
 from mpijob.api.errors import aggregate
-from mpijob.api.fractional import Placed, read_request
+from mpijob.api.fractional import Placed, Share, read_request
 from mpijob.desired.fractional import (
     MUTATE_ID,
     VALIDATE_ID,
@@ -51,6 +53,7 @@ from mpijob.desired.fractional import (
     pod_edits,
     webhook_configurations,
 )
+from mpijob.handlers.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +61,62 @@ log = logging.getLogger(__name__)
 PENDING_SECONDS: Final = 60.0
 _FINISHED = ("Succeeded", "Failed")
 
+_GPU_GAUGES: Final = (
+    metrics.GPU_SHARE_MEMORY,
+    metrics.GPU_SHARE_PERCENTAGE,
+    metrics.GPU_SHARE_CLIENTS,
+)
+
+#: ``(namespace, name)`` of an MPIJob to its number of workers (None: no such job).
+WorkersOf = Callable[[str, str], Awaitable[int | None]]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker pod of an MPIJob: which job (by uid), its index, and the ledger claim of each of
+    the job's workers."""
+
+    namespace: str
+    job: str
+    uid: str
+    index: int
+
+    def claim(self, index: int) -> str:
+        return f"mpijob/{self.namespace}/{self.job}/{self.uid}/worker-{index}"
+
+
+def worker_of(body: dict[str, Any]) -> Worker | None:
+    """The MPIJob worker ``body`` is (by its controller reference, role label and name)."""
+    meta = body.get("metadata") or {}
+    if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) != keys.ROLE_WORKER:
+        return None
+    ref = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    if ref is None or (ref.get("apiVersion"), ref.get("kind")) != (keys.API_VERSION, keys.KIND):
+        return None
+    job, name = str(ref.get("name") or ""), str(meta.get("name") or "")
+    prefix = f"{job}{keys.WORKER_SUFFIX}-"
+    if not job or not name.startswith(prefix) or not name[len(prefix) :].isdigit():
+        return None
+    index = int(name[len(prefix) :])
+    return Worker(str(meta.get("namespace") or ""), job, str(ref.get("uid") or ""), index)
+
 
 class FractionalAdmission:
     """The ledger and its lock, and the decisions the webhooks and watches ask of it."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        workers_of: WorkersOf | None = None,
+    ) -> None:
         self.ledger = Ledger()
         self.lock = asyncio.Lock()
+        self.workers_of = workers_of
+        """Set by the operator at start; None: MPIJob workers are placed one by one."""
         self._clock = clock
-        self._rebuilt = False
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._exported: dict[str, set[int]] = {}
+        self._touched: list[str] = []
 
     # --- watches -------------------------------------------------------------------------
 
@@ -76,9 +126,12 @@ class FractionalAdmission:
         async with self.lock:
             if read is None:
                 self.ledger.remove_node(name)
+                self._nodes.pop(name, None)
             else:
                 gpus, binpack = read
                 self.ledger.set_node(name, gpus, binpack=binpack)
+                self._nodes[name] = node_facts(body)
+            self.export([name])
 
     async def on_pod(self, body: dict[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
@@ -94,6 +147,7 @@ class FractionalAdmission:
                 self.ledger.hold(key, placed)  # a restart's listing, or a hold that lapsed
             else:
                 self.ledger.confirm(key)
+            self.export([placed.node])
 
     async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         """Start from listed nodes and pods (before the webhooks serve, after a restart)."""
@@ -102,6 +156,7 @@ class FractionalAdmission:
                 read = read_node(body)
                 if read is not None:
                     self.ledger.set_node(body["metadata"]["name"], read[0], binpack=read[1])
+                    self._nodes[body["metadata"]["name"]] = node_facts(body)
             facts = []
             for body in pods:
                 meta = body.get("metadata") or {}
@@ -112,6 +167,7 @@ class FractionalAdmission:
                     (placed.claim or f"{meta.get('namespace')}/{meta.get('name')}", placed)
                 )
             self.ledger.rebuild(facts)
+            self.export(list(self.ledger.nodes))
         log.info(
             "Rebuilt the GPU-share ledger: %d nodes, %d shares", len(self.ledger.nodes), len(facts)
         )
@@ -133,25 +189,97 @@ class FractionalAdmission:
             )
 
     async def mutate(self, body: dict[str, Any], *, dryrun: bool) -> list[dict[str, Any]]:
-        """The JSON patch placing the pod's share; AdmissionError when it cannot be placed."""
+        """The JSON patch placing the pod's share; AdmissionError when it cannot be placed.
+
+        Only nodes the pod may run on are considered (:func:`eligible_nodes`). The first worker
+        of an MPIJob to arrive reserves a share for every worker of its job, all or nothing
+        (:meth:`Ledger.place_all`); the others then take their reserved share. A reservation
+        whose pod never comes lapses like any pending hold.
+        """
         self.validate(body)
-        share = read_request(body.get("spec")).share
+        spec = body.get("spec") or {}
+        share = read_request(spec).share
         if share is None:
             return []
-        claim = f"claim-{uuid.uuid4()}"
+        worker = worker_of(body)
+        count = None
+        if worker is not None and self.workers_of is not None and not dryrun:
+            count = await self.workers_of(worker.namespace, worker.job)
         async with self.lock:
-            self.ledger.expire(self._clock())
-            if dryrun:
-                placed = self.ledger.place(claim, share)
+            now = self._clock()
+            lapsed = self.ledger.expire(now)
+            allowed = eligible_nodes(spec, self._nodes)
+            if worker is not None and count is not None and worker.index < count:
+                placed = self._place_workers(worker, count, share, allowed, now)
+            elif dryrun:
+                claim = f"claim-{uuid.uuid4()}"
+                placed = self.ledger.place(claim, share, allowed)
                 if isinstance(placed, Placed):
                     self.ledger.release(claim)
             else:
                 placed = self.ledger.place(
-                    claim, share, pending_until=self._clock() + PENDING_SECONDS
+                    f"claim-{uuid.uuid4()}", share, allowed, pending_until=now + PENDING_SECONDS
                 )
+            if lapsed:
+                self.export(list(self.ledger.nodes))
+            elif isinstance(placed, Placed):
+                self.export(self._touched or [placed.node])
+            self._touched = []
         if not isinstance(placed, Placed):
             raise kopf.AdmissionError(f"GPU share cannot be placed now: {placed}", code=409)
         return json_patch(body, pod_edits(body, placed))
+
+    def _place_workers(
+        self, worker: Worker, count: int, share: Share, allowed: list[str] | None, now: float
+    ) -> Placed | str:
+        claim = worker.claim(worker.index)
+        held = self.ledger.held(claim)
+        if held is not None and held.share == share:
+            return held
+        if held is not None:  # the job's template changed: its reservation no longer fits it
+            self.ledger.release(claim)
+        result = self.ledger.place_all(
+            [(worker.claim(i), share) for i in range(count)],
+            allowed,
+            pending_until=now + PENDING_SECONDS,
+        )
+        if isinstance(result, str):
+            return f"the {count} workers of MPIJob {worker.job} are placed all or nothing: {result}"
+        self._touched = sorted({p.node for p in result})
+        return result[worker.index]
+
+    def export(self, nodes: list[str]) -> None:
+        """Set the share gauges of ``nodes``' GPUs (a node gone: its series removed)."""
+        metrics.GPU_SHARES.set(len(self.ledger))
+        for name in nodes:
+            state = self.ledger.nodes.get(name)
+            known = self._exported.pop(name, set())
+            current = set(state.gpus) if state is not None else set()
+            for index in known - current:
+                for gauge in _GPU_GAUGES:
+                    gauge.remove(name, str(index))
+            if state is None:
+                continue
+            for gpu in state.gpus.values():
+                labels = (name, str(gpu.index))
+                metrics.GPU_SHARE_MEMORY.labels(*labels).set(gpu.memory_used)
+                metrics.GPU_SHARE_PERCENTAGE.labels(*labels).set(gpu.percentage_used)
+                metrics.GPU_SHARE_CLIENTS.labels(*labels).set(gpu.clients)
+            self._exported[name] = current
+
+
+def workers_reader(kube: Kube) -> WorkersOf:
+    """How many workers an MPIJob has, read from the API server (None: no such job)."""
+
+    async def workers_of(namespace: str, name: str) -> int | None:
+        job = await kube.get(keys.API_VERSION, keys.KIND, namespace, name)
+        if job is None:
+            return None
+        worker = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(keys.REPLICA_WORKER)
+        replicas = (worker or {}).get("replicas", 1)
+        return replicas if isinstance(replicas, int) and replicas >= 0 else None
+
+    return workers_of
 
 
 # --- Kopf wiring -------------------------------------------------------------------------------
@@ -288,10 +416,9 @@ async def apply_configurations(
         url=url,
     ):
         plural = obj["kind"].lower() + "s"
-        url = f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}"
         await request(
             "PATCH",
-            url,
+            f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}",
             obj,
             query={"fieldManager": "mpijob-operator", "force": "true"},
             content_type="application/apply-patch+yaml",

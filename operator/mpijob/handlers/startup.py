@@ -101,6 +101,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
         shares: fractional.FractionalAdmission = memo["fractional"]
+        shares.workers_of = fractional.workers_reader(kube)
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
             await kube.list("v1", "Node", None, labels=selector),

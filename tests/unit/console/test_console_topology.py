@@ -12,6 +12,8 @@ from matplotlib import image
 from matplotlib.colors import to_rgb
 from rich.console import Console
 
+from mpijob import keys
+from mpijob.api.fractional import Placed, Share
 from mpijob.console import plot
 from mpijob.console import topology as view
 from mpijob.placement import codec, smi, topologies
@@ -123,3 +125,51 @@ def test_annotation_round_trip_feeds_the_view() -> None:
     assert [view.link_code(decoded, 0, b) for b in range(8)] == [
         view.link_code(DGX1, 0, b) for b in range(8)
     ]
+
+
+def share_node(binpack: bool = True) -> dict[str, object]:
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
+    if binpack:
+        labels[keys.NODE_GPU_PLACEMENT_LABEL] = keys.NODE_GPU_PLACEMENT_BINPACK
+    allocatable = {keys.GPU_COUNT_RESOURCE: "2", keys.GPU_MEM_RESOURCE: "30"}
+    return {"metadata": {"name": "n", "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+def share_pod(
+    name: str, gpu: int, memory: int, core: int | None, phase: str = "Running"
+) -> dict[str, object]:
+    share = Placed("n", gpu, f"GPU-{gpu}", Share(memory, core), claim=f"ns/{name}")
+    annotations = {keys.GPU_SHARE: share.dumps()}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "annotations": annotations},
+        "status": {"phase": phase},
+    }
+
+
+def test_shares_table_sums_each_gpus_shares_and_names_their_pods() -> None:
+    usage = view.share_usage(
+        [
+            share_pod("b", 0, 2, 30),
+            share_pod("a", 0, 4, 25),
+            share_pod("done", 0, 8, 40, phase="Succeeded"),
+            share_pod("mem", 1, 3, None),
+        ]
+    )
+    assert [s.pod for s in usage[0]] == ["ns/a", "ns/b"]
+    table = view.shares_table(share_node(), usage)
+    assert table is not None
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    lines = out.getvalue().splitlines()
+    assert "binpack" in lines[0]
+    gpu0 = next(line for line in lines if line.startswith("GPU0")).split()
+    assert gpu0[1:3] == ["6/15", "55/100"]
+    assert "ns/a (4 GiB, 25%), ns/b (2 GiB, 30%)" in " ".join(gpu0)
+    gpu1 = next(line for line in lines if line.startswith("GPU1"))
+    assert "ns/mem (3 GiB, memory only)" in gpu1
+
+
+def test_shares_table_is_none_for_a_node_that_shares_no_gpu() -> None:
+    node = share_node()
+    node["metadata"] = {"name": "n", "labels": {keys.NODE_GPU_SCHEDULE_LABEL: "topology"}}
+    assert view.shares_table(node, {}) is None

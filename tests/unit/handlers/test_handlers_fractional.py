@@ -277,3 +277,124 @@ def test_a_url_replaces_the_service_and_enters_the_certificate(tmp_path: Any) ->
     loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
     names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+def worker_pod(job: str, index: int, memory: str = "2", core: str = "25") -> dict[str, Any]:
+    body = pod(memory, core)
+    body["metadata"] = {
+        "name": f"{job}-worker-{index}",
+        "namespace": "team",
+        "labels": {keys.LABEL_JOB_ROLE: keys.ROLE_WORKER, keys.LABEL_JOB_NAME: job},
+        "ownerReferences": [
+            {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND,
+                "name": job,
+                "uid": f"uid-{job}",
+                "controller": True,
+            }
+        ],
+    }
+    return body
+
+
+def workers(count: int) -> fractional.WorkersOf:
+    async def workers_of(namespace: str, name: str) -> int | None:
+        return count
+
+    return workers_of
+
+
+async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
+    admission = await admission_with(node("gpu-a"))
+    admission.workers_of = workers(4)
+    _, first = placed_of(
+        worker_pod("train", 0), await admission.mutate(worker_pod("train", 0), dryrun=False)
+    )
+    assert first.claim == "mpijob/team/train/uid-train/worker-0"
+    assert len(admission.ledger) == 4  # the other three are held for their pods
+    records = [first]
+    for i in (1, 2, 3):
+        body = worker_pod("train", i)
+        records.append(placed_of(body, await admission.mutate(body, dryrun=False))[1])
+    assert len(admission.ledger) == 4
+    assert [r.claim for r in records] == [
+        f"mpijob/team/train/uid-train/worker-{i}" for i in range(4)
+    ]
+    assert {r.gpu for r in records} == {first.gpu}  # 4 x 25% binpacked on one GPU
+
+
+async def test_workers_that_do_not_all_fit_hold_nothing() -> None:
+    admission = await admission_with(node("gpu-a", gpus=2, memory=30))
+    admission.workers_of = workers(3)
+    with pytest.raises(kopf.AdmissionError, match="all or nothing"):
+        await admission.mutate(worker_pod("big", 0, memory="10", core="100"), dryrun=False)
+    assert len(admission.ledger) == 0
+    # A job of two such workers fits the two GPUs.
+    admission.workers_of = workers(2)
+    await admission.mutate(worker_pod("pair", 0, memory="10", core="100"), dryrun=False)
+    assert len(admission.ledger) == 2
+
+
+async def test_unadmitted_worker_reservations_lapse() -> None:
+    clock = Clock()
+    admission = await admission_with(node("gpu-a"), clock=clock)
+    admission.workers_of = workers(4)
+    await admission.mutate(worker_pod("train", 0), dryrun=False)
+    clock.now += fractional.PENDING_SECONDS + 1
+    await admission.mutate(pod(), dryrun=False)  # any admission expires what lapsed first
+    assert len(admission.ledger) == 1
+
+
+async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
+    tainted = node("gpu-b")
+    tainted["spec"] = {"taints": [{"key": "team", "value": "x", "effect": "NoSchedule"}]}
+    spread = node("gpu-c", binpack=False)
+    spread["metadata"]["labels"]["kubernetes.io/hostname"] = "gpu-c"
+    admission = await admission_with(node("gpu-a"), tainted, spread)
+    body = pod()
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-c"}
+    assert placed_of(body, await admission.mutate(body, dryrun=False))[1].node == "gpu-c"
+    affinity = pod()
+    affinity["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["gpu-b"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    with pytest.raises(kopf.AdmissionError, match="no opted-in node"):
+        await admission.mutate(affinity, dryrun=False)  # gpu-b's taint is not tolerated
+    affinity["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
+    assert placed_of(affinity, await admission.mutate(affinity, dryrun=False))[1].node == "gpu-b"
+
+
+async def test_share_gauges_follow_the_ledger() -> None:
+    from mpijob import metrics
+
+    admission = await admission_with(node("gauge-node"))
+    body = pod()
+    _, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    labels = ("gauge-node", str(record.gpu))
+    assert metrics.GPU_SHARE_PERCENTAGE.labels(*labels)._value.get() == 30
+    assert metrics.GPU_SHARE_MEMORY.labels(*labels)._value.get() == 2
+    assert metrics.GPU_SHARES._value.get() == 1
+    seen = {
+        **body,
+        "metadata": {
+            "name": "x",
+            "namespace": "default",
+            "annotations": {keys.GPU_SHARE: record.dumps()},
+        },
+    }
+    await admission.on_pod(seen, "DELETED")
+    assert metrics.GPU_SHARE_PERCENTAGE.labels(*labels)._value.get() == 0
+    await admission.on_node(node("gauge-node"), "DELETED")
+    samples = [s for m in metrics.GPU_SHARE_PERCENTAGE.collect() for s in m.samples]
+    assert not [s for s in samples if s.labels.get("node") == "gauge-node"]

@@ -1,4 +1,5 @@
-"""The examples: valid MPIJobs, upstream fields only (plus our one annotation), documented."""
+"""The examples: valid MPIJobs (and the one plain Job, cuda-sample), upstream fields only (plus
+our one annotation), documented."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import yaml
 from manifests_files import ROOT
 
 from mpijob import api, keys
+from mpijob.api.fractional import read_request
 
 pytestmark = pytest.mark.unit
 
 EXAMPLES = ROOT / "examples"
-FILES = sorted(EXAMPLES.glob("*.yaml"))
+#: The plain batch/v1 Job asking for a GPU share (fractional GPUs work for any pod).
+PLAIN_JOB = "cuda-sample.yaml"
+ALL_FILES = sorted(EXAMPLES.glob("*.yaml"))
+FILES = [p for p in ALL_FILES if p.name != PLAIN_JOB]
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -54,7 +59,7 @@ def test_example_uses_no_extension_but_the_topology_annotation(path: Path) -> No
 
 
 def test_the_seed_scenarios_are_all_there() -> None:
-    names = {p.stem for p in FILES}
+    names = {p.stem for p in ALL_FILES}
     assert names >= {
         "pytorch-vgg16-topology",
         "pytorch-vgg16",
@@ -67,6 +72,8 @@ def test_the_seed_scenarios_are_all_there() -> None:
         "pi-mpich",
         "pi-restricted",
         "pi-suspended",
+        "cuda-sample",
+        "pytorch-fractional",
     }
 
 
@@ -109,4 +116,23 @@ def test_restricted_example_runs_as_uid_1000_without_privileges() -> None:
 
 def test_readme_lists_every_example() -> None:
     readme = (EXAMPLES / "README.md").read_text()
-    assert all(f"`{p.name}`" in readme for p in FILES)
+    assert all(f"`{p.name}`" in readme for p in ALL_FILES)
+
+
+def test_share_examples_ask_for_valid_shares() -> None:
+    """cuda-sample: the seed's 2 GiB and 30%, in a plain Job; the MPIJob's workers 2 GiB, 25%."""
+    job = load(EXAMPLES / PLAIN_JOB)
+    assert (job["apiVersion"], job["kind"], job["metadata"]["name"]) == (
+        "batch/v1",
+        "Job",
+        "cuda-sample",
+    )
+    assert our_keys(job) == set()
+    request = read_request(job["spec"]["template"]["spec"])
+    assert request.errors == ()
+    assert request.share is not None
+    assert (request.share.memory_gib, request.share.percentage) == (2, 30)
+    workers = load(EXAMPLES / "pytorch-fractional.yaml")["spec"]["mpiReplicaSpecs"]["Worker"]
+    share = read_request(workers["template"]["spec"]).share
+    assert share is not None
+    assert (workers["replicas"], share.memory_gib, share.percentage) == (4, 2, 25)

@@ -1,0 +1,485 @@
+"""GPU shares on the local cluster: the agent's node status, webhooks, ledger and scheduler.
+
+The module adds three simulated nodes of its own (``share-node-0..2``, kwok, 4 GPUs of 15 GiB
+each, so 60 GiB and 400% per node, as the agent reports them for the seed's 4 x 15 GiB cards),
+all ``ack.node.gpu.schedule=core_mem``, nodes 0 and 2 ``ack.node.gpu.placement=binpack``, node 1
+spread. Their status is patched by ``mpijob-agent --once --share-gpus --no-mps --simulate``, as
+the agent does. Each test starts its own operator with ``--fractional-gpus``, its webhooks
+reached on loopback (the local API server cannot reach Service IPs). At the end the nodes, the
+webhook configurations and the ``nvidia`` RuntimeClass (when this module made it) are removed,
+so later modules see the cluster as it was.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mpijob import keys
+from mpijob.api.fractional import Placed
+from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+from support.kube import ROOT, Cluster
+from support.mpijobs import MPIJobs
+from support.operator import OperatorProcess, free_port
+from support.wait import wait_until
+
+pytestmark = pytest.mark.integration
+
+NODES = ("share-node-0", "share-node-1", "share-node-2")
+BINPACK = {"share-node-0", "share-node-2"}
+TOPOLOGY = "rtx8000-4x"
+GPUS = 4
+GPU_GIB = 15
+#: MPIJob examples that need the share webhooks: run here, not by test_examples.py.
+EXAMPLES = sorted(
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if keys.GPU_MEM_RESOURCE in p.read_text() and f"kind: {keys.KIND}" in p.read_text()
+)
+
+
+def node_body(name: str) -> dict[str, Any]:
+    """The local cluster's simulated node manifest, as a core_mem node without whole GPUs."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    import cluster as local  # hack/cluster.py
+
+    body: dict[str, Any] = local.node_manifest(0, TOPOLOGY, GPUS)
+    body["metadata"]["name"] = name
+    labels = body["metadata"]["labels"]
+    labels["kubernetes.io/hostname"] = name
+    labels[keys.NODE_GPU_SCHEDULE_LABEL] = keys.NODE_GPU_SCHEDULE_CORE_MEM
+    if name in BINPACK:
+        labels[keys.NODE_GPU_PLACEMENT_LABEL] = keys.NODE_GPU_PLACEMENT_BINPACK
+    del body["metadata"]["annotations"][keys.GPU_TOPOLOGY]  # the agent publishes it
+    resources = {k: v for k, v in body["status"]["capacity"].items() if k != keys.GPU_RESOURCE}
+    body["status"] = {"capacity": resources, "allocatable": dict(resources)}
+    return body
+
+
+def run_agent(cluster: Cluster, node: str) -> None:
+    """What the agent's DaemonSet pod on ``node`` does, once, without MPS daemons."""
+    subprocess.run(
+        [
+            str(ROOT / ".venv/bin/mpijob-agent"),
+            "--once",
+            "--share-gpus",
+            "--no-mps",
+            "--no-check-pods",
+            "--simulate",
+            TOPOLOGY,
+            "--simulate-memory",
+            str(GPU_GIB * 1024),
+        ],
+        env={**os.environ, "NODE_NAME": node, "KUBECONFIG": str(cluster.kubeconfig)},
+        check=True,
+        capture_output=True,
+    )
+
+
+def delete_webhook_configurations(cluster: Cluster) -> None:
+    cluster.kubectl(
+        "delete",
+        "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+        WEBHOOK_CONFIGURATION,
+        "--ignore-not-found",
+    )
+
+
+@pytest.fixture(scope="module")
+def share_nodes(crds: Cluster) -> Iterator[Cluster]:
+    cluster = crds
+    delete_webhook_configurations(cluster)
+    made_runtime_class = False
+    try:
+        node_api = client.NodeV1Api(cluster.api)
+        try:
+            node_api.read_runtime_class("nvidia")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            node_api.create_runtime_class(
+                client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="nvidia"), handler="nvidia")
+            )
+            made_runtime_class = True
+        for name in NODES:
+            cluster.kubectl("delete", "node", name, "--ignore-not-found")
+            cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(node_body(name)))
+
+        def ready() -> bool:
+            nodes = [cluster.core.read_node(n) for n in NODES]
+            return all(
+                any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+                for n in nodes
+            )
+
+        wait_until(ready, timeout=60, what="the share nodes Ready")
+        for name in NODES:
+            run_agent(cluster, name)
+        yield cluster
+    finally:
+        delete_webhook_configurations(cluster)
+        for name in NODES:
+            cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
+        if made_runtime_class:
+            client.NodeV1Api(cluster.api).delete_runtime_class("nvidia")
+
+
+def share_pods(cluster: Cluster, namespace: str | None = None) -> list[client.V1Pod]:
+    pods = (
+        cluster.core.list_namespaced_pod(namespace).items
+        if namespace
+        else cluster.core.list_pod_for_all_namespaces().items
+    )
+    return [p for p in pods if keys.GPU_SHARE in (p.metadata.annotations or {})]
+
+
+def placed(pod: client.V1Pod) -> Placed:
+    record = Placed.loads(pod.metadata.annotations[keys.GPU_SHARE])
+    assert record is not None, pod.metadata.annotations[keys.GPU_SHARE]
+    return record
+
+
+@pytest.fixture
+def shares(
+    share_nodes: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> Callable[[], OperatorProcess]:
+    """Start (or restart) the operator with --fractional-gpus once no share pod of an earlier
+    test is left (its ledger is rebuilt from every pod; it watches only this namespace)."""
+    wait_until(
+        lambda: not [p for p in share_pods(share_nodes) if p.metadata.namespace != namespace],
+        timeout=120,
+        what="no share pods left from earlier tests",
+    )
+
+    def start() -> OperatorProcess:
+        port = free_port()
+        op = start_operator(
+            "--fractional-gpus",
+            "--webhook-port",
+            str(port),
+            "--webhook-url",
+            f"https://127.0.0.1:{port}",
+        )
+        wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
+        return op
+
+    return start
+
+
+def webhook_answers(cluster: Cluster, namespace: str) -> bool:
+    try:
+        cluster.core.create_namespaced_pod(namespace, pod_body("probe", 1, 5), dry_run="All")
+    except ApiException:
+        return False
+    return True
+
+
+def pod_body(
+    name: str,
+    memory: int,
+    percentage: int | None,
+    node: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits: dict[str, Any] = {keys.GPU_MEM_RESOURCE: str(memory)}
+    if percentage is not None:
+        limits[keys.GPU_CORE_PERCENTAGE_RESOURCE] = str(percentage)
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "cuda-sample", "resources": {"limits": limits}}]
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def create(cluster: Cluster, namespace: str, body: dict[str, Any]) -> client.V1Pod:
+    return cluster.core.create_namespaced_pod(namespace, body)
+
+
+def refusal(cluster: Cluster, namespace: str, body: dict[str, Any]) -> ApiException:
+    with pytest.raises(ApiException) as caught:
+        create(cluster, namespace, body)
+    return caught.value
+
+
+def wait_running(cluster: Cluster, namespace: str, names: list[str]) -> list[client.V1Pod]:
+    def probe() -> list[client.V1Pod] | None:
+        pods = [cluster.core.read_namespaced_pod(n, namespace) for n in names]
+        return pods if all(p.status.phase == "Running" for p in pods) else None
+
+    return wait_until(probe, timeout=120, what=f"{len(names)} pods Running")
+
+
+def gpu_sums(pods: list[client.V1Pod]) -> dict[tuple[str, int], list[int]]:
+    """(node, GPU) -> [GiB, percent, clients] summed over the pods' share annotations."""
+    sums: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    for pod in pods:
+        record = placed(pod)
+        total = sums[(record.node, record.gpu)]
+        total[0] += record.share.memory_gib
+        total[1] += record.share.percentage or 0
+        total[2] += record.share.clients
+    return dict(sums)
+
+
+def assert_not_overcommitted(pods: list[client.V1Pod]) -> None:
+    for (node, gpu), (memory, percentage, clients) in gpu_sums(pods).items():
+        assert memory <= GPU_GIB, f"{node}/{gpu} holds {memory} GiB of {GPU_GIB}"
+        assert percentage <= 100, f"{node}/{gpu} holds {percentage}%"
+        assert clients <= keys.MPS_MAX_CLIENTS
+
+
+def test_simulated_node_reports_the_seeds_fields(share_nodes: Cluster) -> None:
+    """4 GPUs of 15 GiB: gpu-count 4, gpu-mem 60, gpu-core.percentage 400, in both."""
+    wanted = {
+        keys.GPU_COUNT_RESOURCE: "4",
+        keys.GPU_MEM_RESOURCE: "60",
+        keys.GPU_CORE_PERCENTAGE_RESOURCE: "400",
+    }
+    for name in NODES:
+        status = share_nodes.core.read_node(name).status
+        for section in (status.allocatable, status.capacity):
+            assert {k: v for k, v in section.items() if k.startswith("aliyun.com/")} == wanted
+
+
+def test_cuda_sample_job_runs_with_its_gpu_env_and_annotation(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    shares()
+    body = yaml.safe_load((ROOT / "examples/cuda-sample.yaml").read_text())
+    template = body["spec"]["template"]
+    template["metadata"].setdefault("annotations", {})[keys.SIM_SUCCEED_AFTER] = "3s"
+    share_nodes.apply(body, namespace=namespace)
+
+    def pod() -> client.V1Pod | None:
+        pods = share_nodes.core.list_namespaced_pod(namespace, label_selector="app=cuda-sample")
+        found = pods.items[0] if pods.items else None
+        return found if found is not None and found.spec.node_name else None
+
+    running = wait_until(pod, timeout=60, what="the cuda-sample pod bound")
+    record = placed(running)
+    assert running.spec.node_name == record.node
+    assert record.share.memory_gib == 2
+    assert record.share.percentage == 30
+    topology = json.loads(
+        share_nodes.core.read_node(record.node).metadata.annotations[keys.GPU_TOPOLOGY]
+    )
+    assert record.uuid == topology["gpus"][record.gpu]["uuid"]
+    container = running.spec.containers[0]
+    env = {e.name: e.value for e in container.env}
+    pipe = f"{keys.MPS_ROOT}/{record.uuid}/pipe"
+    assert env == {
+        keys.ENV_NVIDIA_VISIBLE_DEVICES: record.uuid,
+        keys.ENV_MPS_PIPE_DIRECTORY: pipe,
+        keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: "0=2G",
+        keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: "30",
+    }
+    assert [(m.mount_path, m.read_only) for m in container.volume_mounts or []][:1] == [
+        (pipe, True)
+    ]
+    assert [v.host_path.path for v in running.spec.volumes if v.host_path] == [pipe]
+
+    def succeeded() -> bool:
+        job = share_nodes.batch.read_namespaced_job("cuda-sample", namespace)
+        return bool(job.status.succeeded)
+
+    wait_until(succeeded, timeout=60, what="the cuda-sample Job succeeded")
+
+
+def test_binpack_fills_one_gpu_first_and_spread_uses_different_gpus(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    shares()
+    packed = [f"packed-{i}" for i in range(4)]
+    for name in packed:
+        create(share_nodes, namespace, pod_body(name, 2, 30, node="share-node-0"))
+    spread = [f"spread-{i}" for i in range(3)]
+    for name in spread:
+        create(share_nodes, namespace, pod_body(name, 2, 30, node="share-node-1"))
+    pods = {p.metadata.name: p for p in wait_running(share_nodes, namespace, packed + spread)}
+    for name in packed:
+        assert pods[name].spec.node_name == "share-node-0" == placed(pods[name]).node
+    first = [placed(pods[n]).gpu for n in packed[:3]]
+    assert len(set(first)) == 1, first
+    assert placed(pods[packed[3]]).gpu != first[0]
+    gpus = [placed(pods[n]).gpu for n in spread]
+    assert sorted(set(gpus)) == sorted(gpus), gpus
+    assert {pods[n].spec.node_name for n in spread} == {"share-node-1"}
+    # The console shows each GPU's shares and their holders.
+    shown = subprocess.run(
+        [str(ROOT / ".venv/bin/mpijob"), "topology", "share-node-0", "-n", namespace],
+        env={**os.environ, "KUBECONFIG": str(share_nodes.kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {line.split()[0]: line for line in shown.splitlines() if line.startswith("GPU")}
+    full = rows[f"GPU{first[0]}"].split()
+    assert full[1:3] == ["6/15", "90/100"], shown
+    assert all(f"{namespace}/{name}" in rows[f"GPU{first[0]}"] for name in packed[:3]), shown
+
+
+@pytest.mark.parametrize("percentage", [33, 105])
+def test_a_bad_percentage_is_refused_naming_the_field(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess], percentage: int
+) -> None:
+    shares()
+    error = refusal(share_nodes, namespace, pod_body("bad", 2, percentage))
+    message = json.loads(error.body)["message"]
+    assert f"spec.containers[0].resources.limits[{keys.GPU_CORE_PERCENTAGE_RESOURCE}]" in message
+    assert "multiple of 5" in message
+    assert share_pods(share_nodes, namespace) == []
+
+
+def test_memory_only_and_compute_shares_never_share_a_node(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    shares()
+    create(share_nodes, namespace, pod_body("compute", 2, 30, node="share-node-2"))
+    error = refusal(share_nodes, namespace, pod_body("memory-there", 2, None, node="share-node-2"))
+    assert "never mix" in json.loads(error.body)["message"]
+    create(share_nodes, namespace, pod_body("memory", 2, None))
+    create(share_nodes, namespace, pod_body("compute-2", 2, 30))
+    pods = wait_running(share_nodes, namespace, ["compute", "memory", "compute-2"])
+    kinds: dict[str, set[bool]] = collections.defaultdict(set)
+    for pod in pods:
+        assert pod.spec.node_name == placed(pod).node
+        kinds[pod.spec.node_name].add(placed(pod).share.with_compute)
+    assert all(len(k) == 1 for k in kinds.values()), kinds
+    assert kinds["share-node-2"] == {True}
+
+
+def test_concurrent_pods_never_overcommit_a_gpu(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    """100 pods of mixed sizes created 20 at a time: more than the 12 GPUs hold."""
+    shares()
+    rng = random.Random(11)
+    sizes = [(rng.choice([1, 2, 3, 4, 6]), rng.choice([10, 20, 25, 30, 50])) for _ in range(100)]
+
+    def make(i: int) -> tuple[str, int]:
+        memory, percentage = sizes[i]
+        try:
+            create(share_nodes, namespace, pod_body(f"p-{i}", memory, percentage))
+        except ApiException as e:
+            return e.body, e.status
+        return f"p-{i}", 201
+
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(make, range(100)))
+    # Full GPUs refuse (409); nothing else goes wrong, and no pod is admitted unplaced.
+    assert {status for _, status in results} == {201, 409}, results
+    created = [name for name, status in results if status == 201]
+    assert 20 < len(created) < 100
+    pods = wait_running(share_nodes, namespace, created)
+    for pod in pods:
+        assert pod.spec.node_name == placed(pod).node
+    assert_not_overcommitted(pods)
+    assert sum(p[1] for p in gpu_sums(pods).values()) > 800  # the GPUs really filled up
+
+
+def test_ledger_comes_back_after_sigkill(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    first = shares()
+    before = [f"before-{i}" for i in range(3)]
+    for name in before:
+        create(share_nodes, namespace, pod_body(name, 2, 30, node="share-node-0"))
+    held = {placed(p).gpu for p in wait_running(share_nodes, namespace, before)}
+    assert len(held) == 1
+    wait_until(lambda: first.metric("mpi_operator_gpu_share_percentage") == 90, what="metric 90%")
+    first.kill()
+    second = shares()
+    assert second.metric("mpi_operator_gpu_share_percentage") == 90
+    after = [f"after-{i}" for i in range(4)]
+    for name in after:
+        create(share_nodes, namespace, pod_body(name, 2, 30, node="share-node-0"))
+    pods = wait_running(share_nodes, namespace, before + after)
+    assert_not_overcommitted(pods)
+    assert not {placed(p).gpu for p in pods[3:]} & held
+
+
+def fractional_job(name: str, memory: int, percentage: int, node: str | None) -> dict[str, Any]:
+    body = yaml.safe_load((ROOT / "examples/pytorch-fractional.yaml").read_text())
+    body["metadata"]["name"] = name
+    worker = body["spec"]["mpiReplicaSpecs"][keys.REPLICA_WORKER]["template"]
+    limits = worker["spec"]["containers"][0]["resources"]["limits"]
+    limits[keys.GPU_MEM_RESOURCE] = memory
+    limits[keys.GPU_CORE_PERCENTAGE_RESOURCE] = percentage
+    del worker["spec"]["affinity"]
+    if node:
+        worker["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def test_mpijob_workers_are_placed_all_or_nothing(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    op = shares()
+    mpijobs = MPIJobs(share_nodes, namespace)
+    # All four fit: each holds its reserved share, under the job's claims.
+    mpijobs.create(fractional_job("fits", 2, 25, "share-node-0"))
+    names = [f"fits-worker-{i}" for i in range(4)]
+    workers = wait_running(share_nodes, namespace, names)
+    uid = mpijobs.get("fits")["metadata"]["uid"]
+    assert [placed(w).claim for w in workers] == [
+        f"mpijob/{namespace}/fits/{uid}/worker-{i}" for i in range(4)
+    ]
+    assert all(placed(w).share.percentage == 25 for w in workers)
+    assert_not_overcommitted(workers)
+    # Four whole-GPU workers where three GPUs are free: none is placed, none holds a share.
+    create(share_nodes, namespace, pod_body("blocker", 2, 10, node="share-node-1"))
+    wait_running(share_nodes, namespace, ["blocker"])
+    mpijobs.create(fractional_job("too-big", 14, 100, "share-node-1"))
+    wait_until(
+        lambda: "all or nothing" in op.logs(), timeout=60, what="a worker refused all or nothing"
+    )
+    assert [
+        p.metadata.name
+        for p in share_nodes.core.list_namespaced_pod(
+            namespace, label_selector=f"{keys.LABEL_JOB_NAME}=too-big,{keys.LABEL_JOB_ROLE}=worker"
+        ).items
+    ] == []
+    # Nothing is held for it: the three free GPUs take three such pods.
+    for i in range(3):
+        create(share_nodes, namespace, pod_body(f"whole-{i}", 14, 100, node="share-node-1"))
+    wait_running(share_nodes, namespace, [f"whole-{i}" for i in range(3)])
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_mpijob_with_fractional_workers_succeeds(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess], path: Any
+) -> None:
+    """As test_examples.py runs the others: applied as written, the launcher told to end."""
+    shares()
+    body = yaml.safe_load(path.read_text())
+    name = body["metadata"]["name"]
+    job = copy.deepcopy(body)
+    launcher = job["spec"]["mpiReplicaSpecs"][keys.REPLICA_LAUNCHER]["template"]
+    launcher.setdefault("metadata", {}).setdefault("annotations", {})[keys.SIM_SUCCEED_AFTER] = "5s"
+    mpijobs = MPIJobs(share_nodes, namespace)
+    mpijobs.create(job)
+    replicas = body["spec"]["mpiReplicaSpecs"][keys.REPLICA_WORKER]["replicas"]
+    workers = wait_running(share_nodes, namespace, [f"{name}-worker-{i}" for i in range(replicas)])
+    # The example keeps off binpack nodes: the one spread node, one GPU per worker.
+    assert {placed(w).node for w in workers} == {"share-node-1"}
+    assert len({placed(w).gpu for w in workers}) == replicas
+    mpijobs.wait_condition(name, "Succeeded", timeout=180)
