@@ -114,9 +114,12 @@ def tenant(crds: Cluster, namespace: str) -> str:
     return TENANT
 
 
-def can_i(cluster: Cluster, user: str, namespace: str, verb: str, resource: str) -> bool:
+def can_i(
+    cluster: Cluster, user: str, namespace: str, verb: str, resource: str, subresource: str = ""
+) -> bool:
+    extra = [f"--subresource={subresource}"] if subresource else []
     out = cluster.kubectl(
-        "auth", "can-i", verb, resource, f"--as={user}", "-n", namespace, check=False
+        "auth", "can-i", verb, resource, *extra, f"--as={user}", "-n", namespace, check=False
     )
     return out.strip() == "yes"
 
@@ -134,7 +137,9 @@ def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(
     # DRA allocations are believed too: only the scheduler writes a claim's status.
     assert can_i(crds, tenant, namespace, "create", "resourceclaims.resource.k8s.io")
     for verb in ("update", "patch"):
-        assert not can_i(crds, tenant, namespace, verb, "resourceclaims.resource.k8s.io/status")
+        assert not can_i(
+            crds, tenant, namespace, verb, "resourceclaims.resource.k8s.io", subresource="status"
+        ), verb
 
     forged = {
         "apiVersion": keys.DECISION_API_VERSION,
