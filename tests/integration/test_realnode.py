@@ -225,3 +225,56 @@ def test_scaling_workers_up_while_running_lists_the_new_host_in_discover_hosts(
     discovered = log.split("discovered:", 1)[1].split("Workers:", 1)[0]
     assert f"pi-scale-worker-2.pi-scale.{namespace}.svc" in discovered, log
     assert_pi_ran_on_all_hosts(log, ["pi-scale-worker-0", "pi-scale-worker-1", "pi-scale-worker-2"])
+
+
+def test_a_plain_pod_from_a_locally_built_image_runs_and_its_log_is_readable(
+    crds: Cluster, namespace: str, real_node: str
+) -> None:
+    """No MPIJob, no operator: the node runs a container of an image built here from Debian
+    packages, beside the kwok nodes, and the API server serves its log."""
+    kwok = [n.metadata.name for n in crds.core.list_node(label_selector="type=kwok").items]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hello"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"mpijob.io/real-node": "true"},
+            "tolerations": [
+                {"key": "mpijob.io/real-node", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "mpioperator/mpi-pi:openmpi",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", "echo hello from $(hostname); cat /etc/debian_version"],
+                    "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}},
+                }
+            ],
+        },
+    }
+    crds.apply(body, namespace=namespace)
+    pod = wait_until(
+        lambda: (
+            (p := crds.core.read_namespaced_pod("hello", namespace)).status.phase
+            in ("Succeeded", "Failed")
+            and p
+        ),
+        timeout=TIMEOUT,
+        what="the pod to finish",
+    )
+    assert pod.status.phase == "Succeeded", pod.status
+    assert pod.spec.node_name == real_node
+    assert exit_codes(pod) == [0]
+    log = crds.kubectl("logs", "hello", "-n", namespace)
+    assert "hello from hello" in log, log
+    assert any(line[:2].isdigit() for line in log.splitlines()), log  # Debian's version
+    ready = {
+        n.metadata.name
+        for n in crds.core.list_node().items
+        if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+    }
+    assert real_node in ready
+    assert kwok, "the kwok GPU nodes beside it"
+    assert set(kwok) <= ready
