@@ -25,30 +25,9 @@ if ! command -v prometheus >/dev/null 2>&1; then
     || die "apt-get installed prometheus but 'prometheus' is not on PATH (expected /usr/bin/prometheus)."
 fi
 
-# The real node (hack/realnode.py; REAL_NODES=0 turns it off): Debian's containerd, runc and CNI
-# plugins run it, mmdebstrap builds its images.
-real_node_pkgs() {
-  local missing=() tool pkg
-  for tool in containerd:containerd runc:runc mmdebstrap:mmdebstrap \
-      /usr/lib/cni/bridge:containernetworking-plugins; do
-    pkg=${tool#*:}; tool=${tool%%:*}
-    if [[ "$tool" == /* ]]; then [ -x "$tool" ] || missing+=("$pkg")
-    else command -v "$tool" >/dev/null 2>&1 || missing+=("$pkg"); fi
-  done
-  [ ${#missing[@]} -eq 0 ] && return
-  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    die "the real node needs ${missing[*]}. Install them, then re-run:
-  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}
-(or run without the real node: REAL_NODES=0)"
-  fi
-  say "installing ${missing[*]} (Debian packages, for the real node)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
-
 # Against a cluster of the user's (MPIJOB_TEST_KUBECONFIG) the local control plane is never started.
 if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
-  [ "${REAL_NODES:-1}" = 0 ] || real_node_pkgs
+  bash hack/node-deps.sh
   hack/build-bins.sh
   hack/build-bins.sh kueue
   if [ "${REAL_NODES:-1}" != 0 ]; then
