@@ -184,17 +184,7 @@ def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> 
 
 
 def start(name: str, argv: list[str], state: State) -> None:
-    logs = state_dir() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with (logs / f"{name}.log").open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    state.pids[name] = proc.pid
+    state.pids[name] = realnode.spawn(argv, state_dir() / "logs" / f"{name}.log")
     state.save()
 
 

@@ -378,10 +378,11 @@ def corefile(st: NodeState, kubeconfig: Path) -> str:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:
-    logs = root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with (logs / f"{name}.log").open("ab") as log:
+def spawn(argv: list[str], log_path: Path) -> int:
+    """Start ``argv`` in a session of its own (it outlives this script), appending its output to
+    ``log_path``; its pid. Also how hack/cluster.py starts the control plane."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
         proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -389,9 +390,13 @@ def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    st.pids[name] = proc.pid
-    st.save(root)
     return proc.pid
+
+
+def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:
+    st.pids[name] = spawn(argv, root / "logs" / f"{name}.log")
+    st.save(root)
+    return st.pids[name]
 
 
 def log_tail(root: Path, name: str, lines: int = 20) -> str:
