@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds bench bench-gang bench-placement bench-storm bench-dra bench-fractional kind-e2e clean dashboards
+        lint demo run crds bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -85,6 +85,9 @@ demo: cluster crds ## Local cluster + operator (namespace demo, left running) + 
 
 bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream Go mpi-operator
 	$(PY) bench/reconcile.py
+
+bench-scale: install ## Scale run: 100 then 1,000 MPIJobs x 8 workers on 200 nodes, ours vs upstream (queue limit lifted)
+	$(PY) bench/reconcile.py --scale
 
 bench-gang: install ## Submission to all pods bound, 16 workers: Coscheduling vs our admission
 	$(PY) bench/gang.py

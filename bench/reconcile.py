@@ -21,6 +21,14 @@ event; ours has no such limit). For each run:
 4. delete the namespace, so the next run starts from the same empty cluster.
 
 Prints a table and writes ``.bench/reconcile.json``; operator logs go to ``.bench/logs/``.
+
+``--scale`` (``make bench-scale``) is the scale run: on one cluster of 200 simulated nodes,
+``ours`` and ``upstream-fastqueue`` with 100 MPIJobs, then both with 1,000 MPIJobs (8 workers
+each, so 9,000 pods with the launchers), one after the other in one invocation. Besides the
+per-run figures it reports each operator's peak RSS per 1,000 pods held: the slope between the
+two scales, (RSS at 1,000 jobs - RSS at 100 jobs) / (pods held at 1,000 - pods held at 100),
+where pods held is how many pods of the namespace existed when the workload was done. It writes
+``.bench/reconcile-scale.json``.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / ".bench"
 OUT = BENCH / "reconcile.json"
+SCALE_OUT = BENCH / "reconcile-scale.json"
+SCALE_NODES = 200
+SCALE_JOBS = (100, 1000)
+SCALE_RUNS = ("ours", "upstream-fastqueue")
 sys.path.insert(0, str(ROOT / "hack"))
 os.environ.setdefault("MPIJOB_CLUSTER_DIR", str(BENCH / "cluster"))
 import cluster  # noqa: E402 - hack/cluster.py; it reads MPIJOB_CLUSTER_DIR on every call
@@ -144,14 +156,20 @@ class Progress:
     expected: dict[str, dict[str, str]]
     jobs: set[str]
     have: dict[str, set[str]] = field(default_factory=dict)
+    pods: set[str] = field(default_factory=set)
+    """Every pod of the namespace (the launchers' too): the pods the operator's caches hold."""
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
         if event == "SYNC":  # a fresh list replaces what was known
             self.have[kind] = set()
+            if kind == "pods":
+                self.pods = set()
             for item in obj["items"]:
                 self.apply(kind, "ADDED", item)
             return
         name = obj.get("metadata", {}).get("name", "")
+        if kind == "pods":
+            (self.pods.discard if event == "DELETED" else self.pods.add)(name)
         if kind == "mpijobs":
             ok = name in self.jobs and created(obj)
         else:
@@ -334,7 +352,7 @@ def audit_requests(user: str, since: float, until: float) -> Counter[str]:
 # --- one run ------------------------------------------------------------------------------------
 
 
-def run_once(run: str, jobs: int, workers: int, timeout: float) -> dict[str, Any]:
+def run_once(run: str, jobs: int, workers: int, timeout: float, tag: str = "") -> dict[str, Any]:
     namespace = f"bench-{run}"  # also the operator's user name, and its Lease's namespace
     kubectl("create", "namespace", namespace)
     kubeconfig = cluster.state_dir() / f"kubeconfig-{namespace}"
@@ -343,7 +361,7 @@ def run_once(run: str, jobs: int, workers: int, timeout: float) -> dict[str, Any
     if run != "ours" and port_taken(UPSTREAM_HEALTH_PORT):
         raise SystemExit(f"[bench] error: port {UPSTREAM_HEALTH_PORT} is taken; upstream needs it")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}  # upstream: KUBECONFIG beats --kubeConfig
-    log_path = BENCH / "logs" / f"{run}.log"
+    log_path = BENCH / "logs" / f"{run}{tag}.log"
     names = [f"pi-{i:03d}" for i in range(jobs)]
     progress = Progress(expected_children(names, workers), set(names))
     watches = Watches(namespace)
@@ -378,7 +396,10 @@ def run_once(run: str, jobs: int, workers: int, timeout: float) -> dict[str, Any
     requests = audit_requests(namespace, started, done)
     total = sum(requests.values())
     shown = "timed out" if seconds is None else f"{seconds:.1f} s"
-    say(f"{run}: {shown}, {total} API requests, peak RSS {usage['peak_rss_mb']:.0f} MiB")
+    say(
+        f"{run}: {shown}, {total} API requests, peak RSS {usage['peak_rss_mb']:.0f} MiB, "
+        f"CPU {usage['cpu_seconds']:.1f} s"
+    )
     return {
         "seconds": seconds,
         "missing_at_end": progress.missing(),
@@ -387,6 +408,7 @@ def run_once(run: str, jobs: int, workers: int, timeout: float) -> dict[str, Any
         "api_requests": total,
         "api_requests_per_job": total / jobs,
         "api_requests_by_kind": dict(requests.most_common()),
+        "pods_held": len(progress.pods),
         **usage,
         "command": [Path(argv[0]).name, *argv[1:]],
         "log": str(log_path.relative_to(ROOT)),
@@ -412,11 +434,16 @@ METHOD = {
     "peak_rss_mb": "VmHWM of the operator process from /proc/<pid>/status (ours: the Python "
     "process running `python -m mpijob run`), read when the workload was done, in MiB",
     "cpu_seconds": "utime + stime of the operator process from /proc/<pid>/stat, same moment",
+    "rss_mb_per_1000_pods": "scale run only: (peak RSS at 1,000 jobs - peak RSS at 100 jobs) / "
+    "(pods held at 1,000 jobs - pods held at 100 jobs) x 1,000, per operator; pods held: the "
+    "pods of the run's namespace that the admin watch had seen and not seen deleted when the "
+    "workload was done",
     "fairness": "same cluster and workload, runs one after the other with the namespace deleted "
     "in between, each operator scoped to its own namespace (--namespace, --lock-namespace) "
     "with --kube-api-qps 100 --kube-api-burst 200 --threadiness 8 and leader election on",
 }
 KEYS = {"ours": "ours", "upstream": "upstream", "upstream-fastqueue": "upstream_fastqueue"}
+FIGURES = ("seconds", "api_requests_per_job", "peak_rss_mb", "cpu_seconds")
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -426,24 +453,32 @@ def ratio(num: float | None, den: float | None) -> float | None:
 def report(runs: dict[str, dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for run, key in KEYS.items():
-        for figure in ("seconds", "api_requests_per_job", "peak_rss_mb"):
+        for figure in FIGURES:
             out[f"{key}_{figure}"] = runs.get(run, {}).get(figure)
     ratios: dict[str, Any] = {}
     for peer in ("upstream", "upstream_fastqueue"):
         ratios[f"seconds_{peer}_over_ours"] = ratio(out[f"{peer}_seconds"], out["ours_seconds"])
-        for figure in ("api_requests_per_job", "peak_rss_mb"):
+        for figure in FIGURES[1:]:
             ratios[f"{figure}_ours_over_{peer}"] = ratio(
                 out[f"ours_{figure}"], out[f"{peer}_{figure}"]
             )
     ratios["reading"] = (
-        "seconds: upstream/ours, above 1 means ours is faster; requests and "
-        "memory: ours/upstream, below 1 means ours uses fewer"
+        "seconds: upstream/ours, above 1 means ours is faster; requests, memory and CPU: "
+        "ours/upstream, below 1 means ours uses fewer"
     )
     return {**out, "ratios": ratios, **meta, "method": METHOD, "runs": runs}
 
 
 def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+ROWS = (
+    ("seconds to children+Created", "seconds", ".1f", "seconds_{}_over_ours"),
+    ("API requests per job", "api_requests_per_job", ".1f", "api_requests_per_job_ours_over_{}"),
+    ("operator peak RSS (MiB)", "peak_rss_mb", ".0f", "peak_rss_mb_ours_over_{}"),
+    ("operator CPU (s)", "cpu_seconds", ".1f", "cpu_seconds_ours_over_{}"),
+)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -454,33 +489,48 @@ def print_table(result: dict[str, Any]) -> None:
         f"mpi-operator v{result['upstream_version']}"
     )
     print(f"{'':30}{'ours':>8}{'upstream':>10}{'ratio':>7}{'upstream*':>11}{'ratio*':>8}")
-    rows = (
-        ("seconds to children+Created", "seconds", ".1f", "seconds_{}_over_ours"),
-        (
-            "API requests per job",
-            "api_requests_per_job",
-            ".1f",
-            "api_requests_per_job_ours_over_{}",
-        ),
-        ("operator peak RSS (MiB)", "peak_rss_mb", ".0f", "peak_rss_mb_ours_over_{}"),
-    )
-    for label, figure, spec, ratio_key in rows:
+    for label, figure, spec, ratio_key in ROWS:
         ours, up, fast = (fmt(result[f"{k}_{figure}"], spec) for k in KEYS.values())
         up_r, fast_r = (
             fmt(r[ratio_key.format(p)], ".2f") for p in ("upstream", "upstream_fastqueue")
         )
         print(f"{label:30}{ours:>8}{up:>10}{up_r:>7}{fast:>11}{fast_r:>8}")
     print(
-        "ratio: upstream/ours for seconds (>1: ours faster), ours/upstream for requests and "
-        "memory (<1: ours uses less).\nupstream*: upstream with "
+        "ratio: upstream/ours for seconds (>1: ours faster), ours/upstream for requests, "
+        "memory and CPU (<1: ours uses less).\nupstream*: upstream with "
         + " ".join(a for pair in FAST_QUEUE.items() for a in pair)
         + " (defaults 10 and 100)."
     )
     for run, row in result["runs"].items():
         top = ", ".join(f"{k} {v}" for k, v in list(row["api_requests_by_kind"].items())[:9])
-        print(f"\n{run}: {row['api_requests']} requests: {top}; CPU {row['cpu_seconds']:.1f} s")
+        print(f"\n{run}: {row['api_requests']} requests: {top}")
         if row["missing_at_end"]:
             print(f"{run}: TIMED OUT, still missing {row['missing_at_end']}")
+
+
+def slopes(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float | None]:
+    """Peak RSS per 1,000 pods held, per run kind, between two scales."""
+    out: dict[str, float | None] = {}
+    for run in SCALE_RUNS:
+        a, b = small["runs"].get(run), large["runs"].get(run)
+        pods = (b or {}).get("pods_held", 0) - (a or {}).get("pods_held", 0)
+        out[KEYS[run]] = (
+            (b["peak_rss_mb"] - a["peak_rss_mb"]) / pods * 1000 if a and b and pods else None
+        )
+    return out
+
+
+def bench(
+    runs: list[str], jobs: int, workers: int, timeout: float, tag: str = ""
+) -> dict[str, dict[str, Any]]:
+    """Each run in turn on the running cluster, its namespace deleted after it."""
+    results = {}
+    for run in runs:
+        results[run] = run_once(run, jobs, workers, timeout, tag)
+        t = time.monotonic()
+        kubectl("delete", "namespace", f"bench-{run}", "--wait=true", f"--timeout={timeout:.0f}s")
+        say(f"bench-{run} deleted in {time.monotonic() - t:.0f} s")
+    return results
 
 
 def main() -> int:
@@ -492,18 +542,28 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=12, help="simulated nodes (default 12)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per run")
     parser.add_argument("--only", choices=RUNS, action="append", help="run only this (repeatable)")
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help=f"the scale run: {SCALE_NODES} nodes, {' then '.join(map(str, SCALE_JOBS))} jobs, "
+        f"{' and '.join(SCALE_RUNS)} (--jobs, --nodes and --only are then ignored)",
+    )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
-    if args.jobs * (args.workers + 1) > args.nodes * POD_CAPACITY:
-        parser.error(f"{args.jobs * (args.workers + 1)} pods do not fit on {args.nodes} nodes")
-    runs = args.only or list(RUNS)
+    if args.scale:
+        args.nodes, scales, runs = SCALE_NODES, list(SCALE_JOBS), list(SCALE_RUNS)
+        args.timeout = max(args.timeout, 1200)
+    else:
+        scales, runs = [args.jobs], args.only or list(RUNS)
+    if max(scales) * (args.workers + 1) > args.nodes * POD_CAPACITY:
+        parser.error(f"{max(scales) * (args.workers + 1)} pods do not fit on {args.nodes} nodes")
     if any(run != "ours" for run in runs):
         upstream_binary()
     t0 = time.monotonic()
     (BENCH / "logs").mkdir(parents=True, exist_ok=True)
     say(f"starting the benchmark cluster in {cluster.state_dir()}")
     run_cluster("down")  # a cluster left by an interrupted run still holds its objects
-    results: dict[str, dict[str, Any]] = {}
+    by_scale: dict[int, dict[str, dict[str, Any]]] = {}
     try:
         users = [a for run in RUNS for a in ("--user", f"bench-{run}")]
         run_cluster("up", "--nodes", str(args.nodes), "--real-nodes", "0", "--audit-log", *users)
@@ -511,16 +571,13 @@ def main() -> int:
         kubectl("wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org")
         server = cluster.server_url(cluster.State.load())  # type: ignore[arg-type]
         version = json.loads(cluster.get(server + "/version")[1])["gitVersion"]
-        for run in runs:
-            results[run] = run_once(run, args.jobs, args.workers, args.timeout)
-            t = time.monotonic()
-            kubectl("delete", "namespace", f"bench-{run}", "--wait=true", "--timeout=300s")
-            say(f"bench-{run} deleted in {time.monotonic() - t:.0f} s")
+        for jobs in scales:
+            tag = f"-{jobs}" if args.scale else ""
+            by_scale[jobs] = bench(runs, jobs, args.workers, args.timeout, tag)
     finally:
         if not args.keep_cluster:
             run_cluster("down")
     meta = {
-        "jobs": args.jobs,
         "workers_per_job": args.workers,
         "nodes": args.nodes,
         "node_pod_capacity": POD_CAPACITY,
@@ -528,12 +585,31 @@ def main() -> int:
         "upstream_version": cluster.versions()["MPI_OPERATOR_VERSION"],
         "client_limits": LIMITS,
         "cpus": os.cpu_count(),
-        "runtime_seconds": round(time.monotonic() - t0, 1),
     }
-    result = report(results, meta)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"\nwrote {OUT.relative_to(ROOT)} in {meta['runtime_seconds']:.0f} s")
+    results = {jobs: report(runs_, {"jobs": jobs, **meta}) for jobs, runs_ in by_scale.items()}
+    for result in results.values():
+        print_table(result)
+    runtime = round(time.monotonic() - t0, 1)
+    if args.scale:
+        small, large = (results[j] for j in SCALE_JOBS)
+        slope = slopes(small, large)
+        print(
+            "\npeak RSS per 1,000 pods held (slope between the scales): "
+            + ", ".join(f"{k} {fmt(v, '.1f')} MiB" for k, v in slope.items())
+        )
+        doc = {
+            "scales": {str(j): r for j, r in results.items()},
+            "rss_mb_per_1000_pods": slope,
+            "rss_mb_per_1000_pods_ours_over_upstream_fastqueue": ratio(
+                slope["ours"], slope["upstream_fastqueue"]
+            ),
+            "runtime_seconds": runtime,
+        }
+        out = SCALE_OUT
+    else:
+        doc, out = {**results[args.jobs], "runtime_seconds": runtime}, OUT
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {out.relative_to(ROOT)} in {runtime:.0f} s")
     return 0
 
 
