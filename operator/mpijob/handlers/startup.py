@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import kopf
+import uvloop
 
 from mpijob import keys, metrics
 from mpijob.desired.gang_mode import GangKind, GangMode
@@ -34,14 +35,28 @@ from mpijob.settings import OperatorSettings
 log = logging.getLogger(__name__)
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff-base: the operator registers no on.create/update/resume handlers, the only ones a
+    diff is for. Kopf still builds an essence of every event's body (a deep copy of the whole
+    object) before it knows whether any handler needs it; this storage makes that essence empty
+    and never stores one."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
+
+
 def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.posting.enabled = False
     settings.peering.standalone = True
     settings.persistence.finalizer = keys.PREFIX + "finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpijob.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="mpijob.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
@@ -272,7 +287,8 @@ def run(ours: OperatorSettings) -> None:
         os.environ["KUBECONFIG"] = ours.kubeconfig
     binding = asyncio.run(preflight(ours))
     memo = kopf.Memo(settings=ours, gpu_binding=binding)
-    asyncio.run(
+    # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
+    uvloop.run(
         kopf.operator(
             registry=registry_for(ours, binding, memo),
             memo=memo,
