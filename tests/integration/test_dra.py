@@ -188,6 +188,6 @@ async def test_auto_detection_picks_dra_on_this_cluster(cluster: Cluster) -> Non
     try:
         choice = await detect_gpu_binding(kube, "auto")
     finally:
-        kube.close()
+        await kube.aclose()
     assert choice.mode is GpuBinding.DRA
     assert not choice.warning

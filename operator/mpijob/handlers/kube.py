@@ -1,13 +1,18 @@
-"""The one adapter between the operator and the Kubernetes API: async calls on plain dicts.
+"""The operator's one adapter to the Kubernetes API: async calls on plain dicts.
 
-It drives the official ``kubernetes`` client's ``ApiClient.call_api`` in a bounded thread pool, so
-Kopf's event loop never blocks, and skips the client's model classes: objects stay plain JSON
-dicts, as the builders produce them, which is also several times cheaper than deserializing
-into models. Every request is counted by verb for ``mpi_operator_api_requests_total``.
+Requests go out on Kopf's own event loop through aiohttp (the library Kopf watches with), with
+the credentials Kopf logs in with (:func:`connection_info`: the pod's service account, else the
+kubeconfig), so the operator's writes and its watches always authenticate alike. Objects stay
+plain JSON dicts, as the builders produce them. Every request is counted by verb for
+``mpi_operator_api_requests_total``.
 
-:func:`configuration` is the one way the operator, its leader election, the console and the
-agent load credentials. Only the handlers and the entrypoints (console, agent) import the
-``kubernetes`` package.
+Client-side rate limits follow upstream's clients: ``--kube-api-qps``/``--kube-api-burst``
+apply per API client, and upstream has one client for the core and batch kinds (Events
+included), one for MPIJobs, one per PodGroup API and one for leader election; so each of those
+API groups has its own token bucket here (:func:`bucket_of`).
+
+The console and the node agent are synchronous programs and use the official ``kubernetes``
+client, with credentials from :func:`configuration`.
 """
 
 from __future__ import annotations
@@ -15,17 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+import aiohttp
+import kopf
 
-from mpijob import metrics
+from mpijob import keys, metrics
 
 JSON = dict[str, Any]
+
+REQUEST_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -65,23 +72,6 @@ KINDS: Mapping[tuple[str, str], Kind] = {
 }
 
 
-def configuration(kubeconfig: str | None = None) -> client.Configuration:
-    """Credentials for the cluster: the in-cluster service account when running in a pod and no
-    kubeconfig is named (argument or ``$KUBECONFIG``), else the kubeconfig (the named file, else
-    ``~/.kube/config``).
-
-    Returns a new configuration and never touches the client's global default, so several
-    clients in one process cannot overwrite each other's settings.
-    """
-    cfg = client.Configuration()
-    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    if in_pod and not kubeconfig and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    return cfg
-
-
 class ApiError(Exception):
     """A non-2xx answer, with the API's own reason and message."""
 
@@ -100,16 +90,17 @@ class ApiError(Exception):
         return self.status == 409
 
     @classmethod
-    def from_exception(cls, exc: ApiException) -> ApiError:
-        reason, message = str(exc.reason or ""), str(exc.body or "")
+    def from_response(cls, status: int, reason: str, raw: bytes) -> ApiError:
+        """From a non-2xx answer: the API's Status ``reason`` and ``message`` when it sent one."""
+        message = raw.decode(errors="replace")
         try:
-            body = json.loads(exc.body or "{}")
-        except (TypeError, ValueError):
+            body = json.loads(raw or b"{}")
+        except ValueError:
             body = {}
         if isinstance(body, dict):
             reason = str(body.get("reason") or reason)
             message = str(body.get("message") or message)
-        return cls(int(exc.status or 0), reason, message)
+        return cls(status, reason, message)
 
 
 def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -126,30 +117,126 @@ def path(api_version: str, kind: str, namespace: str | None, name: str | None = 
     return "/".join(parts)
 
 
-class Kube:
-    """Async JSON access to the API server through the official client."""
+def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """Where the API server is and how to authenticate: the service account when running in a
+    pod and no kubeconfig is named (argument or ``$KUBECONFIG``), else the kubeconfig (the
+    named file, else ``$KUBECONFIG``, else ``~/.kube/config``), as the operator's Kopf login
+    handler chooses."""
+    settings = kopf.OperatorSettings()
+    info = None
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
+        kubeconfig or os.environ.get("KUBECONFIG")
+    ):
+        info = kopf.login_with_service_account(settings=settings)
+    elif kubeconfig:
+        # Kopf reads the file from $KUBECONFIG only; name it there for this one read.
+        before = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = kubeconfig
+        try:
+            info = kopf.login_with_kubeconfig(settings=settings)
+        finally:
+            if before is None:
+                del os.environ["KUBECONFIG"]
+            else:
+                os.environ["KUBECONFIG"] = before
+    else:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("No credentials: no service account token and no kubeconfig")
+    return info
 
-    def __init__(self, api_client: client.ApiClient, *, concurrency: int = 16) -> None:
-        api_client.configuration.connection_pool_maxsize = concurrency
-        self._api = api_client
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+
+def configuration(kubeconfig: str | None = None) -> Any:
+    """The official client's ``Configuration`` for the synchronous programs (console, agent):
+    the in-cluster service account when running in a pod and no kubeconfig is named (argument
+    or ``$KUBECONFIG``), else the kubeconfig (the named file, else ``~/.kube/config``).
+
+    A new configuration each call; the client's global default is never touched. The client is
+    imported here, not by the operator, which does not use it.
+    """
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if in_pod and not kubeconfig and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
+
+
+#: API path prefixes with their own client-side rate limit, as upstream's separate clients
+#: (MPIJobs, each PodGroup API, and leader election's Lease).
+OWN_BUCKETS = (
+    f"/apis/{keys.GROUP}/",
+    "/apis/coordination.k8s.io/",
+    f"/apis/{keys.VOLCANO_POD_GROUP_API_VERSION.split('/')[0]}/",
+    f"/apis/{keys.SCHED_PLUGINS_POD_GROUP_API_VERSION.split('/')[0]}/",
+)
+
+
+def bucket_of(url: str) -> str:
+    """The rate-limit bucket a request path draws from: its API group's, or the shared one."""
+    return next((prefix for prefix in OWN_BUCKETS if url.startswith(prefix)), "")
+
+
+class Kube:
+    """Async JSON access to the API server, on the running event loop.
+
+    Made anywhere; its HTTP session opens with the first request, in that request's loop.
+    """
+
+    def __init__(
+        self,
+        info: kopf.ConnectionInfo,
+        *,
+        qps: float = 0,
+        burst: int = 1,
+        concurrency: int = 16,
+        reload: Any = None,
+    ) -> None:
+        self._info = info
+        self._reload = reload
+        self._qps, self._burst = qps, burst
+        self._limiters: dict[str, TokenBucket] = {}
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
 
     @classmethod
     def from_kubeconfig(
         cls, kubeconfig: str | None, *, qps: float, burst: int, concurrency: int
     ) -> Kube:
-        """A client with :func:`configuration`'s credentials."""
-        api = client.ApiClient(configuration(kubeconfig))
-        api.user_agent = "mpijob-operator"
-        kube = cls(api, concurrency=concurrency)
-        kube._limiter = TokenBucket(qps, burst) if qps > 0 else None
-        return kube
+        """A client with :func:`connection_info`'s credentials (``kubeconfig`` names the file)."""
 
-    _limiter: TokenBucket | None = None
+        def login() -> kopf.ConnectionInfo:
+            return connection_info(kubeconfig)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._api.close()
+        return cls(login(), qps=qps, burst=burst, concurrency=concurrency, reload=login)
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            context: ssl.SSLContext | bool = (
+                self._info.as_ssl_context() if self._info.server.startswith("https") else False
+            )
+            connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+                headers={"User-Agent": "mpijob-operator", "Accept": "application/json"},
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _limiter(self, url: str) -> TokenBucket | None:
+        if self._qps <= 0:
+            return None
+        bucket = bucket_of(url)
+        if bucket not in self._limiters:
+            self._limiters[bucket] = TokenBucket(self._qps, self._burst)
+        return self._limiters[bucket]
 
     async def request(
         self,
@@ -160,32 +247,29 @@ class Kube:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> JSON:
-        if self._limiter is not None:
-            await self._limiter.take()
+        limiter = self._limiter(url)
+        if limiter is not None:
+            await limiter.take()
         metrics.API_REQUESTS.labels(verb=method.lower()).inc()
-        loop = asyncio.get_running_loop()
-
-        def call() -> JSON:
-            method_, full_url, headers, data, _ = self._api.param_serialize(
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in (1, 2):
+            headers = {"Content-Type": content_type, **self._info.as_http_headers()}
+            async with self._open().request(
                 method,
-                url,
-                query_params=list((query or {}).items()),
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            try:
-                resp = self._api.call_api(method_, full_url, header_params=headers, body=data)
-            except ApiException as exc:
-                raise ApiError.from_exception(exc) from None
-            raw = resp.read()
-            if resp.status >= 400:
-                raise ApiError.from_exception(
-                    ApiException(status=resp.status, reason=resp.reason, body=raw)
-                )
-            return json.loads(raw) if raw else {}
-
-        return await loop.run_in_executor(self._pool, call)
+                self._info.server.rstrip("/") + url,
+                params=query,
+                data=data,
+                headers=headers,
+            ) as resp:
+                raw = await resp.read()
+                if resp.status == 401 and attempt == 1 and self._reload is not None:
+                    # A rotated service-account token (or a refreshed kubeconfig): log in again.
+                    self._info = await asyncio.to_thread(self._reload)
+                    continue
+                if resp.status >= 400:
+                    raise ApiError.from_response(resp.status, resp.reason or "", raw)
+                return json.loads(raw) if raw else {}
+        raise AssertionError("unreachable")
 
     # --- verbs on objects -------------------------------------------------------------------
 

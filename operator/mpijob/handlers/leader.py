@@ -1,67 +1,101 @@
-"""One active replica: Lease-based leader election through the official client's elector.
+"""One active replica: Lease-based leader election, as client-go's leader elector does it.
 
-The elector (``kubernetes.leaderelection``, a ``coordination.k8s.io`` Lease) runs in its own
-thread and flips an ``asyncio.Event`` in the operator's loop. Watches and indices keep running on
-every replica, so a standby holds a warm cache and takes over within one lease duration; only
-the reconcile workers wait for leadership. Timing follows upstream: lease 15 s, renew deadline
-10 s, retry 2 s.
+A task on the operator's loop campaigns for a ``coordination.k8s.io/v1`` Lease through the
+operator's API adapter and sets ``leading`` while this replica holds it. Watches and indices
+keep running on every replica, so a standby holds a warm cache and takes over within one lease
+duration; only the reconcile workers wait for leadership. Timing and rules follow upstream
+(client-go): lease 15 s, renew deadline 10 s, retry 2 s; a Lease held by another replica counts
+as expired only once it has not changed for a lease duration on this replica's own clock (no
+trust in other clocks); the leader renews with the Lease it last wrote, without a read first,
+and reads only when that write is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
-import threading
 import uuid
-
-from kubernetes import client
-from kubernetes.leaderelection import electionconfig, leaderelection
-from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+from datetime import UTC, datetime
+from typing import Any
 
 from mpijob import metrics
-from mpijob.handlers.kube import configuration
+from mpijob.handlers.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 15
 RENEW_DEADLINE_SECONDS = 10
 RETRY_SECONDS = 2
+LEASE_API = "/apis/coordination.k8s.io/v1"
 
 
 def identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
-class LeaderElector:
-    """Runs the Lease elector in a daemon thread; ``leading`` is set while this replica leads."""
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
-    def __init__(self, *, namespace: str, name: str, kubeconfig: str | None) -> None:
+
+class LeaderElector:
+    """Campaigns in a task of the running loop; ``leading`` is set while this replica leads."""
+
+    def __init__(self, *, namespace: str, name: str, kube: Kube) -> None:
         self.leading = asyncio.Event()
         self.identity = identity()
         self._namespace = namespace
         self._name = name
-        self._kubeconfig = kubeconfig
-        self._loop = asyncio.get_running_loop()
-        self._stop = threading.Event()
+        self._kube = kube
+        self._task: asyncio.Task[None] | None = None
+        self._lease: dict[str, Any] | None = None
+        """The Lease as last read or written."""
+        self._observed: tuple[Any, float] = (None, 0.0)
+        """(the holder's spec as last seen, when it last changed on our monotonic clock)."""
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="leader-election", daemon=True).start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="leader-election")
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
 
-    def _wait_for_namespace(self, core: client.CoreV1Api) -> None:
+    @property
+    def _url(self) -> str:
+        return f"{LEASE_API}/namespaces/{self._namespace}/leases"
+
+    async def _run(self) -> None:
+        await self._wait_for_namespace()
+        loop = asyncio.get_running_loop()
+        renewed = 0.0
+        while True:
+            try:
+                acquired = await self._try_acquire_or_renew()
+            except (ApiError, OSError) as e:  # the API may be briefly unreachable
+                log.warning("Leader election: %s", e)
+                acquired = False
+            if acquired:
+                renewed = loop.time()
+                if not self.leading.is_set():
+                    self._set(True)
+            elif self.leading.is_set() and loop.time() - renewed > RENEW_DEADLINE_SECONDS:
+                self._set(False)
+            await asyncio.sleep(RETRY_SECONDS)
+
+    async def _wait_for_namespace(self) -> None:
         """The Lease needs its namespace; say so plainly instead of failing quietly forever."""
         warned = False
-        while not self._stop.is_set():
+        while True:
             try:
-                core.read_namespace(self._namespace)
+                await self._kube.request("GET", f"/api/v1/namespaces/{self._namespace}")
                 return
-            except client.ApiException as e:
-                if e.status != 404:
+            except ApiError as e:
+                if not e.not_found:
                     return  # no right to read namespaces, or a passing error: just campaign
+            except OSError:
+                return
             if not warned:
                 log.error(
                     "Leader election needs namespace %r for its Lease, and it does not exist: "
@@ -71,35 +105,63 @@ class LeaderElector:
                     self._namespace,
                 )
                 warned = True
-            self._stop.wait(10)
+            await asyncio.sleep(10)
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = _now()
+        if self.leading.is_set() and self._lease is not None:
+            # Fast path: renew the Lease we last wrote; a refusal means someone else wrote it.
+            with contextlib.suppress(ApiError):
+                self._lease = await self._write(self._lease, now, renew=True)
+                return True
+        try:
+            lease = await self._kube.request("GET", f"{self._url}/{self._name}")
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            self._lease = await self._kube.request("POST", self._url, self._body(now))
+            return True
+        self._lease = lease
+        spec = lease.get("spec") or {}
+        loop = asyncio.get_running_loop()
+        if spec != self._observed[0]:
+            self._observed = (spec, loop.time())
+        holder = spec.get("holderIdentity")
+        duration = int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
+        if holder and holder != self.identity and loop.time() - self._observed[1] < duration:
+            return False
+        self._lease = await self._write(lease, now, renew=holder == self.identity)
+        return True
+
+    async def _write(self, lease: dict[str, Any], now: str, *, renew: bool) -> dict[str, Any]:
+        spec = dict(lease.get("spec") or {})
+        if not renew:  # taking over
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=LEASE_SECONDS, renewTime=now)
+        body = {**lease, "spec": spec}
+        return await self._kube.request("PUT", f"{self._url}/{self._name}", body)
+
+    def _body(self, now: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
 
     def _set(self, leading: bool) -> None:
         metrics.IS_LEADER.set(1 if leading else 0)
         if leading:
             log.info("Became the leader", extra={"identity": self.identity})
-            self._loop.call_soon_threadsafe(self.leading.set)
+            self.leading.set()
         else:
+            self._lease = None
             log.warning("Lost leadership; pausing reconciles", extra={"identity": self.identity})
-            self._loop.call_soon_threadsafe(self.leading.clear)
-
-    def _run(self) -> None:
-        api = client.ApiClient(configuration(self._kubeconfig))
-        lock = LeaseLock(self._name, self._namespace, self.identity)
-        # The lock builds its client from the global default; give it ours instead of
-        # changing the default for the whole process.
-        lock.api_instance = client.CoordinationV1Api(api)
-        self._wait_for_namespace(client.CoreV1Api(api))
-        while not self._stop.is_set():
-            election = electionconfig.Config(
-                lock,
-                LEASE_SECONDS,
-                RENEW_DEADLINE_SECONDS,
-                RETRY_SECONDS,
-                onstarted_leading=lambda: self._set(True),
-                onstopped_leading=lambda: self._set(False),
-            )
-            try:
-                leaderelection.LeaderElection(election).run()
-            except Exception:  # the API may be briefly unreachable; keep campaigning
-                log.exception("Leader election failed; retrying")
-            self._stop.wait(RETRY_SECONDS)
+            self.leading.clear()

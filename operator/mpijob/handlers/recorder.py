@@ -3,8 +3,10 @@
 Events carry upstream's source component (``mpi-job-controller``) so tooling that filters on it
 keeps working. A repeat of the same event (same object, type, reason and message) increments the
 ``count`` of the first one instead of creating a new object, like client-go's correlator; this
-matters because upstream emits ``MPIJobRunning`` on every running sync. Posting never blocks
-or fails a reconcile: it runs in the background and only logs its errors.
+matters because upstream emits ``MPIJobRunning`` on every running sync. Repeats that arrive while
+a count update is on its way are carried by the next one (one PATCH with the latest count),
+so a burst of syncs costs two writes, not one per sync. Posting never blocks or fails a
+reconcile: it runs in the background and only logs its errors.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Series:
     count: int = 1
     created: asyncio.Event = field(default_factory=asyncio.Event)
     failed: bool = False
+    writing: bool = False
+    """A count update is being sent; a repeat meanwhile only raises ``count``."""
 
 
 class Recorder:
@@ -68,12 +72,18 @@ class Recorder:
                 # A repeat: count up the series' Event, once its creation is through.
                 series.count += 1
                 self._seen.move_to_end(key)
-                await series.created.wait()
-                if series.failed:
-                    return
-                await self._kube.patch(
-                    "v1", "Event", ns, series.name, {"count": series.count, "lastTimestamp": now}
-                )
+                if series.writing:
+                    return  # the update on its way is followed by one with this count
+                series.writing = True
+                try:
+                    await series.created.wait()
+                    sent = 1
+                    while not series.failed and sent < series.count:
+                        sent = series.count
+                        patch = {"count": sent, "lastTimestamp": _now()}
+                        await self._kube.patch("v1", "Event", ns, series.name, patch)
+                finally:
+                    series.writing = False
                 return
             # Registered before the create is awaited, so a repeat arriving meanwhile joins it.
             series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}")

@@ -67,4 +67,4 @@ class Runtime:
     async def stop(self) -> None:
         await self.workers.stop()
         await self.recorder.drain()
-        self.kube.close()
+        await self.kube.aclose()

@@ -87,9 +87,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     )
     leader = None
     if ours.leader_elect:
-        leader = LeaderElector(
-            namespace=ours.lock_namespace, name=ours.lock_name, kubeconfig=ours.kubeconfig
-        )
+        leader = LeaderElector(namespace=ours.lock_namespace, name=ours.lock_name, kube=kube)
         leader.start()
     else:
         metrics.IS_LEADER.set(1)
@@ -278,7 +276,7 @@ async def preflight(ours: OperatorSettings) -> GpuBinding:
                     return mode
                 await asyncio.sleep(2)
     finally:
-        kube.close()
+        await kube.aclose()
 
 
 def run(ours: OperatorSettings) -> None:
