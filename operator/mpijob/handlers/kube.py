@@ -3,8 +3,9 @@
 Requests go out on Kopf's own event loop through aiohttp (the library Kopf watches with), with
 the credentials Kopf logs in with (:func:`connection_info`: the pod's service account, else the
 kubeconfig), so the operator's writes and its watches always authenticate alike. Objects stay
-plain JSON dicts, as the builders produce them. Every request is counted by verb for
-``mpi_operator_api_requests_total``.
+plain JSON dicts, as the builders produce them, encoded and decoded by orjson (every create
+returns the whole object: decoding is a good part of a request's cost). Every request is
+counted by verb for ``mpi_operator_api_requests_total``.
 
 Client-side rate limits follow upstream's clients: ``--kube-api-qps``/``--kube-api-burst``
 apply per API client, and upstream has one client for the core and batch kinds (Events
@@ -27,6 +28,7 @@ from typing import Any
 
 import aiohttp
 import kopf
+import orjson
 
 from mpijob import keys, metrics
 
@@ -246,12 +248,14 @@ class Kube:
         *,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        urgent: bool = True,
     ) -> JSON:
+        """One request; ``urgent=False`` lets every urgent request of its bucket go first."""
         limiter = self._limiter(url)
         if limiter is not None:
-            await limiter.take()
+            await limiter.take(urgent=urgent)
         metrics.API_REQUESTS.labels(verb=method.lower()).inc()
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else orjson.dumps(body)
         for attempt in (1, 2):
             headers = {"Content-Type": content_type, **self._info.as_http_headers()}
             async with self._open().request(
@@ -268,7 +272,7 @@ class Kube:
                     continue
                 if resp.status >= 400:
                     raise ApiError.from_response(resp.status, resp.reason or "", raw)
-                return json.loads(raw) if raw else {}
+                return orjson.loads(raw) if raw else {}
         raise AssertionError("unreachable")
 
     # --- verbs on objects -------------------------------------------------------------------
@@ -290,10 +294,10 @@ class Kube:
         result = await self.request("GET", path(api_version, kind, namespace), query=query)
         return list(result.get("items", []))
 
-    async def create(self, obj: JSON) -> JSON:
+    async def create(self, obj: JSON, *, urgent: bool = True) -> JSON:
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
-        return await self.request("POST", url, obj)
+        return await self.request("POST", url, obj, urgent=urgent)
 
     async def replace(self, obj: JSON) -> JSON:
         meta = obj["metadata"]
@@ -314,9 +318,12 @@ class Kube:
         patch: JSON,
         *,
         subresource: str = "",
+        urgent: bool = True,
     ) -> JSON:
         url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
-        return await self.request("PATCH", url, patch, content_type="application/merge-patch+json")
+        return await self.request(
+            "PATCH", url, patch, content_type="application/merge-patch+json", urgent=urgent
+        )
 
     async def delete(
         self,
@@ -342,7 +349,12 @@ class Kube:
 
 
 class TokenBucket:
-    """Client-side QPS/burst limit, as client-go applies with --kube-api-qps/--kube-api-burst."""
+    """Client-side QPS/burst limit, as client-go applies with --kube-api-qps/--kube-api-burst.
+
+    Requests that are not urgent (Events) wait while urgent ones (the children a job needs, its
+    status) wait for a token: under load a job's Events follow its children instead of delaying
+    them. They are sent as soon as the urgent queue is empty.
+    """
 
     def __init__(self, qps: float, burst: int) -> None:
         self._rate = qps
@@ -350,8 +362,26 @@ class TokenBucket:
         self._tokens = self._capacity
         self._last = 0.0
         self._lock = asyncio.Lock()
+        self._urgent = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
-    async def take(self) -> None:
+    async def take(self, *, urgent: bool = True) -> None:
+        if urgent:
+            self._urgent += 1
+            self._quiet.clear()
+        else:
+            while self._urgent:
+                await self._quiet.wait()
+        try:
+            await self._take()
+        finally:
+            if urgent:
+                self._urgent -= 1
+                if not self._urgent:
+                    self._quiet.set()
+
+    async def _take(self) -> None:
         async with self._lock:
             loop = asyncio.get_running_loop()
             now = loop.time()

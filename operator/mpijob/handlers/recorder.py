@@ -5,8 +5,9 @@ keeps working. A repeat of the same event (same object, type, reason and message
 ``count`` of the first one instead of creating a new object, like client-go's correlator; this
 matters because upstream emits ``MPIJobRunning`` on every running sync. Repeats that arrive while
 a count update is on its way are carried by the next one (one PATCH with the latest count),
-so a burst of syncs costs two writes, not one per sync. Posting never blocks or fails a
-reconcile: it runs in the background and only logs its errors.
+so a burst of syncs costs two writes, not one per sync. Events are not urgent requests: under
+load the children and statuses waiting for the client's rate limit go first. Posting never
+blocks or fails a reconcile: it runs in the background and only logs its errors.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Recorder:
                     while not series.failed and sent < series.count:
                         sent = series.count
                         patch = {"count": sent, "lastTimestamp": _now()}
-                        await self._kube.patch("v1", "Event", ns, series.name, patch)
+                        await self._kube.patch("v1", "Event", ns, series.name, patch, urgent=False)
                 finally:
                     series.writing = False
                 return
@@ -112,7 +113,8 @@ class Recorder:
                     "firstTimestamp": now,
                     "lastTimestamp": now,
                     "count": 1,
-                }
+                },
+                urgent=False,
             )
             series.created.set()
         except ApiError as e:

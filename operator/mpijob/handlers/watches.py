@@ -3,8 +3,10 @@
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
 controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label; the
 Service, hostfile ConfigMap, SSH Secret, launcher Job and PodGroup by their controller owner
-reference. So a child deleted or edited by hand triggers the sync that restores it. Each index
-keeps only what the reconciler reads (of a Secret, its key names, never the key material).
+reference. So a child deleted or edited by hand triggers the sync that restores it. A child's
+event asks for the sync :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one
+sync. Each index keeps only what the reconciler reads (of a Secret, its key names, never the
+key material).
 An event for a child also ends the expectation its creation left (see
 :mod:`mpijob.handlers.cache`). Only low-level handlers are used, so Kopf adds no finalizer,
 progress annotation or diff-base to anyone's objects. They are async and never block: Kopf
@@ -200,9 +202,15 @@ def _job_of(body: kopf.Body) -> str | None:
     return names.controlling_job({"metadata": dict(body.metadata)})
 
 
+#: How long a child's event waits before the sync it asks for, so that a job's pods changing
+#: together (scheduled, started, finished within moments) cost one sync, one status write and
+#: one hostfile update instead of one each. Never longer: the first event's timer wins.
+CHILD_SYNC_DELAY_SECONDS = 0.5
+
+
 def _child_changed(rt: Runtime, key: JobKey, kind: str, name: str) -> None:
     rt.cache.seen(key, kind, name)
-    rt.workers.enqueue(key)
+    rt.workers.enqueue_after(key, CHILD_SYNC_DELAY_SECONDS)
 
 
 async def child_event(

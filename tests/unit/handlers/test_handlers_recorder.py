@@ -26,12 +26,12 @@ class SlowEvents:
         self.created: list[dict[str, Any]] = []
         self.counts: list[int] = []
 
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, obj: dict[str, Any], **_: Any) -> dict[str, Any]:
         await asyncio.sleep(0.05)
         self.created.append(obj)
         return obj
 
-    async def patch(self, *args: Any) -> dict[str, Any]:
+    async def patch(self, *args: Any, **_: Any) -> dict[str, Any]:
         self.counts.append(args[-1]["count"])
         return {}
 
