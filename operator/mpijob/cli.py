@@ -105,7 +105,10 @@ def main(ctx: click.Context) -> None:
     default=DEFAULTS.kube_api_qps,
     show_default=True,
     type=float,
-    help="Client-side limit of API requests per second (0: unlimited).",
+    help="Client-side limit of API requests per second (0: unlimited), per API client as "
+    "upstream's: the core and batch kinds (Events included), MPIJobs, each PodGroup API and "
+    "the leader-election Lease each have their own. Events wait while other requests of "
+    "their client wait for the limit.",
 )
 @click.option(
     "--kube-api-burst",
