@@ -1,0 +1,48 @@
+"""The API adapter's client-side limits: one bucket per API client, Events behind the rest."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mpijob.handlers.kube import TokenBucket, bucket_of
+
+pytestmark = pytest.mark.unit
+
+
+def test_mpijobs_podgroups_and_the_lease_have_their_own_buckets_as_upstreams_clients() -> None:
+    core = bucket_of("/api/v1/namespaces/ns/pods")
+    assert bucket_of("/apis/batch/v1/namespaces/ns/jobs") == core
+    assert bucket_of("/api/v1/namespaces/ns/events") == core
+    own = {
+        bucket_of("/apis/kubeflow.org/v2beta1/namespaces/ns/mpijobs/pi/status"),
+        bucket_of("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups"),
+        bucket_of("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups"),
+        bucket_of("/apis/coordination.k8s.io/v1/namespaces/ns/leases/mpijob-operator"),
+    }
+    assert len(own) == 4
+    assert core not in own
+
+
+async def test_an_event_waits_until_no_urgent_request_waits() -> None:
+    bucket = TokenBucket(qps=50, burst=1)
+    order: list[str] = []
+
+    async def take(name: str, urgent: bool) -> None:
+        await bucket.take(urgent=urgent)
+        order.append(name)
+
+    await take("first", True)  # the burst is spent: every later take waits for a token
+    tasks = [asyncio.create_task(take(f"child-{i}", True)) for i in range(2)]
+    await asyncio.sleep(0)  # the children wait for tokens when the Event comes
+    tasks.append(asyncio.create_task(take("event", False)))
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(take("child-2", True)))  # came later, still goes first
+    await asyncio.gather(*tasks)
+    assert order == ["first", "child-0", "child-1", "child-2", "event"]
+
+
+async def test_without_urgent_requests_an_event_is_not_held() -> None:
+    bucket = TokenBucket(qps=50, burst=2)
+    await asyncio.wait_for(bucket.take(urgent=False), timeout=0.01)
