@@ -25,7 +25,7 @@ from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.handlers.kube import ApiError, Kube, connection_info
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
@@ -192,10 +192,9 @@ async def cleanup(memo: Any, **_: Any) -> None:
         await rt.stop()
 
 
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        return kopf.login_with_service_account(**kwargs)
-    return kopf.login_with_kubeconfig(**kwargs)
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf's watches log in exactly as the operator's own requests do."""
+    return connection_info()
 
 
 def registry_for(
