@@ -7,10 +7,10 @@ Flag names follow upstream mpi-operator's where they mean the same thing.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import cast
 
 import click
-import kopf
 
 from mpijob import keys
 from mpijob.desired.gpu_binding import FLAG_VALUES
@@ -192,12 +192,14 @@ def main(ctx: click.Context) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Log debug messages too.")
 def run(**opts: object) -> None:
     """Run the operator in the foreground until interrupted."""
+    _without_official_client()
+    import kopf
+
     from mpijob.handlers import startup
 
     log_format = kopf.LogFormat.JSON if opts.pop("log_format") == "json" else kopf.LogFormat.PLAIN
     verbose = bool(opts.pop("verbose"))
     kopf.configure(verbose=verbose, log_format=log_format)
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
     if not verbose:  # one "Handler ... succeeded" line per pod event drowns everything else
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for many in ("namespaces", "controller_names"):
@@ -206,3 +208,17 @@ def run(**opts: object) -> None:
         startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]
     except (startup.MissingCRD, ValueError) as e:
         raise click.ClickException(str(e)) from None
+
+
+def _without_official_client() -> None:
+    """Keep the official ``kubernetes`` package out of the operator's process.
+
+    Kopf imports it, when installed, only to recognise its model objects; the operator hands
+    Kopf plain dicts and talks to the API through its own adapter, so the package's hundreds of
+    modules (about 11 MiB held for the process's life) would be dead weight. A ``None`` in
+    ``sys.modules`` makes the import fail, which Kopf expects. Only in a fresh process: where
+    Kopf is loaded already (a test that runs this command), it has imported the package, and
+    blocking it then would only break later imports.
+    """
+    if "kopf" not in sys.modules:
+        sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]

@@ -20,13 +20,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from mpijob.placement import allocator, scoring
 from mpijob.placement.bandwidth import DEFAULT_INTER_NODE_GBPS
 from mpijob.placement.model import Topology
-from mpijob.placement.spread import NodeView, fewest_nodes, spread
-from mpijob.placement.tables import mask_of, tables_for
+
+if TYPE_CHECKING:
+    from mpijob.placement.spread import NodeView
 
 #: Nodes named in a multi-node summary before "+N more".
 _SUMMARY_NODES: Final = 4
@@ -54,7 +54,8 @@ class NodeState:
     @cached_property
     def free_mask(self) -> int:
         """Bit mask of the free GPUs."""
-        return ((1 << self.topology.size) - 1) & ~mask_of(self.used)
+        used = sum(1 << index for index in self.used)
+        return ((1 << self.topology.size) - 1) & ~used
 
     @property
     def free_count(self) -> int:
@@ -120,6 +121,9 @@ def place_job(
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
 ) -> Placement | NoFit:
     """Place every worker of a job on the given nodes, or say why it cannot be done."""
+    from mpijob.placement.spread import NodeView, fewest_nodes, spread
+    from mpijob.placement.tables import tables_for
+
     if inter_node_gbps <= 0:
         raise ValueError(f"inter-node bandwidth must be positive, got {inter_node_gbps}")
     if len({node.name for node in nodes}) != len(nodes):
@@ -160,6 +164,8 @@ def claim(nodes: Sequence[NodeState], placement: Placement) -> tuple[NodeState, 
 
 def _best_single_node(views: Sequence[NodeView], size: int) -> NodeView | None:
     """The node whose best ``size`` GPUs are best; then fewest free GPUs, then name."""
+    from mpijob.placement import allocator
+
     fitting = [view for view in views if view.free_count >= size]
     if not fitting:
         return None
@@ -185,6 +191,9 @@ def _placement(
     request: JobRequest, nodes: Sequence[NodeState], shares: dict[int, int], bound: float
 ) -> Placement:
     """Workers laid along each node's best ring, nodes in name order."""
+    from mpijob.placement import allocator, scoring
+    from mpijob.placement.tables import tables_for
+
     assignments: list[WorkerAssignment] = []
     parts = []
     ring = bound

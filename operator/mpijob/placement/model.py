@@ -15,11 +15,12 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Final
-
-import networkx as nx
+from typing import TYPE_CHECKING, Final
 
 from mpijob.placement import bandwidth
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 #: Largest node the exact allocator handles (its tables have one entry per subset of GPUs).
 MAX_GPUS: Final = 16
@@ -131,6 +132,8 @@ class Topology:
     @cached_property
     def graph(self) -> nx.Graph:  # type: ignore[type-arg]
         """networkx view: nodes are GPU indices with their identity, edges carry the link."""
+        import networkx as nx  # on first use: reading a node's topology does not need it
+
         graph: nx.Graph = nx.Graph(name=self.name)  # type: ignore[type-arg]
         for gpu in self.gpus:
             graph.add_node(

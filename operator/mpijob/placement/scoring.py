@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 
-import networkx as nx
-
 from mpijob.placement.model import Topology
 
 
@@ -71,6 +69,8 @@ def _hamiltonian_cycle(
     neighbours = {gpu: _peers(topology, gpu, inside, threshold) for gpu in members}
     if all(len(peers) == len(members) - 1 for peers in neighbours.values()):
         return tuple(members)  # all linked: any order is a ring
+    import networkx as nx  # here, not at import: most rings are decided above without it
+
     # A graph with a cycle through every vertex stays connected after losing any one vertex.
     fast = nx.Graph([(gpu, peer) for gpu, peers in neighbours.items() for peer in peers])
     if len(fast) < len(members) or not nx.is_biconnected(fast):
