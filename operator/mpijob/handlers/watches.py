@@ -7,10 +7,19 @@ reference. So a child deleted or edited by hand triggers the sync that restores 
 event asks for the sync :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one
 sync. Each index keeps only what the reconciler reads (of a Secret, its key names, never the
 key material).
+
+A child's index function is also its trigger: Kopf calls an index for every event but a
+deletion (which only drops the entry), so the children's event handlers are filtered to
+deletions, and the many pod events cost Kopf one handler call each instead of two. Kopf calls
+index functions while it lists, before every index is complete; the work queue holds what they
+ask for until :func:`mpijob_event` (an event handler, which Kopf calls only once every index is
+complete) opens it (:meth:`~mpijob.handlers.workers.Workers.open`).
+
 An event for a child also ends the expectation its creation left (see
-:mod:`mpijob.handlers.cache`). Only low-level handlers are used, so Kopf adds no finalizer,
-progress annotation or diff-base to anyone's objects. They are async and never block: Kopf
-would otherwise run each call in a thread.
+:mod:`mpijob.handlers.cache`); Kopf stores an index function's result before any other task
+runs, so no sync sees the expectation gone and the index without the child. Only low-level
+handlers are used, so Kopf adds no finalizer, progress annotation or diff-base to anyone's
+objects. They are async and never block: Kopf would otherwise run each call in a thread.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ async def mpijob_event(
     namespace: str | None, name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     rt = _runtime(memo)
+    rt.workers.open()  # Kopf calls event handlers only once every index is complete
     if type == "DELETED":
         rt.forget(_key(namespace, name))
     rt.workers.enqueue(_key(namespace, name))
@@ -89,33 +99,28 @@ def _pod_job(labels: Any) -> str | None:
 
 
 async def pods_by_job(
-    body: kopf.Body, namespace: str | None, labels: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, labels: Any, memo: Any, **_: Any
 ) -> dict[JobKey, JSON]:
-    job = _pod_job(labels)
-    return {_key(namespace, job): pod_summary(body)} if job else {}
+    if not (job := _pod_job(labels)):
+        return {}
+    rt = _runtime(memo)
+    _count_not_honoured(rt, body)
+    _child_changed(rt, _key(namespace, job), "Pod", name)
+    return {_key(namespace, job): pod_summary(body)}
 
 
-async def pod_event(
-    namespace: str | None,
-    name: str,
-    labels: Any,
-    body: kopf.Body,
-    type: str | None,
-    memo: Any,
-    **_: Any,
+async def pod_deleted(
+    namespace: str | None, name: str, labels: Any, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     if job := _pod_job(labels):
         rt = _runtime(memo)
-        _count_not_honoured(rt, body, type)
+        rt.reported_actual.pop(str(body.metadata.get("uid") or ""), None)
         _child_changed(rt, _key(namespace, job), "Pod", name)
 
 
-def _count_not_honoured(rt: Runtime, body: kopf.Body, type: str | None) -> None:
+def _count_not_honoured(rt: Runtime, body: kopf.Body) -> None:
     """Count a placed pod once per set of GPUs the agent found it holds instead of its own."""
     uid = str(body.metadata.get("uid") or "")
-    if type == "DELETED":
-        rt.reported_actual.pop(uid, None)
-        return
     before = rt.reported_actual.get(uid)
     old = {"metadata": {"annotations": {keys.GPU_ACTUAL: before}}} if before else None
     if binding := gpu_binding.newly_not_honoured(old, dict(body)):
@@ -213,11 +218,25 @@ def _child_changed(rt: Runtime, key: JobKey, kind: str, name: str) -> None:
     rt.workers.enqueue_after(key, CHILD_SYNC_DELAY_SECONDS)
 
 
-async def child_event(
+def deleted(type: str | None, **_: Any) -> bool:
+    """Filter of the children's event handlers: their index functions see every other event."""
+    return type == "DELETED"
+
+
+async def child_deleted(
     body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
 ) -> None:
     if job := _job_of(body):
         _child_changed(_runtime(memo), _key(namespace, job), str(body.get("kind")), name)
+
+
+def _owned(body: kopf.Body, namespace: str | None, name: str, memo: Any) -> JobKey | None:
+    """The controlling job's key, its sync asked for; None for anyone else's object."""
+    if not (job := _job_of(body)):
+        return None
+    key = _key(namespace, job)
+    _child_changed(_runtime(memo), key, str(body.get("kind")), name)
+    return key
 
 
 def _child(body: kopf.Body, **fields: Any) -> JSON:
@@ -225,34 +244,44 @@ def _child(body: kopf.Body, **fields: Any) -> JSON:
     return {**summary, "metadata": _metadata(body), **fields}
 
 
-async def services_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+async def services_by_job(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> dict[JobKey, JSON]:
     """The selector and DNS settings the sync corrects when they drift."""
-    if not (job := _job_of(body)):
+    if not (key := _owned(body, namespace, name, memo)):
         return {}
     spec = {k: body.spec.get(k) for k in ("selector", "publishNotReadyAddresses", "clusterIP")}
-    return {_key(namespace, job): _child(body, spec=spec)}
+    return {key: _child(body, spec=spec)}
 
 
-async def configmaps_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    if not (job := _job_of(body)):
+async def configmaps_by_job(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> dict[JobKey, JSON]:
+    if not (key := _owned(body, namespace, name, memo)):
         return {}
-    return {_key(namespace, job): _child(body, data=dict(body.get("data") or {}))}
+    return {key: _child(body, data=dict(body.get("data") or {}))}
 
 
-async def secrets_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
+async def secrets_by_job(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> dict[JobKey, JSON]:
     """Only the key names: the sync checks the key set; the keys themselves stay in the API."""
-    if not (job := _job_of(body)):
+    if not (key := _owned(body, namespace, name, memo)):
         return {}
     data = dict.fromkeys(body.get("data") or {}, "")
-    return {_key(namespace, job): _child(body, type=body.get("type"), data=data)}
+    return {key: _child(body, type=body.get("type"), data=data)}
 
 
-async def launchers_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    return {_key(namespace, job): dict(body)} if (job := _job_of(body)) else {}
+async def launchers_by_job(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> dict[JobKey, JSON]:
+    return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
 
 
-async def podgroups_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    return {_key(namespace, job): dict(body)} if (job := _job_of(body)) else {}
+async def podgroups_by_job(
+    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+) -> dict[JobKey, JSON]:
+    return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
 
 
 # --- DRA (the dra binding mode): claims and the NVIDIA driver's ResourceSlices -------------------
@@ -346,7 +375,7 @@ def register(
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
     kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_job)
-    kopf.on.event("v1", "pods", labels=ours, registry=registry)(pod_event)
+    kopf.on.event("v1", "pods", labels=ours, when=deleted, registry=registry)(pod_deleted)
     kopf.index("v1", "pods", when=requests_gpus, registry=registry)(gpu_pods_by_node)
     decisions = (keys.DECISION_GROUP, keys.DECISION_VERSION, keys.DECISION_PLURAL)
     kopf.index(*decisions, registry=registry)(decisions_by_job)
@@ -365,7 +394,7 @@ def register(
         children.append(((group, version, "podgroups"), podgroups_by_job))
     for resource, index in children:
         kopf.index(*resource, registry=registry)(index)
-        kopf.on.event(*resource, registry=registry)(child_event)
+        kopf.on.event(*resource, when=deleted, registry=registry)(child_deleted)
     priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
     kopf.index(*priorities, registry=registry)(priorities_by_name)
     if dra:

@@ -1,8 +1,9 @@
 """The reconcile workers: a fixed number of tasks taking job keys from the work queue.
 
-Workers run only while this replica leads (the Lease gate), retry a failed reconcile with the
-queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a heartbeat
-that the metrics thread reads. Created in ``on.startup``.
+Workers take nothing before :meth:`Workers.open` (Kopf's indices are complete: the watch
+handlers call it), run only while this replica leads (the Lease gate), retry a failed reconcile
+with the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
+heartbeat that the metrics thread reads. Created in ``on.startup``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class Workers:
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     heartbeat: float = field(default_factory=time.monotonic)
+    indexed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def open(self) -> None:
+        """Every index is complete: a sync from now on sees all of a job's children."""
+        self.indexed.set()
 
     def enqueue(self, key: JobKey) -> None:
         self.queue.add(key)
@@ -63,6 +69,7 @@ class Workers:
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
     async def _work(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
+        await self.indexed.wait()
         while True:
             if self.leader is not None:
                 await self.leader.leading.wait()
