@@ -73,6 +73,15 @@ class Cache:
     def wrote_status(self, key: JobKey, replaced_version: str, fresh: JSON) -> None:
         self.written[key] = (replaced_version, fresh)
 
+    def is_own_status_write(self, key: JobKey, version: str | None) -> bool:
+        """Whether ``version`` of the MPIJob is the one our last status write produced."""
+        written = self.written.get(key)
+        return (
+            bool(version)
+            and written is not None
+            and ((written[1].get("metadata") or {}).get("resourceVersion") == version)
+        )
+
     # --- the job's children ------------------------------------------------------------------
 
     def observe(self, key: JobKey, job: MPIJob) -> Observed:

@@ -93,6 +93,10 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         await _apply(rt, key, job, body, action, versions)
     if result.changed:
         await _write_status(rt, key, body, result.status.to_body())
+        if result.status.finished != job.status.finished:
+            # The watch event of our own status write asks for no sync (see watches), but a job
+            # that has just finished needs one more: its cleanup and release read the status.
+            rt.workers.enqueue(key)
     if result.launcher_seen:
         metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
     _observe(rt, key, job, result.status, seen, now)

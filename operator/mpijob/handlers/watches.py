@@ -92,9 +92,14 @@ async def mpijob_event(
 ) -> None:
     rt = _runtime(memo)
     rt.workers.open()  # Kopf calls event handlers only once every index is complete
+    key = _key(namespace, name)
     if type == "DELETED":
-        rt.forget(_key(namespace, name))
-    rt.workers.enqueue(_key(namespace, name))
+        rt.forget(key)
+    elif type == "MODIFIED" and rt.cache.is_own_status_write(
+        key, body.metadata.get("resourceVersion")
+    ):
+        return  # the echo of our own status write: the sync that wrote it saw this state
+    rt.workers.enqueue(key)
 
 
 # --- pods ---------------------------------------------------------------------------------------

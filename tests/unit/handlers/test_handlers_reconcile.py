@@ -241,3 +241,24 @@ async def test_a_job_too_large_for_its_hostfile_says_so_instead_of_retrying_a_41
     assert "spec.mpiReplicaSpecs[Worker].replicas" in condition["message"]
     assert "1048576 bytes" in condition["message"]
     assert [(e.type, e.reason) for e in recorder.events] == [("Warning", "ValidationError")]
+
+
+async def test_only_a_sync_that_finishes_the_job_asks_for_the_next_one() -> None:
+    """The watch event of our own status write asks for no sync; the sync that marks the job
+    finished queues the one that cleans up and releases (both read the status)."""
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert any(verb == "replace_status" for verb, _ in kube.requests)  # Created
+    assert len(rt.workers.queue) == 0
+    index_created(rt, kube)
+    launcher = rt.cache.indices["launchers_by_job"][("bar", "foo")][0]
+    launcher["status"] = {
+        "conditions": [{"type": "Complete", "status": "True"}],
+        "succeeded": 1,
+        "completionTime": "2024-05-01T10:05:00Z",
+    }
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    written = [args[0]["status"] for verb, args in kube.requests if verb == "replace_status"]
+    assert ("Succeeded", "True") in {(c["type"], c["status"]) for c in written[-1]["conditions"]}
+    assert len(rt.workers.queue) == 1
