@@ -360,7 +360,7 @@ class TokenBucket:
         self._rate = qps
         self._capacity = float(max(burst, 1))
         self._tokens = self._capacity
-        self._last = 0.0
+        self._last: float | None = None
         self._lock = asyncio.Lock()
         self._urgent = 0
         self._quiet = asyncio.Event()
@@ -382,15 +382,19 @@ class TokenBucket:
                     self._quiet.set()
 
     async def _take(self) -> None:
+        """Reserve a token, then wait until it is due. Tokens accrue from the clock, never from
+        when a sleeper woke: a loop that wakes a sleeper late (a busy moment) loses no rate."""
         async with self._lock:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            if self._last:
+            now = self._now()
+            if self._last is not None:
                 self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
             self._last = now
-            if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self._rate)
-                self._last = loop.time()
-                self._tokens = 0.0
-            else:
-                self._tokens -= 1
+            self._tokens -= 1
+            if self._tokens < 0:
+                await self._sleep(-self._tokens / self._rate)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

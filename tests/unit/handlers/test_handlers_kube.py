@@ -46,3 +46,25 @@ async def test_an_event_waits_until_no_urgent_request_waits() -> None:
 async def test_without_urgent_requests_an_event_is_not_held() -> None:
     bucket = TokenBucket(qps=50, burst=2)
     await asyncio.wait_for(bucket.take(urgent=False), timeout=0.01)
+
+
+class LateWaking(TokenBucket):
+    """A bucket on a clock of its own, whose sleepers wake 5 ms late (a busy event loop)."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        super().__init__(qps, burst)
+        self.clock = 0.0
+
+    def _now(self) -> float:
+        return self.clock
+
+    async def _sleep(self, seconds: float) -> None:
+        self.clock += seconds + 0.005
+
+
+async def test_a_late_wake_costs_no_rate() -> None:
+    bucket = LateWaking(qps=100, burst=1)
+    for _ in range(101):  # the burst, then 100 tokens at 100 per second
+        await bucket.take()
+    # Crediting tokens from each wake-up rather than from the clock would take 100 x 15 ms.
+    assert bucket.clock == pytest.approx(1.0 + 0.005)
