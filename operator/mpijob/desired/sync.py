@@ -99,6 +99,8 @@ class Patch:
     name: str
     patch: JSON
     subresource: str = ""
+    urgent: bool = True
+    """False: the write may wait for requests that start the job's children (rate limits)."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def _config_map(desired: JSON, seen: Observed) -> list[Action]:
         return []
     # A merge patch keeps keys it does not name: name the extra ones with null to drop them.
     data = {**dict.fromkeys(live), **desired["data"]}
-    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data})]
+    # Mostly discover_hosts.sh following workers that started: other jobs' children come first.
+    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data}, urgent=False)]
 
 
 def _secret(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
