@@ -116,10 +116,10 @@ async def pods_by_job(
 ) -> dict[JobKey, JSON]:
     if not (job := _pod_job(labels)):
         return {}
-    rt = _runtime(memo)
+    rt, key = _runtime(memo), _key(namespace, job)
     _count_not_honoured(rt, body)
-    _child_changed(rt, _key(namespace, job), "Pod", name)
-    return {_key(namespace, job): pod_summary(body)}
+    _child_changed(rt, key, "Pod", name)
+    return {key: pod_summary(body)}
 
 
 async def pod_deleted(

@@ -36,13 +36,21 @@ class SlowEvents:
         return {}
 
 
-async def test_a_burst_of_repeats_creates_one_event_and_counts_up() -> None:
+RUNNING = normal("MPIJobRunning", "MPIJob ns/pi is running")
+
+
+async def post_running(times: int) -> tuple[SlowEvents, Recorder]:
+    """The same Running Event posted ``times`` times in a burst, then drained."""
     api = SlowEvents()
     recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
-    running = normal("MPIJobRunning", "MPIJob ns/pi is running")
-    for _ in range(5):
-        recorder.post(JOB, running)
+    for _ in range(times):
+        recorder.post(JOB, RUNNING)
     await recorder.drain()
+    return api, recorder
+
+
+async def test_a_burst_of_repeats_creates_one_event_and_counts_up() -> None:
+    api, _ = await post_running(5)
     assert len(api.created) == 1
     event = api.created[0]
     assert (event["reason"], event["source"], event["involvedObject"]["uid"]) == (
@@ -55,13 +63,8 @@ async def test_a_burst_of_repeats_creates_one_event_and_counts_up() -> None:
 
 
 async def test_repeats_after_the_update_count_up_again() -> None:
-    api = SlowEvents()
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
-    running = normal("MPIJobRunning", "MPIJob ns/pi is running")
-    for _ in range(2):
-        recorder.post(JOB, running)
-    await recorder.drain()
-    recorder.post(JOB, running)
+    api, recorder = await post_running(2)
+    recorder.post(JOB, RUNNING)
     await recorder.drain()
     assert len(api.created) == 1
     assert api.counts == [2, 3]
@@ -71,7 +74,7 @@ async def test_different_events_are_different_objects() -> None:
     api = SlowEvents()
     recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
     recorder.post(JOB, normal("MPIJobCreated", "MPIJob ns/pi is created."))
-    recorder.post(JOB, normal("MPIJobRunning", "MPIJob ns/pi is running"))
+    recorder.post(JOB, RUNNING)
     await recorder.drain()
     assert sorted(e["reason"] for e in api.created) == ["MPIJobCreated", "MPIJobRunning"]
     assert api.counts == []
