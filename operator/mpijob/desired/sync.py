@@ -99,8 +99,6 @@ class Patch:
     name: str
     patch: JSON
     subresource: str = ""
-    urgent: bool = True
-    """False: the write may wait for requests that start the job's children (rate limits)."""
 
 
 @dataclass(frozen=True)
@@ -208,8 +206,7 @@ def _config_map(desired: JSON, seen: Observed) -> list[Action]:
         return []
     # A merge patch keeps keys it does not name: name the extra ones with null to drop them.
     data = {**dict.fromkeys(live), **desired["data"]}
-    # Mostly discover_hosts.sh following workers that started: other jobs' children come first.
-    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data}, urgent=False)]
+    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data})]
 
 
 def _secret(job: MPIJob, seen: Observed, options: Options) -> list[Action]:

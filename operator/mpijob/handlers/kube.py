@@ -351,10 +351,9 @@ class Kube:
 class TokenBucket:
     """Client-side QPS/burst limit, as client-go applies with --kube-api-qps/--kube-api-burst.
 
-    Requests that are not urgent (Events, hostfile refreshes) take only spare tokens: none while
-    an urgent request (the children a job needs, its status) waits, and none the urgent ones
-    have reserved ahead. Under load they follow the children instead of delaying them, and go
-    out as soon as urgent demand leaves room.
+    Requests that are not urgent (Events) wait while urgent ones (the children a job needs, its
+    status) wait for a token: under load a job's Events follow its children instead of delaying
+    them. They are sent as soon as the urgent queue is empty.
     """
 
     def __init__(self, qps: float, burst: int) -> None:
@@ -368,44 +367,31 @@ class TokenBucket:
         self._quiet.set()
 
     async def take(self, *, urgent: bool = True) -> None:
-        if not urgent:
-            await self._take_spare()
-            return
-        self._urgent += 1
-        self._quiet.clear()
+        if urgent:
+            self._urgent += 1
+            self._quiet.clear()
+        else:
+            while self._urgent:
+                await self._quiet.wait()
         try:
-            await self._reserve()
+            await self._take()
         finally:
-            self._urgent -= 1
-            if not self._urgent:
-                self._quiet.set()
+            if urgent:
+                self._urgent -= 1
+                if not self._urgent:
+                    self._quiet.set()
 
-    async def _reserve(self) -> None:
+    async def _take(self) -> None:
         """Reserve a token, then wait until it is due. Tokens accrue from the clock, never from
         when a sleeper woke: a loop that wakes a sleeper late (a busy moment) loses no rate."""
         async with self._lock:
-            self._accrue()
+            now = self._now()
+            if self._last is not None:
+                self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
+            self._last = now
             self._tokens -= 1
             if self._tokens < 0:
                 await self._sleep(-self._tokens / self._rate)
-
-    async def _take_spare(self) -> None:
-        while True:
-            while self._urgent:
-                await self._quiet.wait()
-            async with self._lock:
-                self._accrue()
-                if self._tokens >= 1:
-                    self._tokens -= 1
-                    return
-                wait = (1 - self._tokens) / self._rate
-            await self._sleep(wait)
-
-    def _accrue(self) -> None:
-        now = self._now()
-        if self._last is not None:
-            self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
-        self._last = now
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()

@@ -139,9 +139,7 @@ async def _apply(
         case sync.Create(obj=obj):
             await _create(rt, key, job, body, obj)
         case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
-            out = await rt.kube.patch(
-                version, kind, job.namespace, name, patch, subresource=sub, urgent=action.urgent
-            )
+            out = await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
             versions[(kind, name)] = (out.get("metadata") or {}).get("resourceVersion", "")
         case sync.Replace(obj=obj):
             meta = obj["metadata"]
