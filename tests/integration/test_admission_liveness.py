@@ -80,9 +80,15 @@ def test_gpus_of_a_terminating_pod_are_not_given_away_until_it_is_gone(
     assert not worker_pods(crds, namespace, "after")
 
     mpijobs.wait_condition("after", keys.COND_GANG_ADMITTED, status="True", timeout=60)
+    # Placement pins each worker to its node by affinity; the scheduler binds it a moment later.
     pods = wait_until(
-        lambda: (p := worker_pods(crds, namespace, "after")) and len(p) == 4 and p,
-        what="the four workers",
+        lambda: (
+            (p := worker_pods(crds, namespace, "after"))
+            and len(p) == 4
+            and all(w.spec.node_name for w in p)
+            and p
+        ),
+        what="the four workers bound",
     )
     assert {p.spec.node_name for p in pods} == {f"gpu-node-{i}" for i in range(4)}
 
