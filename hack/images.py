@@ -32,7 +32,10 @@ import time
 from pathlib import Path
 
 HACK = Path(__file__).resolve().parent
-SUITE = "bookworm"
+# Debian release per flavour. MPICH comes from trixie (4.2): bookworm's 4.0 on UCX now and then
+# hung in MPI_Finalize when ranks sat in two pods of one node (one rank spun waiting for a reply
+# that the other, already blocked in the process manager's barrier, never read).
+SUITES = {"openmpi": "bookworm", "mpich": "trixie"}
 REPO = "docker.io/mpioperator/mpi-pi"
 PAUSE = "mpijob.local/pause:1"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -180,8 +183,12 @@ def add_dirs(layer: Path, dirs: dict[str, int]) -> None:
 # Directories mmdebstrap's tarball leaves out (/run's content among them, with the /run/sshd
 # root's sshd needs), added to the layer unless present.
 EXTRA_DIRS = {"run": 0o755, "run/sshd": 0o755, "tmp": 0o1777, "proc": 0o555, "sys": 0o555}
+# Debian's MPICH runs on UCX, which takes two processes for neighbours when they share a kernel
+# (its system id is the boot id) and would reach across by shared memory and cross-memory
+# attach; pods have their own PID and IPC namespaces. TCP is what ranks in separate pods share.
+UCX_TRANSPORTS = "UCX_TLS=self,tcp"
 MPI_CONFIG = {
-    "Env": [PATH_ENV],
+    "Env": [PATH_ENV, UCX_TRANSPORTS],
     "Entrypoint": ["/entrypoint.sh"],
     "Cmd": ["/bin/bash"],
     "WorkingDir": "/home/mpiuser",
@@ -222,7 +229,7 @@ def mpi_recipe(name: str) -> list[str]:
         "--quiet",
         f"--include={','.join(COMMON_RUNTIME + flavour['runtime'] + build)}",
         *(f"--customize-hook={h}" for h in hooks),
-        SUITE,
+        SUITES[name],
     ]
 
 
