@@ -3,11 +3,13 @@
 Events carry upstream's source component (``mpi-job-controller``) so tooling that filters on it
 keeps working. A repeat of the same event (same object, type, reason and message) increments the
 ``count`` of the first one instead of creating a new object, like client-go's correlator; this
-matters because upstream emits ``MPIJobRunning`` on every running sync. Repeats that arrive while
-a count update is on its way are carried by the next one (one PATCH with the latest count),
-so a burst of syncs costs two writes, not one per sync. Events are not urgent requests: under
-load the children and statuses waiting for the client's rate limit go first. Posting never
-blocks or fails a reconcile: it runs in the background and only logs its errors.
+matters because upstream emits ``MPIJobRunning`` on every running sync.
+
+One writer sends them, in order, one request at a time, as client-go's broadcaster does. Events
+are not urgent requests, and one writer keeps them so: under load a burst of Events never lines
+up in the rate limiter ahead of the children and statuses that jobs wait for. Repeats posted
+while their Event waits in line ride along with one count update. Posting never blocks or fails
+a reconcile; the writer only logs its errors.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,11 +40,19 @@ class Series:
     """One Event object and how many times it happened."""
 
     name: str
+    namespace: str
     count: int = 1
-    created: asyncio.Event = field(default_factory=asyncio.Event)
+    sent: int = 0
+    """The count the API has; 0 until the Event is created."""
+    queued: bool = False
+    """A count update is in line; a repeat meanwhile only raises ``count``."""
     failed: bool = False
-    writing: bool = False
-    """A count update is being sent; a repeat meanwhile only raises ``count``."""
+
+
+@dataclass(frozen=True)
+class _Create:
+    series: Series
+    body: dict[str, Any]
 
 
 class Recorder:
@@ -50,83 +60,104 @@ class Recorder:
         self._kube = kube
         self._instance = instance
         self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._line: asyncio.Queue[_Create | Series] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
         """Post ``event`` about ``obj`` (an MPIJob body) in the background."""
-        task = asyncio.create_task(self._post(obj, event))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        meta = obj.get("metadata", {})
+        uid = meta.get("uid", "")
+        key = (uid, event.type, event.reason, event.message)
+        series = self._seen.get(key)
+        if series is not None and not series.failed:
+            series.count += 1
+            self._seen.move_to_end(key)
+            if not series.queued:
+                series.queued = True
+                self._enqueue(series)
+            return
+        ns = meta.get("namespace", "default")
+        series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
+        self._seen[key] = series
+        while len(self._seen) > MAX_TRACKED:
+            self._seen.popitem(last=False)
+        self._enqueue(_Create(series, self._event(obj, event, series)))
 
     async def drain(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait until every Event posted so far is sent (or failed)."""
+        if self._writer is not None:
+            await self._line.join()
 
-    async def _post(self, obj: dict[str, Any], event: Event) -> None:
-        meta = obj.get("metadata", {})
-        ns, uid = meta.get("namespace", "default"), meta.get("uid", "")
-        key = (uid, event.type, event.reason, event.message)
-        now = _now()
-        series = self._seen.get(key)
+    def _enqueue(self, item: _Create | Series) -> None:
+        self._line.put_nowait(item)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="event writer")
+
+    async def _write(self) -> None:
+        # Ends when the line is empty; the next post starts a new writer.
+        while not self._line.empty():
+            item = self._line.get_nowait()
+            try:
+                if isinstance(item, _Create):
+                    await self._create(item)
+                else:
+                    await self._update(item)
+            finally:
+                self._line.task_done()
+
+    async def _create(self, item: _Create) -> None:
+        series = item.series
         try:
-            if series is not None:
-                # A repeat: count up the series' Event, once its creation is through.
-                series.count += 1
-                self._seen.move_to_end(key)
-                if series.writing:
-                    return  # the update on its way is followed by one with this count
-                series.writing = True
-                try:
-                    await series.created.wait()
-                    sent = 1
-                    while not series.failed and sent < series.count:
-                        sent = series.count
-                        patch = {"count": sent, "lastTimestamp": _now()}
-                        await self._kube.patch("v1", "Event", ns, series.name, patch, urgent=False)
-                finally:
-                    series.writing = False
-                return
-            # Registered before the create is awaited, so a repeat arriving meanwhile joins it.
-            series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}")
-            self._seen[key] = series
-            while len(self._seen) > MAX_TRACKED:
-                self._seen.popitem(last=False)
-            await self._kube.create(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Event",
-                    "metadata": {"name": series.name, "namespace": ns},
-                    "involvedObject": {
-                        "apiVersion": obj.get("apiVersion", keys.API_VERSION),
-                        "kind": obj.get("kind", keys.KIND),
-                        "name": meta.get("name"),
-                        "namespace": ns,
-                        "uid": uid,
-                        "resourceVersion": meta.get("resourceVersion"),
-                    },
-                    "type": event.type,
-                    "reason": event.reason,
-                    "message": event.message,
-                    "source": {"component": keys.EVENT_COMPONENT},
-                    "reportingComponent": keys.EVENT_COMPONENT,
-                    "reportingInstance": self._instance,
-                    "firstTimestamp": now,
-                    "lastTimestamp": now,
-                    "count": 1,
-                },
-                urgent=False,
+            await self._kube.create(item.body, urgent=False)
+            series.sent = 1
+        except Exception as e:
+            series.failed = True
+            self._log(item.body["reason"], e)
+
+    async def _update(self, series: Series) -> None:
+        series.queued = False
+        if series.failed or series.sent >= series.count:
+            return
+        count = series.count
+        patch = {"count": count, "lastTimestamp": _now()}
+        try:
+            await self._kube.patch(
+                "v1", "Event", series.namespace, series.name, patch, urgent=False
             )
-            series.created.set()
-        except ApiError as e:
-            if series is not None and not series.created.is_set():
-                series.failed = True
-                series.created.set()
-            if e.not_found or (series is not None and series.failed):
-                self._seen.pop(key, None)  # expired or never made: start anew next time
-            log.warning("Failed to post event", extra={"reason": event.reason, "error": str(e)})
-        except Exception:
-            if series is not None and not series.created.is_set():
-                series.failed = True
-                series.created.set()
-                self._seen.pop(key, None)
-            log.exception("Failed to post event")
+            series.sent = count
+        except Exception as e:
+            series.failed = True  # expired or never made: the next repeat starts a new Event
+            self._log("count update", e)
+
+    def _event(self, obj: dict[str, Any], event: Event, series: Series) -> dict[str, Any]:
+        meta = obj.get("metadata", {})
+        now = _now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": series.name, "namespace": series.namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", keys.API_VERSION),
+                "kind": obj.get("kind", keys.KIND),
+                "name": meta.get("name"),
+                "namespace": series.namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message,
+            "source": {"component": keys.EVENT_COMPONENT},
+            "reportingComponent": keys.EVENT_COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    @staticmethod
+    def _log(what: str, error: Exception) -> None:
+        if isinstance(error, ApiError):
+            log.warning("Failed to post event", extra={"reason": what, "error": str(error)})
+        else:
+            log.error("Failed to post event", exc_info=error, extra={"reason": what})

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mpijob.desired.events import normal
+from mpijob.handlers.kube import ApiError
 from mpijob.handlers.recorder import Recorder
 
 pytestmark = pytest.mark.unit
@@ -22,14 +23,24 @@ JOB = {
 class SlowEvents:
     """An API whose creates take a moment, so repeats arrive while the first is in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, refuse: int = 0) -> None:
         self.created: list[dict[str, Any]] = []
         self.counts: list[int] = []
+        self.in_flight = self.most_in_flight = 0
+        self.refuse = refuse
 
     async def create(self, obj: dict[str, Any], **_: Any) -> dict[str, Any]:
-        await asyncio.sleep(0.05)
-        self.created.append(obj)
-        return obj
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            if self.refuse:
+                self.refuse -= 1
+                raise ApiError(403, "Forbidden", "events is forbidden")
+            self.created.append(obj)
+            return obj
+        finally:
+            self.in_flight -= 1
 
     async def patch(self, *args: Any, **_: Any) -> dict[str, Any]:
         self.counts.append(args[-1]["count"])
@@ -78,3 +89,27 @@ async def test_different_events_are_different_objects() -> None:
     await recorder.drain()
     assert sorted(e["reason"] for e in api.created) == ["MPIJobCreated", "MPIJobRunning"]
     assert api.counts == []
+
+
+async def test_one_request_at_a_time_in_the_order_posted() -> None:
+    api = SlowEvents()
+    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    reasons = [f"Reason{i}" for i in range(5)]
+    for reason in reasons:
+        recorder.post(JOB, normal(reason, "m"))
+    await recorder.drain()
+    assert [e["reason"] for e in api.created] == reasons
+    assert api.most_in_flight == 1
+
+
+async def test_an_event_that_could_not_be_created_is_created_anew_by_its_next_repeat() -> None:
+    api = SlowEvents(refuse=1)
+    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert api.created == []
+    recorder.post(JOB, RUNNING)
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert len(api.created) == 1
+    assert api.counts == [2]
