@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import types
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -316,6 +317,54 @@ def decode_watch_events_with_orjson() -> None:
 GC_YOUNG_THRESHOLD = 20_000
 
 
+def views_without_cycles() -> None:
+    """Kopf wraps every event's body in a ``Body`` and gives each handler call a ``Patch``;
+    both keep their ``metadata``/``spec``/``status`` views as attributes, and the metadata view
+    its ``labels``/``annotations`` views, while each view points back at its parent. So every
+    event's whole object stayed until the garbage collector found the cycle. Built on each
+    access instead (a view is a path over the same dict: reads and writes go where they went),
+    the views leave no cycle and an event's body is freed as soon as Kopf drops it. A Kopf
+    whose classes differ keeps its own."""
+    from kopf._cogs.structs import bodies, dicts, patches
+
+    views: dict[type, dict[str, type]] = {
+        bodies.Body: {"metadata": bodies.Meta, "meta": bodies.Meta, "spec": bodies.Spec,
+                      "status": bodies.Status},
+        patches.Patch: {"metadata": patches.MetaPatch, "meta": patches.MetaPatch,
+                        "spec": patches.SpecPatch, "status": patches.StatusPatch},
+        bodies.Meta: {"labels": dicts.MappingView, "annotations": dicts.MappingView},
+        patches.MetaPatch: {"labels": dicts.MutableMappingView,
+                            "annotations": dicts.MutableMappingView},
+    }  # fmt: skip
+    cached = {"_meta", "_spec", "_status", "_labels", "_annotations"}
+    if not all(
+        isinstance(vars(cls).get(name), property) for cls, named in views.items() for name in named
+    ):
+        log.warning("Kopf's body and patch views were not found; they keep their cycles")
+        return
+
+    def without_cached_views(init: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            for name in cached & vars(self).keys():
+                delattr(self, name)  # the view goes, and with it the cycle
+
+        return __init__
+
+    for cls, named in views.items():
+        cls.__init__ = without_cached_views(cls.__init__)  # type: ignore[misc]
+        for name, view in named.items():
+            setattr(cls, name, _view_property(view, name))
+
+
+def _view_property(view: type, name: str) -> property:
+    """A parent's view built on access: metadata's labels and annotations are plain views by
+    path, the others know their path."""
+    if name in ("labels", "annotations"):
+        return property(lambda self: view(self, name))
+    return property(view)
+
+
 def tune_garbage_collector() -> None:
     """Before the loop: what the imports made lives for the process (frozen: never scanned
     again), and the youngest generation is collected less often (:data:`GC_YOUNG_THRESHOLD`)."""
@@ -329,6 +378,7 @@ def run(ours: OperatorSettings) -> None:
     if ours.kubeconfig:
         os.environ["KUBECONFIG"] = ours.kubeconfig
     decode_watch_events_with_orjson()
+    views_without_cycles()
     binding = asyncio.run(preflight(ours))
     memo = kopf.Memo(settings=ours, gpu_binding=binding)
     tune_garbage_collector()
