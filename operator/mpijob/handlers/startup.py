@@ -336,7 +336,7 @@ def views_without_cycles() -> None:
         patches.MetaPatch: {"labels": dicts.MutableMappingView,
                             "annotations": dicts.MutableMappingView},
     }  # fmt: skip
-    cached = {"_meta", "_spec", "_status", "_labels", "_annotations"}
+    cached = {"_meta", "_spec", "_status"}
     if not all(
         isinstance(vars(cls).get(name), property) for cls, named in views.items() for name in named
     ):
@@ -351,10 +351,22 @@ def views_without_cycles() -> None:
 
         return __init__
 
+    # Metadata views are built on every access: theirs no longer make label and annotation views
+    # first (the properties below make those when asked).
+    bodies.Meta.__init__ = _path_view(dicts.MappingView, "metadata")  # type: ignore[method-assign,assignment]
+    patches.MetaPatch.__init__ = _path_view(dicts.MutableMappingView, "metadata")  # type: ignore[method-assign,assignment]
+    bodies.Body.__init__ = without_cached_views(bodies.Body.__init__)  # type: ignore[method-assign]
+    patches.Patch.__init__ = without_cached_views(patches.Patch.__init__)  # type: ignore[method-assign]
     for cls, named in views.items():
-        cls.__init__ = without_cached_views(cls.__init__)  # type: ignore[misc]
         for name, view in named.items():
             setattr(cls, name, _view_property(view, name))
+
+
+def _path_view(base: Any, path: str) -> Callable[[Any, Any], None]:
+    def __init__(self: Any, src: Any) -> None:
+        base.__init__(self, src, path)
+
+    return __init__
 
 
 def _view_property(view: type, name: str) -> property:
