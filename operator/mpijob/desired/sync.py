@@ -99,6 +99,9 @@ class Patch:
     name: str
     patch: JSON
     subresource: str = ""
+    deferrable: bool = False
+    """Nothing waits on it (``discover_hosts.sh`` following workers that started): it may go out
+    after the sync, behind the requests jobs wait for."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,11 @@ def _config_map(desired: JSON, seen: Observed) -> list[Action]:
         return []
     # A merge patch keeps keys it does not name: name the extra ones with null to drop them.
     data = {**dict.fromkeys(live), **desired["data"]}
-    return [Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data})]
+    changed = {k for k in data if live.get(k) != desired["data"].get(k)}
+    deferrable = changed == {config_map.DISCOVER_HOSTS_KEY}
+    return [
+        Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data}, deferrable=deferrable)
+    ]
 
 
 def _secret(job: MPIJob, seen: Observed, options: Options) -> list[Action]:

@@ -138,6 +138,8 @@ async def _apply(
     match action:
         case sync.Create(obj=obj):
             await _create(rt, key, job, body, obj)
+        case sync.Patch(deferrable=True, api_version=version, kind=kind, name=name, patch=patch):
+            rt.deferred.patch(version, kind, job.namespace, name, patch)
         case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
             out = await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
             versions[(kind, name)] = (out.get("metadata") or {}).get("resourceVersion", "")

@@ -3,7 +3,7 @@
 - :class:`~mpijob.handlers.cache.Cache`: the indices, expectations and our last status write;
 - :class:`~mpijob.handlers.workers.Workers`: the work queue, its workers and the leader gate;
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
-- the API adapter, the Event recorder and the admission loop.
+- the API adapter, the Event recorder, the deferred patches and the admission loop.
 
 Created in ``on.startup`` and kept in Kopf's ``memo``.
 """
@@ -17,6 +17,7 @@ from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.cache import Cache
+from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.kube import Kube
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.workers import Workers
@@ -48,6 +49,7 @@ class Runtime:
     settings: OperatorSettings
     kube: Kube
     recorder: Recorder
+    deferred: DeferredPatches
     workers: Workers
     cache: Cache = field(default_factory=Cache)
     job_metrics: JobMetrics = field(default_factory=JobMetrics)
@@ -67,4 +69,5 @@ class Runtime:
     async def stop(self) -> None:
         await self.workers.stop()
         await self.recorder.drain()
+        await self.deferred.drain()
         await self.kube.aclose()

@@ -30,6 +30,7 @@ from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
+from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.kube import ApiError, Kube, connection_info
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
@@ -106,6 +107,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
         kube=kube,
         recorder=Recorder(kube, instance=instance),
+        deferred=DeferredPatches(kube),
         workers=Workers(ours.threadiness, leader=leader),
     )
     # Indices are live mappings: empty now, complete when the workers open (see watches).

@@ -342,6 +342,18 @@ def test_hostfile_drift_is_patched_and_foreign_keys_are_dropped() -> None:
     [patch] = plan.actions
     assert isinstance(patch, sync.Patch)
     assert patch.patch == {"data": {**desired, "extra": None}}
+    assert not patch.deferrable, "the hostfile is read by the launcher: it goes out in the sync"
+
+
+def test_a_discover_hosts_refresh_may_go_out_after_the_sync() -> None:
+    job = created(make_job(name="test", namespace="default", workers=2))
+    pods = [worker(f"test-worker-{i}", "Running") for i in range(2)]
+    seen = sync.Observed(launcher_job=launcher_job(job), pods=pods, **children(job))
+    [patch] = sync.plan(job, seen, NOW).actions
+    assert isinstance(patch, sync.Patch)
+    assert patch.kind == "ConfigMap"
+    assert "test-worker-1" in patch.patch["data"]["discover_hosts.sh"]
+    assert patch.deferrable
 
 
 def test_a_secret_with_the_wrong_keys_is_replaced_with_a_new_pair() -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from mpijob.handlers import kube
 from mpijob.handlers.kube import TokenBucket, bucket_of
 
 pytestmark = pytest.mark.unit
@@ -46,6 +47,34 @@ async def test_an_event_waits_until_no_urgent_request_waits() -> None:
 async def test_without_urgent_requests_an_event_is_not_held() -> None:
     bucket = TokenBucket(qps=50, burst=2)
     await asyncio.wait_for(bucket.take(urgent=False), timeout=0.01)
+
+
+async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
+    bucket = TokenBucket(qps=100, burst=21)
+    for _ in range(12):  # 9 left: fewer than the 10 kept for urgent requests
+        await bucket.take()
+    waiting = asyncio.create_task(bucket.take(urgent=False))
+    await asyncio.sleep(0.005)
+    assert not waiting.done()
+    await asyncio.wait_for(waiting, timeout=0.1)  # 10 ms later the bucket holds 11 again
+
+
+async def test_under_sustained_load_a_request_that_is_not_urgent_still_gets_its_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kube, "SPARE_WAIT_SECONDS", 0.05)
+    bucket = TokenBucket(qps=200, burst=1)
+    stop = asyncio.Event()
+
+    async def urgent_load() -> None:
+        while not stop.is_set():
+            await bucket.take()
+
+    loads = [asyncio.create_task(urgent_load()) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(bucket.take(urgent=False), timeout=0.5)
+    stop.set()
+    await asyncio.gather(*loads)
 
 
 class LateWaking(TokenBucket):

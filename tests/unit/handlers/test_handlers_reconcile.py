@@ -15,6 +15,7 @@ import pytest
 from mpijob import keys
 from mpijob.desired.events import Event
 from mpijob.handlers import reconcile
+from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import Workers
 from mpijob.settings import OperatorSettings
@@ -59,6 +60,7 @@ def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingR
         settings=OperatorSettings(),
         kube=kube,  # type: ignore[arg-type]
         recorder=recorder,  # type: ignore[arg-type]
+        deferred=DeferredPatches(kube),  # type: ignore[arg-type]
         workers=Workers(threadiness=1),
     )
     rt.cache.indices = {
