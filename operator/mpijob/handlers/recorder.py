@@ -5,25 +5,26 @@ keeps working. A repeat of the same event (same object, type, reason and message
 ``count`` of the first one instead of creating a new object, like client-go's correlator; this
 matters because upstream emits ``MPIJobRunning`` on every running sync.
 
-One writer sends them, in order, one request at a time, as client-go's broadcaster does. Events
-are not urgent requests, and one writer keeps them so: under load a burst of Events never lines
-up in the rate limiter ahead of the children and statuses that jobs wait for. Repeats posted
-while their Event waits in line ride along with one count update. Posting never blocks or fails
-a reconcile; the writer only logs its errors.
+One writer (:class:`~mpijob.handlers.deferred.Line`) sends them, in order, one request at a time,
+as client-go's broadcaster does. Events are not urgent requests, and one writer keeps them so:
+under load a burst of Events never lines up in the rate limiter ahead of the children and
+statuses that jobs wait for. Repeats posted while their Event waits in line ride along with one
+count update. Posting never blocks or fails a reconcile; the writer only logs its errors.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from mpijob import keys
 from mpijob.desired.events import Event
+from mpijob.handlers.deferred import Line
 from mpijob.handlers.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
@@ -44,15 +45,7 @@ class Series:
     count: int = 1
     sent: int = 0
     """The count the API has; 0 until the Event is created."""
-    queued: bool = False
-    """A count update is in line; a repeat meanwhile only raises ``count``."""
     failed: bool = False
-
-
-@dataclass(frozen=True)
-class _Create:
-    series: Series
-    body: dict[str, Any]
 
 
 class Recorder:
@@ -60,8 +53,7 @@ class Recorder:
         self._kube = kube
         self._instance = instance
         self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
-        self._line: asyncio.Queue[_Create | Series] = asyncio.Queue()
-        self._writer: asyncio.Task[None] | None = None
+        self._line = Line("event writer")
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
         """Post ``event`` about ``obj`` (an MPIJob body) in the background."""
@@ -72,50 +64,30 @@ class Recorder:
         if series is not None and not series.failed:
             series.count += 1
             self._seen.move_to_end(key)
-            if not series.queued:
-                series.queued = True
-                self._enqueue(series)
+            # One count update in line is enough: it sends the count it finds when its turn comes.
+            self._line.put(("update", series.name), partial(self._update, series))
             return
         ns = meta.get("namespace", "default")
         series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
         self._seen[key] = series
         while len(self._seen) > MAX_TRACKED:
             self._seen.popitem(last=False)
-        self._enqueue(_Create(series, self._event(obj, event, series)))
+        body = self._event(obj, event, series)
+        self._line.put(("create", series.name), partial(self._create, series, body))
 
     async def drain(self) -> None:
         """Wait until every Event posted so far is sent (or failed)."""
-        if self._writer is not None:
-            await self._line.join()
+        await self._line.drain()
 
-    def _enqueue(self, item: _Create | Series) -> None:
-        self._line.put_nowait(item)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write(), name="event writer")
-
-    async def _write(self) -> None:
-        # Ends when the line is empty; the next post starts a new writer.
-        while not self._line.empty():
-            item = self._line.get_nowait()
-            try:
-                if isinstance(item, _Create):
-                    await self._create(item)
-                else:
-                    await self._update(item)
-            finally:
-                self._line.task_done()
-
-    async def _create(self, item: _Create) -> None:
-        series = item.series
+    async def _create(self, series: Series, body: dict[str, Any]) -> None:
         try:
-            await self._kube.create(item.body, urgent=False)
+            await self._kube.create(body, urgent=False)
             series.sent = 1
         except Exception as e:
             series.failed = True
-            self._log(item.body["reason"], e)
+            self._log(body["reason"], e)
 
     async def _update(self, series: Series) -> None:
-        series.queued = False
         if series.failed or series.sent >= series.count:
             return
         count = series.count

@@ -353,20 +353,20 @@ def views_without_cycles() -> None:
 
         return __init__
 
-    # Metadata views are built on every access: theirs no longer make label and annotation views
-    # first (the properties below make those when asked).
+    # A body and a metadata view are only their path over the object now: nothing is built
+    # first to be dropped (the properties below build the views when asked).
+    bodies.Body.__init__ = _path_view(dicts.ReplaceableMappingView)  # type: ignore[method-assign,assignment]
     bodies.Meta.__init__ = _path_view(dicts.MappingView, "metadata")  # type: ignore[method-assign,assignment]
     patches.MetaPatch.__init__ = _path_view(dicts.MutableMappingView, "metadata")  # type: ignore[method-assign,assignment]
-    bodies.Body.__init__ = without_cached_views(bodies.Body.__init__)  # type: ignore[method-assign]
     patches.Patch.__init__ = without_cached_views(patches.Patch.__init__)  # type: ignore[method-assign]
     for cls, named in views.items():
         for name, view in named.items():
             setattr(cls, name, _view_property(view, name))
 
 
-def _path_view(base: Any, path: str) -> Callable[[Any, Any], None]:
+def _path_view(base: Any, *path: str) -> Callable[[Any, Any], None]:
     def __init__(self: Any, src: Any) -> None:
-        base.__init__(self, src, path)
+        base.__init__(self, src, *path)
 
     return __init__
 
