@@ -8,7 +8,8 @@ nvidia-ml-py (never in CI):
 
 It starts GPU 0's MPS control daemon with the agent's own code (:class:`MpsDaemon`, default
 caps, exactly as ``mpijob-agent --share-gpus`` does), then runs CUDA processes whose environment
-is what :func:`mpijob.desired.fractional.pod_edits` writes for a pod holding the share: a bf16
+is what :func:`mpijob.desired.fractional.pod_edits` writes for a pod holding the share (as the
+kubelet resolves it at container start, :func:`~mpijob.desired.fractional.resolve_env`): a bf16
 8192^3 matmul for throughput, plain allocations for the memory limit. Phases:
 
 1. unrestricted baselines: without MPS, and as an MPS client without limits;
@@ -262,17 +263,20 @@ class Check:
 
 
 def share_env(uuid: str, index: int, memory_gib: int, percentage: int | None) -> dict[str, str]:
-    """The environment pod_edits writes into a one-container pod holding this share."""
+    """The environment a one-container pod holding this share starts with (pod_edits)."""
     from mpijob import keys
     from mpijob.api.fractional import Placed, Share
-    from mpijob.desired.fractional import pod_edits
+    from mpijob.desired.fractional import pod_edits, resolve_env
 
     limits: dict[str, Any] = {keys.GPU_MEM_RESOURCE: str(memory_gib)}
     if percentage is not None:
         limits[keys.GPU_CORE_PERCENTAGE_RESOURCE] = str(percentage)
     pod = {"spec": {"containers": [{"name": "cuda", "resources": {"limits": limits}}]}}
     placed = Placed("this-node", index, uuid, Share(memory_gib, percentage))
-    return pod_edits(pod, placed).env[0]
+    edits = pod_edits(pod, placed)
+    # As the kubelet resolves it at container start: the UUID read from the pod's annotation.
+    annotations = {k: v for k, v in edits.annotations.items() if v is not None}
+    return resolve_env(edits.env[0], annotations)
 
 
 def mps_only_env(uuid: str) -> dict[str, str]:

@@ -206,6 +206,13 @@ NODE_GPU_PLACEMENT_SPREAD: Final = "spread"
 #: On a pod holding a share: compact JSON ``{"v":1,"node":..,"gpu":<index>,"uuid":..,
 #: "mem":<GiB>,"core":<percent or null>}``; what the ledger is rebuilt from after a restart.
 GPU_SHARE: Final = PREFIX + "gpu-share"
+#: On a pod holding a share: its GPU's UUID alone, read by the containers' environment
+#: (a downward-API ``fieldRef``), so that a pod placed after creation gets it at start.
+GPU_SHARE_UUID: Final = PREFIX + "gpu-share-uuid"
+#: On a share pod admitted before any GPU had room for it: why it waits (removed once placed).
+GPU_SHARE_WAITING: Final = PREFIX + "gpu-share-waiting"
+#: The scheduling gate holding such a pod back from the scheduler until its share is placed.
+GPU_SHARE_GATE: Final = PREFIX + "gpu-share"
 #: MPS clients one GPU serves at most (Volta and later); one more fails context creation.
 MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory

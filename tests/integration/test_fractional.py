@@ -17,10 +17,12 @@ import copy
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,10 +32,11 @@ from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from mpijob.api.fractional import Placed
-from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+from mpijob.desired.fractional import WEBHOOK_CONFIGURATION, client_env
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
+from support.realnode import ROLE, exit_codes, ready_real_node
 from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -228,6 +231,27 @@ def wait_running(cluster: Cluster, namespace: str, names: list[str]) -> list[cli
     return wait_until(probe, timeout=120, what=f"{len(names)} pods Running")
 
 
+def gated(pod: client.V1Pod) -> bool:
+    """The pod waits behind our gate, holding no share, and the scheduler says so."""
+    gates = [g.name for g in pod.spec.scheduling_gates or []]
+    scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+    return (
+        gates == [keys.GPU_SHARE_GATE]
+        and keys.GPU_SHARE not in (pod.metadata.annotations or {})
+        and bool(scheduled)
+        and scheduled[0].reason == "SchedulingGated"
+        and not pod.spec.node_name
+    )
+
+
+def wait_gated(cluster: Cluster, namespace: str, name: str) -> client.V1Pod:
+    return wait_until(
+        lambda: (p := cluster.core.read_namespaced_pod(name, namespace)) and gated(p) and p,
+        timeout=60,
+        what=f"{name} SchedulingGated",
+    )
+
+
 def gpu_sums(pods: list[client.V1Pod]) -> dict[tuple[str, int], list[int]]:
     """(node, GPU) -> [GiB, percent, clients] summed over the pods' share annotations."""
     sums: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
@@ -284,18 +308,22 @@ def test_cuda_sample_job_runs_with_its_gpu_env_and_annotation(
     )
     assert record.uuid == topology["gpus"][record.gpu]["uuid"]
     container = running.spec.containers[0]
-    env = {e.name: e.value for e in container.env}
-    pipe = f"{keys.MPS_ROOT}/{record.uuid}/pipe"
-    assert env == {
-        keys.ENV_NVIDIA_VISIBLE_DEVICES: record.uuid,
-        keys.ENV_MPS_PIPE_DIRECTORY: pipe,
+    assert running.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
+    # The env names no GPU: the kubelet reads the UUID from the annotation at container start.
+    written = {
+        e.name: e.value_from.field_ref.field_path if e.value_from else e.value
+        for e in container.env
+    }
+    assert written == {
+        keys.ENV_NVIDIA_VISIBLE_DEVICES: f"metadata.annotations['{keys.GPU_SHARE_UUID}']",
+        keys.ENV_MPS_PIPE_DIRECTORY: f"{keys.MPS_ROOT}/$({keys.ENV_NVIDIA_VISIBLE_DEVICES})/pipe",
         keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: "0=2G",
         keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: "30",
     }
     assert [(m.mount_path, m.read_only) for m in container.volume_mounts or []][:1] == [
-        (pipe, True)
+        (keys.MPS_ROOT, True)
     ]
-    assert [v.host_path.path for v in running.spec.volumes if v.host_path] == [pipe]
+    assert [v.host_path.path for v in running.spec.volumes if v.host_path] == [keys.MPS_ROOT]
 
     def succeeded() -> bool:
         job = share_nodes.batch.read_namespaced_job("cuda-sample", namespace)
@@ -354,8 +382,9 @@ def test_memory_only_and_compute_shares_never_share_a_node(
 ) -> None:
     shares()
     create(share_nodes, namespace, pod_body("compute", 2, 30, node="share-node-2"))
-    error = refusal(share_nodes, namespace, pod_body("memory-there", 2, None, node="share-node-2"))
-    assert "never mix" in json.loads(error.body)["message"]
+    create(share_nodes, namespace, pod_body("memory-there", 2, None, node="share-node-2"))
+    waiting = wait_gated(share_nodes, namespace, "memory-there")
+    assert "never mix" in waiting.metadata.annotations[keys.GPU_SHARE_WAITING]
     create(share_nodes, namespace, pod_body("memory", 2, None))
     create(share_nodes, namespace, pod_body("compute-2", 2, 30))
     pods = wait_running(share_nodes, namespace, ["compute", "memory", "compute-2"])
@@ -365,6 +394,16 @@ def test_memory_only_and_compute_shares_never_share_a_node(
         kinds[pod.spec.node_name].add(placed(pod).share.with_compute)
     assert all(len(k) == 1 for k in kinds.values()), kinds
     assert kinds["share-node-2"] == {True}
+    assert gated(share_nodes.core.read_namespaced_pod("memory-there", namespace))
+    # Once no compute share is left there, the memory-only pod is placed there.
+    for pod in pods:
+        if pod.spec.node_name == "share-node-2":
+            share_nodes.core.delete_namespaced_pod(
+                pod.metadata.name, namespace, grace_period_seconds=0
+            )
+    (there,) = wait_running(share_nodes, namespace, ["memory-there"])
+    assert there.spec.node_name == placed(there).node == "share-node-2"
+    assert keys.GPU_SHARE_WAITING not in there.metadata.annotations
 
 
 def test_concurrent_pods_never_overcommit_a_gpu(
@@ -385,15 +424,37 @@ def test_concurrent_pods_never_overcommit_a_gpu(
 
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(make, range(100)))
-    # Full GPUs refuse (409); nothing else goes wrong, and no pod is admitted unplaced.
-    assert {status for _, status in results} == {201, 409}, results
-    created = [name for name, status in results if status == 201]
-    assert 20 < len(created) < 100
-    pods = wait_running(share_nodes, namespace, created)
-    for pod in pods:
+    # Every pod is admitted: placed at once, or behind the gate until a GPU has room.
+    assert {status for _, status in results} == {201}, results
+    names = [name for name, _ in results]
+
+    def settled() -> tuple[list[client.V1Pod], list[client.V1Pod]] | None:
+        pods = [share_nodes.core.read_namespaced_pod(n, namespace) for n in names]
+        running = [p for p in pods if p.status.phase == "Running"]
+        waiting = [p for p in pods if gated(p)]
+        return (running, waiting) if len(running) + len(waiting) == len(pods) else None
+
+    running, waiting = wait_until(settled, timeout=120, what="every pod Running or gated")
+    assert 20 < len(running) < 100
+    for pod in running:
         assert pod.spec.node_name == placed(pod).node
-    assert_not_overcommitted(pods)
-    assert sum(p[1] for p in gpu_sums(pods).values()) > 800  # the GPUs really filled up
+    assert_not_overcommitted(running)
+    assert sum(p[1] for p in gpu_sums(running).values()) > 800  # the GPUs really filled up
+    # The running pods finish: the waiting ones take their place, still within every GPU.
+    for pod in running:
+        share_nodes.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    names = [p.metadata.name for p in waiting]
+
+    def refilled() -> tuple[list[client.V1Pod], list[client.V1Pod]] | None:
+        found = settled()
+        if found is None:
+            return None
+        full = sum(p[1] for p in gpu_sums(found[0]).values()) > 800
+        return found if full or not found[1] else None
+
+    second, still = wait_until(refilled, timeout=120, what="the waiting pods placed in turn")
+    assert_not_overcommitted(second)
+    assert len(second) + len(still) == len(waiting)
 
 
 def test_ledger_comes_back_after_sigkill(
@@ -445,23 +506,58 @@ def test_mpijob_workers_are_placed_all_or_nothing(
     ]
     assert all(placed(w).share.percentage == 25 for w in workers)
     assert_not_overcommitted(workers)
-    # Four whole-GPU workers where three GPUs are free: none is placed, none holds a share.
+    # Four whole-GPU workers where three GPUs are free: all wait, none holds a share.
     create(share_nodes, namespace, pod_body("blocker", 2, 10, node="share-node-1"))
     wait_running(share_nodes, namespace, ["blocker"])
     mpijobs.create(fractional_job("too-big", 14, 100, "share-node-1"))
-    wait_until(
-        lambda: "all or nothing" in op.logs(), timeout=60, what="a worker refused all or nothing"
-    )
-    assert [
-        p.metadata.name
-        for p in share_nodes.core.list_namespaced_pod(
-            namespace, label_selector=f"{keys.LABEL_JOB_NAME}=too-big,{keys.LABEL_JOB_ROLE}=worker"
-        ).items
-    ] == []
+    big = [f"too-big-worker-{i}" for i in range(4)]
+    for name in big:
+        reason = wait_gated(share_nodes, namespace, name).metadata.annotations
+        assert "placed all or nothing" in reason[keys.GPU_SHARE_WAITING], reason
+    assert "all or nothing" in op.logs()
     # Nothing is held for it: the three free GPUs take three such pods.
-    for i in range(3):
-        create(share_nodes, namespace, pod_body(f"whole-{i}", 14, 100, node="share-node-1"))
-    wait_running(share_nodes, namespace, [f"whole-{i}" for i in range(3)])
+    whole = [f"whole-{i}" for i in range(3)]
+    for name in whole:
+        create(share_nodes, namespace, pod_body(name, 14, 100, node="share-node-1"))
+    wait_running(share_nodes, namespace, whole)
+    assert all(gated(share_nodes.core.read_namespaced_pod(n, namespace)) for n in big)
+    # Once the node's four GPUs are free, the four workers are placed together.
+    for name in ["blocker", *whole]:
+        share_nodes.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    placed_workers = wait_running(share_nodes, namespace, big)
+    assert sorted(placed(w).gpu for w in placed_workers) == [0, 1, 2, 3]
+    assert {w.spec.node_name for w in placed_workers} == {"share-node-1"}
+
+
+def test_a_pod_that_fits_nowhere_waits_and_is_placed_after_a_restart(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    first = shares()
+    full = [f"full-{i}" for i in range(GPUS)]
+    for name in full:
+        create(share_nodes, namespace, pod_body(name, GPU_GIB, 100, node="share-node-1"))
+    held = {p.metadata.name: placed(p).gpu for p in wait_running(share_nodes, namespace, full)}
+    create(share_nodes, namespace, pod_body("waiter", 2, 30, node="share-node-1"))
+    waiting = wait_gated(share_nodes, namespace, "waiter")
+    assert waiting.metadata.annotations[keys.GPU_SHARE_WAITING] == (
+        "no GPU of 1 eligible node(s) has 2 GiB and 30% free"
+    )
+    assert waiting.status.phase == "Pending"
+    # A waiting pod holds nothing: the restarted operator finds it by its watch.
+    first.kill()
+    shares()
+    share_nodes.core.delete_namespaced_pod("full-2", namespace, grace_period_seconds=0)
+    (waiter,) = wait_running(share_nodes, namespace, ["waiter"])
+    assert placed(waiter).node == waiter.spec.node_name == "share-node-1"
+    assert placed(waiter).gpu == held["full-2"]
+    assert keys.GPU_SHARE_WAITING not in waiter.metadata.annotations
+    assert not waiter.spec.scheduling_gates
+    assert_not_overcommitted(
+        [
+            waiter,
+            *(share_nodes.core.read_namespaced_pod(n, namespace) for n in full if n != "full-2"),
+        ]
+    )
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
@@ -483,3 +579,106 @@ def test_example_mpijob_with_fractional_workers_succeeds(
     assert {placed(w).node for w in workers} == {"share-node-1"}
     assert len({placed(w).gpu for w in workers}) == replicas
     mpijobs.wait_condition(name, "Succeeded", timeout=180)
+
+
+#: Prints what the container was started with, once its GPU's pipe directory is there.
+SHOW_ENV = """
+n=0; until [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] || [ $n -ge 300 ]; do sleep 0.1; n=$((n+1)); done
+env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_MPS_)' | sort
+[ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && echo pipe-found
+touch "$CUDA_MPS_PIPE_DIRECTORY/probe" 2>/dev/null && echo writable || echo read-only
+"""
+
+
+@pytest.mark.realnode
+def test_a_real_container_placed_after_waiting_starts_with_its_gpu_env(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    """On the real node (kubelet, containerd): a pod admitted while no node could take it is
+    placed once the node opts in, and its container starts with the GPU's UUID read from the
+    annotation, the pipe directory of that GPU's daemon and its limits, the MPS root read-only."""
+    real = ready_real_node(share_nodes)
+    shares()
+    root = Path(keys.MPS_ROOT)
+    made_root = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    body = pod_body("sees-its-gpu", 2, 30)
+    spec = body["spec"]
+    spec.update(
+        restartPolicy="Never",
+        nodeSelector={ROLE: "true"},
+        tolerations=[{"key": ROLE, "operator": "Exists", "effect": "NoSchedule"}],
+    )
+    container = spec["containers"][0]
+    container.update(
+        image="mpioperator/mpi-pi:openmpi",
+        imagePullPolicy="IfNotPresent",
+        command=["sh", "-c", SHOW_ENV],
+    )
+    container["resources"]["limits"].update(cpu="100m", memory="64Mi")
+    made: list[Path] = []
+    try:
+        create(share_nodes, namespace, body)
+        waiting = wait_gated(share_nodes, namespace, "sees-its-gpu")
+        assert waiting.metadata.annotations[keys.GPU_SHARE_WAITING].startswith("no opted-in node")
+        share_nodes.kubectl(
+            "label",
+            "node",
+            real,
+            f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}",
+        )
+        run_agent(share_nodes, real)
+        topology = json.loads(
+            share_nodes.core.read_node(real).metadata.annotations[keys.GPU_TOPOLOGY]
+        )
+        for gpu in topology["gpus"]:
+            pipe = root / gpu["uuid"] / "pipe"
+            if not pipe.exists():
+                pipe.mkdir(parents=True)
+                made.append(pipe.parent)
+        pod = wait_until(
+            lambda: (
+                (p := share_nodes.core.read_namespaced_pod("sees-its-gpu", namespace)).status.phase
+                in ("Succeeded", "Failed")
+                and p
+            ),
+            timeout=120,
+            what="the share pod placed on the real node and finished",
+        )
+        assert pod.status.phase == "Succeeded", pod.status
+        assert exit_codes(pod) == [0]
+        record = placed(pod)
+        assert pod.spec.node_name == record.node == real
+        log = share_nodes.kubectl("logs", "sees-its-gpu", "-n", namespace)
+        seen = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+        assert seen == client_env((2, 30), record.uuid), log
+        assert "pipe-found" in log, log
+        assert "read-only" in log, log
+    finally:
+        share_nodes.kubectl("delete", "pod", "sees-its-gpu", "-n", namespace, "--ignore-not-found")
+        share_nodes.kubectl("label", "node", real, f"{keys.NODE_GPU_SCHEDULE_LABEL}-", check=False)
+        share_nodes.kubectl("annotate", "node", real, f"{keys.GPU_TOPOLOGY}-", check=False)
+        status = share_nodes.core.read_node(real).status
+        removals = [
+            {"op": "remove", "path": f"/status/{section}/{name.replace('/', '~1')}"}
+            for section, values in (
+                ("capacity", status.capacity),
+                ("allocatable", status.allocatable),
+            )
+            for name in values or {}
+            if name.startswith("aliyun.com/")
+        ]
+        if removals:
+            share_nodes.kubectl(
+                "patch",
+                "node",
+                real,
+                "--subresource=status",
+                "--type=json",
+                "-p",
+                json.dumps(removals),
+            )
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
+        if made_root:
+            shutil.rmtree(root, ignore_errors=True)

@@ -1,31 +1,41 @@
-"""What a placed GPU share writes into its pod: the one function the admission webhook and the
-GPU check (``hack/gpu/mps_check.py``) both call, so what was measured is what pods get.
+"""What a GPU share writes into its pod: the functions the admission webhook, the placement of a
+waiting pod and the GPU check (``hack/gpu/mps_check.py``) all call, so what was measured is
+what pods get.
 
-Per container holding part of the share, the MPS client environment:
+Per container holding part of the share, the MPS client environment (:func:`container_env`),
+the same whichever GPU the pod gets, because a pod admitted while no GPU has room is placed
+later and a pod's environment cannot change after creation:
 
-* ``NVIDIA_VISIBLE_DEVICES=<uuid>``: the ``nvidia`` container runtime shows that one GPU, so
-  inside the container it is CUDA device 0;
-* ``CUDA_MPS_PIPE_DIRECTORY``: that GPU's control daemon (one per GPU, started by the agent with
-  ``CUDA_VISIBLE_DEVICES=<uuid>``, so the server's device 0 is the same GPU);
+* ``NVIDIA_VISIBLE_DEVICES``: read from the pod's ``mpijob.io/gpu-share-uuid`` annotation
+  (downward API) when the container starts; the ``nvidia`` container runtime shows that one
+  GPU, so inside the container it is CUDA device 0;
+* ``CUDA_MPS_PIPE_DIRECTORY=<root>/$(NVIDIA_VISIBLE_DEVICES)/pipe``: that GPU's control daemon
+  (one per GPU, started by the agent with ``CUDA_VISIBLE_DEVICES=<uuid>``, so the server's
+  device 0 is the same GPU);
 * ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<N>G`` and, unless memory-only,
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<p>``. These are client-side limits: MPS lets a client
   lower, never raise, the daemon's limit, and a container that unsets them escapes them.
 
-Per pod: the ``mpijob.io/gpu-share`` annotation (node, GPU index and UUID, share), a read-only
-hostPath volume for the pipe directory (mounted at the same path, so host and container agree),
-and a required node affinity on the chosen node, so the scheduler still checks the pod's other
-resources. Nothing else: on a real H100 (driver 580) a client with its own ``/dev/shm`` and its
-own mount, IPC, PID and UTS namespaces, the pipe directory read-only, reached its daemon
-(``hack/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's shared
-memory.
+Per pod: the MPS root mounted read-only from the host at the same path (host and container
+agree on every pipe path), and then either its placement (:func:`placement_edits`: the
+``mpijob.io/gpu-share`` record, the UUID annotation, a required node affinity on the chosen
+node, so the scheduler still checks the pod's other resources) or, when no GPU has room now,
+the scheduling gate ``mpijob.io/gpu-share`` and the reason it waits (:func:`waiting_edits`).
+The gate keeps the pod Pending (``SchedulingGated``) and away from the scheduler until the
+operator places it: node affinity may be added to a gated pod, and the annotations are read at
+container start. Nothing else: on a real H100 (driver 580) a client with its own ``/dev/shm``
+and its own mount, IPC, PID and UTS namespaces, the pipe directory read-only, reached its
+daemon (``hack/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's
+shared memory.
 
-Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns,
-and :func:`webhook_configurations` builds the two webhook configuration objects the operator
-applies.
+Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns
+(or the operator sends to place a waiting pod), and :func:`webhook_configurations` builds the
+two webhook configuration objects the operator applies.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,9 +43,12 @@ from typing import Any, Final
 from mpijob import keys
 from mpijob.api.fractional import ContainerShare, Placed, read_request
 
-PIPE_VOLUME: Final = "mpijob-mps-pipe"
+MPS_VOLUME: Final = "mpijob-mps"
 #: The device index a client limit names: the container sees only its GPU, as device 0.
 CLIENT_DEVICE: Final = 0
+#: Downward-API path of the UUID annotation.
+UUID_FIELD: Final = f"metadata.annotations['{keys.GPU_SHARE_UUID}']"
+_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 @dataclass(frozen=True)
@@ -51,76 +64,147 @@ def mps_directories(uuid: str, root: str = keys.MPS_ROOT) -> MpsDirectories:
     return MpsDirectories(pipe=f"{root}/{uuid}/pipe", log=f"{root}/{uuid}/log")
 
 
+def container_env(part: ContainerShare, root: str = keys.MPS_ROOT) -> list[dict[str, Any]]:
+    """The env entries of one container holding ``part``, in order (the pipe directory names
+    the variable before it)."""
+    uuid = f"$({keys.ENV_NVIDIA_VISIBLE_DEVICES})"
+    entries: list[dict[str, Any]] = [
+        {
+            "name": keys.ENV_NVIDIA_VISIBLE_DEVICES,
+            "valueFrom": {"fieldRef": {"fieldPath": UUID_FIELD}},
+        },
+        {"name": keys.ENV_MPS_PIPE_DIRECTORY, "value": mps_directories(uuid, root).pipe},
+        {
+            "name": keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT,
+            "value": f"{CLIENT_DEVICE}={part.memory_gib}G",
+        },
+    ]
+    if part.percentage is not None:
+        entries.append(
+            {"name": keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE, "value": str(part.percentage)}
+        )
+    return entries
+
+
+def resolve_env(
+    entries: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]
+) -> dict[str, str]:
+    """What a container's process sees of ``entries``, by the kubelet's rules for the forms
+    :func:`container_env` uses: a ``fieldRef`` to an annotation (empty when absent) and
+    ``$(NAME)`` of a variable defined earlier (left as written otherwise)."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        if "valueFrom" in entry:
+            path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            match = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
+            if match is None:
+                raise ValueError(f"unsupported fieldRef {path}")
+            env[entry["name"]] = annotations.get(match.group(1), "")
+        else:
+            value = str(entry.get("value", ""))
+            env[entry["name"]] = _REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+    return env
+
+
 def client_env(
     part: ContainerShare | tuple[int, int | None], uuid: str, root: str = keys.MPS_ROOT
 ) -> dict[str, str]:
-    """The environment of one MPS client holding ``part`` (GiB, percent or None) of ``uuid``."""
-    memory, percentage = (
-        (part.memory_gib, part.percentage) if isinstance(part, ContainerShare) else part
-    )
-    env = {
-        keys.ENV_NVIDIA_VISIBLE_DEVICES: uuid,
-        keys.ENV_MPS_PIPE_DIRECTORY: mps_directories(uuid, root).pipe,
-        keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: f"{CLIENT_DEVICE}={memory}G",
-    }
-    if percentage is not None:
-        env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] = str(percentage)
-    return env
+    """The environment an MPS client holding ``part`` (GiB, percent or None) of ``uuid`` sees."""
+    if not isinstance(part, ContainerShare):
+        part = ContainerShare("", *part)
+    return resolve_env(container_env(part, root), {keys.GPU_SHARE_UUID: uuid})
 
 
 @dataclass(frozen=True)
 class PodEdits:
-    """Everything a placed share adds to a pod; containers are named by index."""
+    """What a share changes in a pod; containers are named by index."""
 
-    annotations: dict[str, str]
-    env: dict[int, dict[str, str]]
-    volumes: tuple[dict[str, Any], ...]
-    mounts: dict[int, tuple[dict[str, Any], ...]]
-    node: str
-    notes: tuple[str, ...] = field(default=())
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    """None: the annotation is removed."""
+    env: Mapping[int, list[dict[str, Any]]] = field(default_factory=dict)
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: Mapping[int, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    node: str = ""
+    """Pin the pod to this node (required node affinity)."""
+    gate: bool | None = None
+    """True: add the ``mpijob.io/gpu-share`` scheduling gate; False: remove it."""
+
+    def __or__(self, other: PodEdits) -> PodEdits:
+        return PodEdits(
+            annotations={**self.annotations, **other.annotations},
+            env={**self.env, **other.env},
+            volumes=self.volumes + other.volumes,
+            mounts={**self.mounts, **other.mounts},
+            node=other.node or self.node,
+            gate=self.gate if other.gate is None else other.gate,
+        )
 
 
-def pod_edits(pod: Mapping[str, Any], placed: Placed, root: str = keys.MPS_ROOT) -> PodEdits:
-    """The edits for ``pod`` (whose share was read valid) holding ``placed``."""
+def share_edits(pod: Mapping[str, Any], root: str = keys.MPS_ROOT) -> PodEdits:
+    """The environment and MPS mount of ``pod`` (whose share was read valid), whatever its GPU."""
     spec = pod.get("spec") or {}
     parts = {part.name: part for part in read_request(spec).containers}
-    dirs = mps_directories(placed.uuid, root)
-    env: dict[int, dict[str, str]] = {}
+    env: dict[int, list[dict[str, Any]]] = {}
     mounts: dict[int, tuple[dict[str, Any], ...]] = {}
     for index, container in enumerate(spec.get("containers") or []):
         part = parts.get(str(container.get("name") or ""))
         if part is None:
             continue
-        env[index] = client_env(part, placed.uuid, root)
-        mounts[index] = ({"name": PIPE_VOLUME, "mountPath": dirs.pipe, "readOnly": True},)
-    # Directory, not DirectoryOrCreate: on a node whose agent has not started the daemon the pod
-    # waits visibly (FailedMount) instead of running outside MPS.
-    volumes = ({"name": PIPE_VOLUME, "hostPath": {"path": dirs.pipe, "type": "Directory"}},)
+        env[index] = container_env(part, root)
+        mounts[index] = ({"name": MPS_VOLUME, "mountPath": root, "readOnly": True},)
+    # Directory, not DirectoryOrCreate: on a node whose agent has not made it the pod waits
+    # visibly (FailedMount) instead of running outside MPS.
+    volumes = ({"name": MPS_VOLUME, "hostPath": {"path": root, "type": "Directory"}},)
+    return PodEdits(env=env, volumes=volumes, mounts=mounts)
+
+
+def placement_edits(placed: Placed) -> PodEdits:
+    """What places a pod's share on ``placed``: at admission, or later for a waiting pod."""
     return PodEdits(
-        annotations={keys.GPU_SHARE: placed.dumps()},
-        env=env,
-        volumes=volumes,
-        mounts=mounts,
+        annotations={
+            keys.GPU_SHARE: placed.dumps(),
+            keys.GPU_SHARE_UUID: placed.uuid,
+            keys.GPU_SHARE_WAITING: None,
+        },
         node=placed.node,
+        gate=False,
     )
+
+
+def waiting_edits(reason: str) -> PodEdits:
+    """What holds a pod back until a GPU has room for its share."""
+    return PodEdits(annotations={keys.GPU_SHARE_WAITING: reason}, gate=True)
+
+
+def pod_edits(pod: Mapping[str, Any], placed: Placed | str, root: str = keys.MPS_ROOT) -> PodEdits:
+    """At admission: the share's environment and mount, and its placement or (``placed`` is
+    why none is possible now) the gate it waits behind."""
+    then = placement_edits(placed) if isinstance(placed, Placed) else waiting_edits(placed)
+    return share_edits(pod, root) | then
 
 
 def json_patch(pod: Mapping[str, Any], edits: PodEdits) -> list[dict[str, Any]]:
     """RFC 6902 operations applying ``edits`` to ``pod`` as it is (our names replace theirs)."""
     ops: list[dict[str, Any]] = []
     meta = pod.get("metadata") or {}
-    if "annotations" not in meta or meta.get("annotations") is None:
+    current = meta.get("annotations") or {}
+    adding = {k: v for k, v in edits.annotations.items() if v is not None}
+    if adding and meta.get("annotations") is None:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
     for key, value in edits.annotations.items():
-        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": value})
+        where = f"/metadata/annotations/{_escape(key)}"
+        if value is not None:
+            ops.append({"op": "add", "path": where, "value": value})
+        elif key in current:
+            ops.append({"op": "remove", "path": where})
     spec = pod.get("spec") or {}
     containers = spec.get("containers") or []
-    for index, variables in edits.env.items():
-        ops += _merge_list(
-            f"/spec/containers/{index}/env",
-            containers[index].get("env"),
-            [{"name": k, "value": v} for k, v in variables.items()],
-            key="name",
+    for index, entries in edits.env.items():
+        ours = {e["name"] for e in entries}
+        theirs = [e for e in containers[index].get("env") or [] if e.get("name") not in ours]
+        # Replaced whole: ours go last and in order, after any of theirs they may refer to.
+        ops.append(
+            {"op": "add", "path": f"/spec/containers/{index}/env", "value": theirs + entries}
         )
     for index, wanted in edits.mounts.items():
         ops += _merge_list(
@@ -129,9 +213,32 @@ def json_patch(pod: Mapping[str, Any], edits: PodEdits) -> list[dict[str, Any]]:
             list(wanted),
             key="mountPath",
         )
-    ops += _merge_list("/spec/volumes", spec.get("volumes"), list(edits.volumes), key="name")
-    ops += _pin_to_node(spec, edits.node)
+    if edits.volumes:
+        ops += _merge_list("/spec/volumes", spec.get("volumes"), list(edits.volumes), key="name")
+    if edits.node:
+        ops += _pin_to_node(spec, edits.node)
+    if edits.gate is not None:
+        ops += _gate(spec, add=edits.gate)
     return ops
+
+
+def _gate(spec: Mapping[str, Any], *, add: bool) -> list[dict[str, Any]]:
+    gates = [g.get("name") for g in spec.get("schedulingGates") or []]
+    ours = keys.GPU_SHARE_GATE
+    if add:
+        if ours in gates:
+            return []
+        if not gates:
+            return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": ours}]}]
+        return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": ours}}]
+    if ours not in gates:
+        return []
+    where = f"/spec/schedulingGates/{gates.index(ours)}"
+    # The test fails the whole patch if the gate moved or went since the pod was read.
+    return [
+        {"op": "test", "path": f"{where}/name", "value": ours},
+        {"op": "remove", "path": where},
+    ]
 
 
 def _merge_list(
@@ -151,7 +258,8 @@ def _merge_list(
 
 
 def _pin_to_node(spec: Mapping[str, Any], node: str) -> list[dict[str, Any]]:
-    """A required affinity on ``metadata.name``, ANDed into every term the pod already has."""
+    """A required affinity on ``metadata.name``, ANDed into every term the pod already has (the
+    one change of node affinity a gated pod allows: requirements added, none changed)."""
     field_term = {"key": "metadata.name", "operator": "In", "values": [node]}
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"

@@ -1,32 +1,42 @@
-"""GPU shares at pod creation: Kopf's mutating and validating webhooks over one ledger.
+"""GPU shares at pod creation: Kopf's mutating and validating webhooks over one ledger, and the
+placement of pods that had to wait.
 
 Off unless the operator runs with ``--fractional-gpus``. Then :func:`register` adds to the
 registry: a watch of ``core_mem`` nodes (what the ledger can place on), a watch of pods holding
 a share (``mpijob.io/gpu-share``: confirms fresh holds, releases finished or deleted pods, and
-on the first listing rebuilds the ledger after a restart), and the two webhooks for pod
-``CREATE``. The webhook server is Kopf's, with a serving certificate of its own
-(:func:`serving_certificate`), and the webhook configurations are applied by the operator
-(:func:`apply_configurations`) so that their failure policy, timeout, match conditions and
-namespace selector are ours (:func:`mpijob.desired.fractional.webhook_configurations`).
+on the first listing rebuilds the ledger after a restart) or waiting for one
+(``mpijob.io/gpu-share-waiting``), and the two webhooks for pod ``CREATE``. The webhook server
+is Kopf's, with a serving certificate of its own (:func:`serving_certificate`), and the webhook
+configurations are applied by the operator (:func:`apply_configurations`) so that their failure
+policy, timeout, match conditions and namespace selector are ours
+(:func:`mpijob.desired.fractional.webhook_configurations`).
 
 One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
 concurrent admissions never overcommit a GPU. At start, before the webhooks serve, the ledger is
 rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`FractionalAdmission.
-rebuild`); the watches keep it current from then on. A decision holds the share at once, pending: if
-the pod never appears (a later webhook or the API server refused it), the hold lapses after
-:data:`PENDING_SECONDS`. A dry run places without holding.
+rebuild`); the watches keep it current from then on. A decision holds the share at once,
+pending: if the pod never appears (a later webhook or the API server refused it), the hold
+lapses after :data:`PENDING_SECONDS`. A dry run places without holding.
+
+A valid share that no eligible GPU has room for now is admitted behind the scheduling gate
+``mpijob.io/gpu-share`` (Pending, ``SchedulingGated``), with the reason in
+``mpijob.io/gpu-share-waiting``. One background task (:meth:`FractionalAdmission.
+run_placement`) places waiting pods whenever a share is freed, a node changes or a pod comes to
+wait: one patch writes the placement and removes the gate. A waiting pod holds nothing, so a
+restart loses nothing: the watch's listing brings the waiting pods back.
 
 Eligible nodes are those the pod's node selector and required node affinity admit and whose
 ``NoSchedule``/``NoExecute`` taints it tolerates; their cpu, memory and pod counts are left to the
 scheduler, which may then leave the pinned pod Pending. A worker of an MPIJob reserves shares
-for all the job's workers at once (all or nothing, see :meth:`FractionalAdmission.mutate`). A pod
-that fits nowhere now is refused rather than kept waiting.
+for all the job's workers at once (all or nothing, see :meth:`FractionalAdmission.mutate`), at
+admission or, when they wait, at placement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import ipaddress
 import logging
@@ -50,10 +60,11 @@ from mpijob.desired.fractional import (
     MUTATE_ID,
     VALIDATE_ID,
     json_patch,
+    placement_edits,
     pod_edits,
     webhook_configurations,
 )
-from mpijob.handlers.kube import Kube
+from mpijob.handlers.kube import ApiError, Kube, path
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +80,8 @@ _GPU_GAUGES: Final = (
 
 #: ``(namespace, name)`` of an MPIJob to its number of workers (None: no such job).
 WorkersOf = Callable[[str, str], Awaitable[int | None]]
+#: ``(namespace, name, JSON patch)``: send the patch placing a waiting pod.
+PatchPod = Callable[[str, str, list[dict[str, Any]]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,10 @@ class FractionalAdmission:
         self.workers_of = workers_of
         """Set by the operator at start; None: MPIJob workers are placed one by one."""
         self._clock = clock
+        self.waiting: dict[str, dict[str, Any]] = {}
+        """Pods admitted behind the gate, by ``namespace/name``: the last body seen of each."""
+        self.wake = asyncio.Event()
+        """Set when a waiting pod may now fit: a pod came to wait, a share or a node was freed."""
         self._nodes: dict[str, dict[str, Any]] = {}
         self._exported: dict[str, set[int]] = {}
         self._touched: list[str] = []
@@ -132,21 +149,34 @@ class FractionalAdmission:
                 self.ledger.set_node(name, gpus, binpack=binpack)
                 self._nodes[name] = node_facts(body)
             self.export([name])
+        if self.waiting:
+            self.wake.set()
 
     async def on_pod(self, body: dict[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
-        placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+        annotations = meta.get("annotations") or {}
+        placed = Placed.loads(annotations.get(keys.GPU_SHARE))
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
         if placed is None:
-            return
-        key = placed.claim or f"{meta.get('namespace')}/{meta.get('name')}"
-        phase = (body.get("status") or {}).get("phase")
-        async with self.lock:
-            if event_type == "DELETED" or phase in _FINISHED:
-                self.ledger.release(key)
-            elif self.ledger.held(key) is None:
-                self.ledger.hold(key, placed)  # a restart's listing, or a hold that lapsed
+            if keys.GPU_SHARE_WAITING not in annotations:
+                return
+            if gone or not _gated(body):
+                self.waiting.pop(key, None)
             else:
-                self.ledger.confirm(key)
+                self.waiting[key] = body
+                self.wake.set()
+            return
+        self.waiting.pop(key, None)
+        claim = placed.claim or key
+        async with self.lock:
+            if gone:
+                if self.ledger.release(claim) is not None and self.waiting:
+                    self.wake.set()
+            elif self.ledger.held(claim) is None:
+                self.ledger.hold(claim, placed)  # a restart's listing, or a hold that lapsed
+            else:
+                self.ledger.confirm(claim)
             self.export([placed.node])
 
     async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
@@ -189,7 +219,8 @@ class FractionalAdmission:
             )
 
     async def mutate(self, body: dict[str, Any], *, dryrun: bool) -> list[dict[str, Any]]:
-        """The JSON patch placing the pod's share; AdmissionError when it cannot be placed.
+        """The JSON patch placing the pod's share, or holding it back behind the scheduling gate
+        when no eligible GPU has room now (:meth:`place_waiting` places it later).
 
         Only nodes the pod may run on are considered (:func:`eligible_nodes`). The first worker
         of an MPIJob to arrive reserves a share for every worker of its job, all or nothing
@@ -198,36 +229,109 @@ class FractionalAdmission:
         """
         self.validate(body)
         spec = body.get("spec") or {}
-        share = read_request(spec).share
-        if share is None:
+        if read_request(spec).share is None:
             return []
-        worker = worker_of(body)
-        count = None
-        if worker is not None and self.workers_of is not None and not dryrun:
-            count = await self.workers_of(worker.namespace, worker.job)
+        count = await self._workers(body) if not dryrun else None
         async with self.lock:
-            now = self._clock()
-            lapsed = self.ledger.expire(now)
-            allowed = eligible_nodes(spec, self._nodes)
-            if worker is not None and count is not None and worker.index < count:
-                placed = self._place_workers(worker, count, share, allowed, now)
-            elif dryrun:
-                claim = f"claim-{uuid.uuid4()}"
-                placed = self.ledger.place(claim, share, allowed)
-                if isinstance(placed, Placed):
-                    self.ledger.release(claim)
-            else:
-                placed = self.ledger.place(
-                    f"claim-{uuid.uuid4()}", share, allowed, pending_until=now + PENDING_SECONDS
-                )
-            if lapsed:
-                self.export(list(self.ledger.nodes))
-            elif isinstance(placed, Placed):
-                self.export(self._touched or [placed.node])
-            self._touched = []
-        if not isinstance(placed, Placed):
-            raise kopf.AdmissionError(f"GPU share cannot be placed now: {placed}", code=409)
+            placed = self._place(body, count, hold=not dryrun)
+        if not isinstance(placed, Placed) and not dryrun:
+            meta = body.get("metadata") or {}
+            log.info(
+                "GPU share of pod %s/%s waits: %s",
+                meta.get("namespace"),
+                meta.get("name") or meta.get("generateName", "") + "*",
+                placed,
+            )
         return json_patch(body, pod_edits(body, placed))
+
+    async def place_waiting(self, patch: PatchPod) -> int:
+        """Place every waiting pod that fits now, oldest first; how many were placed.
+
+        A later pod that fits may go before an earlier one that does not, as the scheduler
+        itself does. Each placement is one patch (record, UUID, node affinity, gate removed);
+        a patch the API server refuses (the pod went, or changed under us) gives the hold back.
+        """
+        done = 0
+        queue = sorted(
+            self.waiting.items(),
+            key=lambda item: str((item[1].get("metadata") or {}).get("creationTimestamp") or ""),
+        )
+        for key, body in queue:
+            if self.waiting.get(key) is not body:
+                continue  # placed, gone or changed meanwhile: its next turn reads it afresh
+            count = await self._workers(body)
+            async with self.lock:
+                placed = self._place(
+                    body, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
+                )
+            if not isinstance(placed, Placed):
+                continue
+            meta = body["metadata"]
+            try:
+                await patch(
+                    meta["namespace"], meta["name"], json_patch(body, placement_edits(placed))
+                )
+            except ApiError as error:
+                # Only a pod that is gone gives its hold back at once: a refusal may answer a
+                # stale body of a pod already placed, whose hold its next event confirms; any
+                # other hold lapses unless a pod is seen holding it.
+                if error.not_found and worker_of(body) is None:
+                    async with self.lock:
+                        self.ledger.release(placed.claim)
+                        self.export([placed.node])
+                log.warning("Could not place the waiting pod %s: %s", key, error.message)
+                continue
+            if self.waiting.get(key) is body:
+                del self.waiting[key]
+            done += 1
+            log.info("Placed the waiting pod %s on %s GPU %d", key, placed.node, placed.gpu)
+        return done
+
+    async def run_placement(self, patch: PatchPod) -> None:
+        """Place waiting pods whenever something frees room (and after a lapse of holds)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=PENDING_SECONDS)
+            self.wake.clear()
+            if not self.waiting:
+                continue
+            try:
+                await self.place_waiting(patch)
+            except Exception:  # one bad pass must not end placement for good
+                log.exception("Placing waiting GPU shares failed; trying again at the next change")
+
+    async def _workers(self, body: dict[str, Any]) -> int | None:
+        worker = worker_of(body)
+        if worker is None or self.workers_of is None:
+            return None
+        return await self.workers_of(worker.namespace, worker.job)
+
+    def _place(
+        self, body: dict[str, Any], count: int | None, *, hold: bool, claim: str = ""
+    ) -> Placed | str:
+        """Under the lock: the share placed for ``body`` (held unless not ``hold``), or why not."""
+        spec = body.get("spec") or {}
+        share = read_request(spec).share
+        assert share is not None
+        now = self._clock()
+        lapsed = self.ledger.expire(now)
+        allowed = eligible_nodes(spec, self._nodes)
+        worker = worker_of(body)
+        claim = claim or f"claim-{uuid.uuid4()}"
+        if worker is not None and count is not None and worker.index < count and hold:
+            placed = self._place_workers(worker, count, share, allowed, now)
+        elif not hold:
+            placed = self.ledger.place(claim, share, allowed)
+            if isinstance(placed, Placed):
+                self.ledger.release(claim)
+        else:
+            placed = self.ledger.place(claim, share, allowed, pending_until=now + PENDING_SECONDS)
+        if lapsed:
+            self.export(list(self.ledger.nodes))
+        elif isinstance(placed, Placed):
+            self.export(self._touched or [placed.node])
+        self._touched = []
+        return placed
 
     def _place_workers(
         self, worker: Worker, count: int, share: Share, allowed: list[str] | None, now: float
@@ -268,6 +372,25 @@ class FractionalAdmission:
             self._exported[name] = current
 
 
+def _gated(body: dict[str, Any]) -> bool:
+    gates = (body.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == keys.GPU_SHARE_GATE for g in gates)
+
+
+def pod_patcher(kube: Kube) -> PatchPod:
+    """Send a JSON patch to a pod."""
+
+    async def patch(namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        await kube.request(
+            "PATCH",
+            path("v1", "Pod", namespace, name),
+            ops,
+            content_type="application/json-patch+json",
+        )
+
+    return patch
+
+
 def workers_reader(kube: Kube) -> WorkersOf:
     """How many workers an MPIJob has, read from the API server (None: no such job)."""
 
@@ -304,9 +427,11 @@ def register(registry: kopf.OperatorRegistry, admission: FractionalAdmission) ->
         admission.validate(dict(body))
 
     kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
-    kopf.on.event("v1", "pods", annotations={keys.GPU_SHARE: kopf.PRESENT}, registry=registry)(
-        pod_event
-    )
+
+    def holds_or_waits(annotations: Any, **_: Any) -> bool:
+        return keys.GPU_SHARE in annotations or keys.GPU_SHARE_WAITING in annotations
+
+    kopf.on.event("v1", "pods", when=holds_or_waits, registry=registry)(pod_event)
     kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
     kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
         validate

@@ -135,6 +135,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
             ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
         )
         fractional.configure_server(settings, cert, ours.webhook_port)
+        rt.workers.run(
+            shares.run_placement(fractional.pod_patcher(kube)), name="gpu-share-placement"
+        )
         await fractional.apply_configurations(
             kube.request,
             service_namespace=ours.lock_namespace,

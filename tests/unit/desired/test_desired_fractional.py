@@ -1,19 +1,24 @@
-"""What a placed share writes into its pod: env, annotation, pipe mount, node pinning."""
+"""What a share writes into its pod: env, annotations, MPS mount, node pinning or the gate."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from mpijob import keys
-from mpijob.api.fractional import Placed, Share
+from mpijob.api.fractional import ContainerShare, Placed, Share
 from mpijob.desired.fractional import (
-    PIPE_VOLUME,
+    MPS_VOLUME,
+    UUID_FIELD,
     client_env,
+    container_env,
     json_patch,
-    mps_directories,
+    placement_edits,
     pod_edits,
+    resolve_env,
 )
 
 UUID = "GPU-51db687b-8982-c807-8457-7a4fbbbe99ff"
@@ -22,22 +27,8 @@ CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
 
 
 def apply(document: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """A small RFC 6902 add/replace, enough to check the patch lands where intended."""
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        target: Any = document
-        for part in parts[:-1]:
-            target = target[int(part)] if isinstance(target, list) else target[part]
-        last = parts[-1]
-        if isinstance(target, list):
-            if last == "-":
-                target.append(op["value"])
-            else:
-                target[int(last)] = op["value"]
-        else:
-            assert op["op"] == "add" or last in target
-            target[last] = op["value"]
-    return document
+    result: dict[str, Any] = jsonpatch.apply_patch(document, ops)
+    return result
 
 
 def cuda_sample(**extra: Any) -> dict[str, Any]:
@@ -56,6 +47,12 @@ def cuda_sample(**extra: Any) -> dict[str, Any]:
 PLACED = Placed("gpu-node-1", 2, UUID, Share(2, 30))
 
 
+def seen(pod: dict[str, Any], index: int = 1) -> dict[str, str]:
+    """What container ``index`` of ``pod`` sees when it starts."""
+    container = pod["spec"]["containers"][index]
+    return resolve_env(container["env"], pod["metadata"].get("annotations") or {})
+
+
 def test_the_client_sees_one_gpu_as_device_zero_with_its_limits() -> None:
     env = client_env((2, 30), UUID)
     assert env == {
@@ -70,29 +67,57 @@ def test_memory_only_sets_no_thread_percentage() -> None:
     assert keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE not in client_env((4, None), UUID)
 
 
+def test_the_written_env_names_no_gpu_and_reads_its_uuid_at_start() -> None:
+    entries = container_env(ContainerShare("cuda", 2, 30))
+    assert UUID not in repr(entries)
+    assert entries[0] == {
+        "name": keys.ENV_NVIDIA_VISIBLE_DEVICES,
+        "valueFrom": {"fieldRef": {"fieldPath": UUID_FIELD}},
+    }
+    assert f"metadata.annotations['{keys.GPU_SHARE_UUID}']" == UUID_FIELD
+    assert entries[1]["value"] == f"{keys.MPS_ROOT}/$(NVIDIA_VISIBLE_DEVICES)/pipe"
+
+
+def test_env_resolution_follows_the_kubelet() -> None:
+    entries = [
+        {"name": "B", "value": "$(A)/x"},  # A not defined yet: left as written
+        {"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['k']"}}},
+        {"name": "C", "value": "$(A)/$(A)-$(NONE)"},
+        {"name": "D", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['gone']"}}},
+    ]
+    assert resolve_env(entries, {"k": "v"}) == {
+        "B": "$(A)/x",
+        "A": "v",
+        "C": "v/v-$(NONE)",
+        "D": "",
+    }
+    with pytest.raises(ValueError, match="unsupported fieldRef"):
+        resolve_env([{"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}], {})
+
+
 def test_edits_touch_only_the_containers_holding_the_share() -> None:
     edits = pod_edits(cuda_sample(), PLACED)
     assert set(edits.env) == {1}
-    assert edits.env[1][keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=2G"
-    assert edits.mounts[1] == (
-        {"name": PIPE_VOLUME, "mountPath": mps_directories(UUID).pipe, "readOnly": True},
-    )
+    assert edits.mounts[1] == ({"name": MPS_VOLUME, "mountPath": keys.MPS_ROOT, "readOnly": True},)
     assert Placed.loads(edits.annotations[keys.GPU_SHARE]) == PLACED
+    assert edits.annotations[keys.GPU_SHARE_UUID] == UUID
 
 
 def test_the_patch_applies_to_a_bare_pod() -> None:
     pod = cuda_sample()
     patched = apply(pod, json_patch(pod, pod_edits(pod, PLACED)))
+    assert seen(patched) == client_env((2, 30), UUID)
     container = patched["spec"]["containers"][1]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env[keys.ENV_NVIDIA_VISIBLE_DEVICES] == UUID
-    assert env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
-    assert container["volumeMounts"][0]["mountPath"] == mps_directories(UUID).pipe
+    assert container["volumeMounts"][0]["mountPath"] == keys.MPS_ROOT
     assert "env" not in patched["spec"]["containers"][0]
     assert patched["spec"]["volumes"] == [
-        {"name": PIPE_VOLUME, "hostPath": {"path": mps_directories(UUID).pipe, "type": "Directory"}}
+        {"name": MPS_VOLUME, "hostPath": {"path": keys.MPS_ROOT, "type": "Directory"}}
     ]
-    assert patched["metadata"]["annotations"][keys.GPU_SHARE] == PLACED.dumps()
+    assert patched["metadata"]["annotations"] == {
+        keys.GPU_SHARE: PLACED.dumps(),
+        keys.GPU_SHARE_UUID: UUID,
+    }
+    assert "schedulingGates" not in patched["spec"]
     terms = patched["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
@@ -101,18 +126,48 @@ def test_the_patch_applies_to_a_bare_pod() -> None:
     ]
 
 
-def test_our_variables_replace_the_users_and_theirs_stay() -> None:
+def test_a_pod_that_waits_is_gated_and_placed_later_as_if_placed_at_once() -> None:
+    pod = cuda_sample()
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    waiting = apply(pod, json_patch(pod, pod_edits(pod, "no GPU has 2 GiB free")))
+    assert waiting["spec"]["schedulingGates"] == [
+        {"name": "kueue.x-k8s.io/admission"},
+        {"name": keys.GPU_SHARE_GATE},
+    ]
+    assert waiting["metadata"]["annotations"] == {keys.GPU_SHARE_WAITING: "no GPU has 2 GiB free"}
+    assert "affinity" not in waiting["spec"]
+    # Started now, the container would name no GPU (its UUID annotation is not there yet).
+    assert seen(waiting)[keys.ENV_NVIDIA_VISIBLE_DEVICES] == ""
+    placed = apply(waiting, json_patch(waiting, placement_edits(PLACED)))
+    assert placed["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}]
+    at_once = apply(pod, json_patch(pod, pod_edits(pod, PLACED)))
+    assert placed == at_once
+    assert seen(placed) == client_env((2, 30), UUID)
+
+
+def test_placing_a_pod_whose_gate_went_meanwhile_fails_whole() -> None:
+    pod = cuda_sample()
+    waiting = apply(pod, json_patch(pod, pod_edits(pod, "full")))
+    ops = json_patch(waiting, placement_edits(PLACED))
+    moved = copy.deepcopy(waiting)
+    moved["spec"]["schedulingGates"].insert(0, {"name": "other"})
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        apply(moved, ops)
+
+
+def test_our_variables_replace_the_users_and_theirs_stay_first() -> None:
     pod = cuda_sample(
         env=[
+            {"name": keys.ENV_MPS_PIPE_DIRECTORY, "value": "/elsewhere"},
             {"name": "FOO", "value": "bar"},
             {"name": keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE, "value": "100"},
         ]
     )
     patched = apply(pod, json_patch(pod, pod_edits(pod, PLACED)))
     env = patched["spec"]["containers"][1]["env"]
-    assert {"name": "FOO", "value": "bar"} in env
-    values = [e["value"] for e in env if e["name"] == keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE]
-    assert values == ["30"]
+    assert env[0] == {"name": "FOO", "value": "bar"}
+    assert [e["name"] for e in env].count(keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE) == 1
+    assert seen(patched) == {"FOO": "bar", **client_env((2, 30), UUID)}
 
 
 def test_existing_node_affinity_terms_each_get_the_node() -> None:

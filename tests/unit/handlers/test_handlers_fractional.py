@@ -19,10 +19,12 @@ from mpijob.desired.fractional import (
     MUTATE_ID,
     VALIDATE_ID,
     WEBHOOK_TIMEOUT_SECONDS,
+    resolve_env,
     webhook_configurations,
 )
 from mpijob.handlers import fractional
 from mpijob.handlers.fractional import FractionalAdmission
+from mpijob.handlers.kube import ApiError
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
@@ -73,14 +75,30 @@ def placed_of(body: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[dict[str
     patched = jsonpatch.apply_patch(body, ops)
     record = Placed.loads(patched["metadata"]["annotations"][keys.GPU_SHARE])
     assert record is not None
+    assert not patched["spec"].get("schedulingGates")
     return patched, record
+
+
+def waiting_of(body: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """The pod admitted to wait, and why it waits."""
+    patched = jsonpatch.apply_patch(body, ops)
+    annotations = patched["metadata"]["annotations"]
+    assert keys.GPU_SHARE not in annotations
+    assert patched["spec"]["schedulingGates"] == [{"name": keys.GPU_SHARE_GATE}]
+    assert patched["spec"].get("affinity") == body["spec"].get("affinity")
+    return patched, annotations[keys.GPU_SHARE_WAITING]
+
+
+async def waits(admission: FractionalAdmission, body: dict[str, Any]) -> str:
+    return waiting_of(body, await admission.mutate(body, dryrun=False))[1]
 
 
 async def test_the_cuda_sample_gets_its_gpu_env_and_annotation() -> None:
     admission = await admission_with(node("gpu-a"))
     body = pod()
     patched, record = placed_of(body, await admission.mutate(body, dryrun=False))
-    env = {e["name"]: e["value"] for e in patched["spec"]["containers"][0]["env"]}
+    env = resolve_env(patched["spec"]["containers"][0]["env"], patched["metadata"]["annotations"])
+    assert env[keys.ENV_NVIDIA_VISIBLE_DEVICES] == record.uuid
     assert env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
     assert env[keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=2G"
     assert record.node == "gpu-a"
@@ -113,12 +131,14 @@ async def test_a_share_no_gpu_could_ever_hold_is_refused() -> None:
         admission.validate(pod(memory="16"))
 
 
-async def test_a_share_that_fits_nowhere_now_is_refused_with_the_reason() -> None:
+async def test_a_share_that_fits_nowhere_now_waits_behind_the_gate_holding_nothing() -> None:
     admission = await admission_with(node("gpu-a", gpus=1, memory=15))
     await admission.mutate(pod(memory="10", core="50"), dryrun=False)
-    with pytest.raises(kopf.AdmissionError, match="cannot be placed now") as refused:
-        await admission.mutate(pod(memory="10", core="50"), dryrun=False)
-    assert refused.value.code == 409
+    reason = await waits(admission, pod(memory="10", core="50"))
+    assert reason == "no GPU of 1 eligible node(s) has 10 GiB and 50% free"
+    assert len(admission.ledger) == 1
+    dry = pod(memory="10", core="50")
+    assert waiting_of(dry, await admission.mutate(dry, dryrun=True))[1] == reason
 
 
 async def test_pods_without_a_share_are_left_alone() -> None:
@@ -151,8 +171,7 @@ async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
     patched["metadata"]["name"] = "cuda-sample-x1"
     await admission.on_pod(patched, "ADDED")
     clock.now += fractional.PENDING_SECONDS + 1
-    with pytest.raises(kopf.AdmissionError):
-        await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    await waits(admission, pod(memory="10", core="50"))
     patched["status"] = {"phase": "Succeeded"}
     await admission.on_pod(patched, "MODIFIED")
     assert admission.ledger.held(record.claim) is None
@@ -166,8 +185,7 @@ async def test_after_a_restart_the_listing_rebuilds_the_ledger() -> None:
     restarted = await admission_with()
     await restarted.on_pod(patched, None)  # pods may be listed before their node
     await restarted.on_node(node("gpu-a", gpus=1, memory=15), None)
-    with pytest.raises(kopf.AdmissionError, match="cannot be placed now"):
-        await restarted.mutate(pod(memory="10", core="50"), dryrun=False)
+    await waits(restarted, pod(memory="10", core="50"))
 
 
 async def test_a_node_that_opts_out_takes_no_more_shares() -> None:
@@ -182,14 +200,15 @@ async def test_concurrent_admissions_never_overcommit() -> None:
 
     async def one(i: int) -> Placed | None:
         body = pod(memory=str(1 + i % 4), core=str(5 * (1 + i % 6)))
-        try:
-            return placed_of(body, await admission.mutate(body, dryrun=False))[1]
-        except kopf.AdmissionError:
+        ops = await admission.mutate(body, dryrun=False)
+        if any(op["path"] == "/spec/schedulingGates" for op in ops):
+            waiting_of(body, ops)
             return None
+        return placed_of(body, ops)[1]
 
     results = await asyncio.gather(*(one(i) for i in range(100)))
     held = [r for r in results if r is not None]
-    assert held
+    assert 0 < len(held) < 100
     for name, state in admission.ledger.nodes.items():
         for gpu in state.gpus.values():
             mine = [r for r in held if r.node == name and r.gpu == gpu.index]
@@ -255,9 +274,9 @@ async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones
         [node("gpu-a", gpus=1, memory=15), {"metadata": {"name": "x"}}], [running, done, plain]
     )
     assert len(restarted.ledger) == 1
-    assert await restarted.mutate(pod(memory="4", core="50"), dryrun=False)
-    with pytest.raises(kopf.AdmissionError):
-        await restarted.mutate(pod(memory="1", core="5"), dryrun=False)
+    body = pod(memory="4", core="50")
+    placed_of(body, await restarted.mutate(body, dryrun=False))
+    await waits(restarted, pod(memory="1", core="5"))
 
 
 def test_a_url_replaces_the_service_and_enters_the_certificate(tmp_path: Any) -> None:
@@ -327,8 +346,8 @@ async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
 async def test_workers_that_do_not_all_fit_hold_nothing() -> None:
     admission = await admission_with(node("gpu-a", gpus=2, memory=30))
     admission.workers_of = workers(3)
-    with pytest.raises(kopf.AdmissionError, match="all or nothing"):
-        await admission.mutate(worker_pod("big", 0, memory="10", core="100"), dryrun=False)
+    reason = await waits(admission, worker_pod("big", 0, memory="10", core="100"))
+    assert "the 3 workers of MPIJob big are placed all or nothing" in reason
     assert len(admission.ledger) == 0
     # A job of two such workers fits the two GPUs.
     admission.workers_of = workers(2)
@@ -369,8 +388,8 @@ async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
             }
         }
     }
-    with pytest.raises(kopf.AdmissionError, match="no opted-in node"):
-        await admission.mutate(affinity, dryrun=False)  # gpu-b's taint is not tolerated
+    # gpu-b's taint is not tolerated
+    assert (await waits(admission, affinity)).startswith("no opted-in node")
     affinity["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
     assert placed_of(affinity, await admission.mutate(affinity, dryrun=False))[1].node == "gpu-b"
 
@@ -398,3 +417,116 @@ async def test_share_gauges_follow_the_ledger() -> None:
     await admission.on_node(node("gauge-node"), "DELETED")
     samples = [s for m in metrics.GPU_SHARE_PERCENTAGE.collect() for s in m.samples]
     assert not [s for s in samples if s.labels.get("node") == "gauge-node"]
+
+
+class Patches:
+    """The placement patches sent, applied to the pods they name; or a refusal to raise."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.refuse: ApiError | None = None
+
+    async def __call__(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        key = f"{namespace}/{name}"
+        self.pods[key] = jsonpatch.apply_patch(self.pods[key], ops)
+
+
+async def admitted_waiting(
+    admission: FractionalAdmission, patches: Patches, body: dict[str, Any], name: str
+) -> dict[str, Any]:
+    """``body`` admitted behind the gate, created as ``name`` and seen by the watch."""
+    patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
+    patched["metadata"].update(
+        name=name, uid=f"uid-{name}", creationTimestamp="2026-11-24T19:00:00Z"
+    )
+    patches.pods[f"{patched['metadata']['namespace']}/{name}"] = patched
+    await admission.on_pod(patched, "ADDED")
+    return patched
+
+
+async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    patches = Patches()
+    first = pod(memory="10", core="50")
+    first, _ = placed_of(first, await admission.mutate(first, dryrun=False))
+    first["metadata"]["name"] = "first"
+    await admission.on_pod(first, "ADDED")
+    await admitted_waiting(admission, patches, pod(memory="10", core="50"), "second")
+    assert admission.wake.is_set()
+    admission.wake.clear()
+    assert await admission.place_waiting(patches) == 0
+    assert list(admission.waiting) == ["default/second"]
+    first["status"] = {"phase": "Succeeded"}
+    await admission.on_pod(first, "MODIFIED")
+    assert admission.wake.is_set()
+    assert await admission.place_waiting(patches) == 1
+    second = patches.pods["default/second"]
+    record = Placed.loads(second["metadata"]["annotations"][keys.GPU_SHARE])
+    assert record is not None
+    assert (record.node, record.claim) == ("gpu-a", "pod-uid-second")
+    assert keys.GPU_SHARE_WAITING not in second["metadata"]["annotations"]
+    assert "schedulingGates" not in second["spec"] or not second["spec"]["schedulingGates"]
+    assert second["spec"]["affinity"]["nodeAffinity"]
+    assert admission.waiting == {}
+    await admission.on_pod(second, "MODIFIED")
+    assert admission.ledger.held("pod-uid-second") == record
+    # A stale event of the gated pod, then the next pass: the refused patch keeps the hold.
+    stale = {
+        **second,
+        "spec": {**second["spec"], "schedulingGates": [{"name": keys.GPU_SHARE_GATE}]},
+    }
+    stale["metadata"] = {**second["metadata"], "annotations": {keys.GPU_SHARE_WAITING: "full"}}
+    await admission.on_pod(stale, "MODIFIED")
+    patches.refuse = ApiError(422, "Invalid", "the test operation failed")
+    assert await admission.place_waiting(patches) == 0
+    assert admission.ledger.held("pod-uid-second") == record
+
+
+async def test_a_waiting_pod_that_went_gives_its_hold_back() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    patches = Patches()
+    nowhere = pod(memory="10", core="50")
+    nowhere["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "elsewhere"}
+    await admitted_waiting(admission, patches, nowhere, "never")
+    blocker = pod(memory="10", core="50")
+    blocker, _ = placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    body = await admitted_waiting(admission, patches, pod(memory="10", core="50"), "gone")
+    await admission.on_pod(blocker, "DELETED")
+    patches.refuse = ApiError(404, "NotFound", "pods gone not found")
+    assert await admission.place_waiting(patches) == 0
+    assert len(admission.ledger) == 0
+    await admission.on_pod(body, "DELETED")
+    assert list(admission.waiting) == ["default/never"]
+
+
+async def test_waiting_workers_are_placed_together() -> None:
+    admission = await admission_with(node("gpu-a", gpus=2, memory=30))
+    admission.workers_of = workers(2)
+    patches = Patches()
+    blocker = pod(memory="15", core="100")
+    blocker, _ = placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    blocker["metadata"]["name"] = "blocker"
+    await admission.on_pod(blocker, "ADDED")
+    for i in (0, 1):
+        body = worker_pod("pair", i, memory="10", core="100")
+        patched, reason = waiting_of(body, await admission.mutate(body, dryrun=False))
+        assert "all or nothing" in reason
+        patched["metadata"].update(uid=f"uid-{i}", creationTimestamp="2026-11-24T19:00:0{i}Z")
+        patches.pods[f"team/pair-worker-{i}"] = patched
+        await admission.on_pod(patched, "ADDED")
+    assert len(admission.ledger) == 1
+    assert await admission.place_waiting(patches) == 0
+    await admission.on_pod(blocker, "DELETED")
+    assert await admission.place_waiting(patches) == 2
+    records = [
+        Placed.loads(
+            patches.pods[f"team/pair-worker-{i}"]["metadata"]["annotations"][keys.GPU_SHARE]
+        )
+        for i in (0, 1)
+    ]
+    assert [r.claim for r in records if r] == [
+        f"mpijob/team/pair/uid-pair/worker-{i}" for i in (0, 1)
+    ]
+    assert {r.gpu for r in records if r} == {0, 1}

@@ -244,3 +244,5 @@ def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -
     role = one(overlay / "webhook-rbac.yaml", "ClusterRole")
     named = [r for r in role["rules"] if "resourceNames" in r]
     assert named[0]["resourceNames"] == [WEBHOOK_CONFIGURATION]
+    # Placing a pod that waited is one patch of it (the base role cannot patch pods).
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]} in role["rules"]
