@@ -581,6 +581,27 @@ def test_example_mpijob_with_fractional_workers_succeeds(
     mpijobs.wait_condition(name, "Succeeded", timeout=180)
 
 
+def test_a_share_goes_only_to_a_node_with_room_for_the_pods_cpu(
+    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+) -> None:
+    """A plain pod bound to the spread node takes 95 of its 96 cpus: a share pod asking 2 cpus
+    there waits (pinned, it would stay Pending on the node holding its share), and is placed
+    once the plain pod is gone."""
+    shares()
+    plain = pod_body("cpu-hog", 1, None, node="share-node-1")
+    plain["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "95"}}
+    create(share_nodes, namespace, plain)
+    wait_running(share_nodes, namespace, ["cpu-hog"])
+    body = pod_body("needs-cpu", 2, 30, node="share-node-1")
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    create(share_nodes, namespace, body)
+    reason = wait_gated(share_nodes, namespace, "needs-cpu").metadata.annotations
+    assert "room for the pod's other requests (cpu, memory, pods)" in reason[keys.GPU_SHARE_WAITING]
+    share_nodes.core.delete_namespaced_pod("cpu-hog", namespace, grace_period_seconds=0)
+    (pod,) = wait_running(share_nodes, namespace, ["needs-cpu"])
+    assert pod.spec.node_name == placed(pod).node == "share-node-1"
+
+
 #: Prints what the container was started with, once its GPU's pipe directory is there.
 SHOW_ENV = """
 n=0; until [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] || [ $n -ge 300 ]; do sleep 0.1; n=$((n+1)); done

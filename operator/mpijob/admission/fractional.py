@@ -10,20 +10,22 @@ node holding memory-only shares takes no compute share and the reverse. Within a
 ``ack.node.gpu.placement=binpack`` picks the fitting GPU with the least memory left (fewest GPUs
 in use), otherwise (spread, the default) the one with the most. Across nodes, binpack nodes come
 first, fullest first; then spread nodes, emptiest first. Ties go to the lower name and index,
-so a decision is deterministic.
+so a decision is deterministic. The caller's ``room`` check (the node's cpu, memory and pods,
+:class:`mpijob.admission.node_room.NodeRoom`) is asked of candidate nodes in that order, only
+of those whose GPUs could take the share.
 
 :meth:`Ledger.place_all` places several shares (an MPIJob's workers) all or nothing, largest
 first. :meth:`Ledger.rebuild` replaces every holding from ``(pod, Placed)`` facts read back from
 the cluster after a restart; holdings on nodes or GPUs the ledger does not know (yet) are kept
 and counted once the node is set. Cost per decision: one pass over the nodes on per-node
-summaries, then over the GPUs of the one chosen node.
+summaries, then over the GPUs of the candidates in order until one fits.
 
 Pure; the I/O shell (:mod:`mpijob.handlers.fractional`) feeds it nodes and pod facts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,18 +156,21 @@ class Ledger:
         nodes: Collection[str] | None = None,
         *,
         pending_until: float | None = None,
+        room: Callable[[str], bool] | None = None,
     ) -> Placed | str:
         """Hold ``share`` for ``pod`` on the best GPU; the reason it fits nowhere otherwise.
 
-        ``nodes`` limits the choice (the pod's node selector, affinity, taints, other
-        resources, as the caller checked them). A pod already holding a share gets it back.
+        ``nodes`` limits the choice (the pod's node selector, affinity and taints, as the caller
+        checked them); ``room`` says whether a node has room for the pod's other requests
+        (asked only of nodes whose GPUs could take the share, best first). A pod already
+        holding a share gets it back.
         ``pending_until``: the hold lapses at that time (see :meth:`expire`) unless
         :meth:`confirm` or :meth:`hold` sees the pod first: an admitted pod the API server
         then refuses to store must not keep its share.
         """
         if pod in self._held:
             return self._held[pod]
-        choice = self._choose(share, nodes)
+        choice = self._choose(share, nodes, room)
         if isinstance(choice, str):
             return choice
         node, gpu = choice
@@ -192,11 +197,13 @@ class Ledger:
         nodes: Collection[str] | None = None,
         *,
         pending_until: float | None = None,
+        room: Callable[[str, int], bool] | None = None,
     ) -> list[Placed] | str:
         """Place every share or none (in the given order in the result); largest first.
 
         Shares already held are returned as they are; ``pending_until`` as for :meth:`place`,
-        for the fresh ones.
+        for the fresh ones; ``room(node, n)``: whether the node has room for one more pod when
+        ``n`` fresh ones of this call already went there.
         """
         order = sorted(
             range(len(shares)),
@@ -204,10 +211,15 @@ class Ledger:
         )
         placed: dict[int, Placed] = {}
         fresh: list[str] = []
+        went: dict[str, int] = {}
+
+        def room_now(node: str) -> bool:
+            return room is None or room(node, went.get(node, 0))
+
         for i in order:
             pod, share = shares[i]
             was_held = pod in self._held
-            result = self.place(pod, share, nodes, pending_until=pending_until)
+            result = self.place(pod, share, nodes, pending_until=pending_until, room=room_now)
             if isinstance(result, str):
                 for earlier in fresh:
                     self.release(earlier)
@@ -215,6 +227,7 @@ class Ledger:
             placed[i] = result
             if not was_held:
                 fresh.append(pod)
+                went[result.node] = went.get(result.node, 0) + 1
         return [placed[i] for i in range(len(shares))]
 
     def could_ever_fit(self, share: Share) -> bool:
@@ -228,7 +241,7 @@ class Ledger:
         )
 
     def _choose(
-        self, share: Share, allowed: Collection[str] | None
+        self, share: Share, allowed: Collection[str] | None, room: Callable[[str], bool] | None
     ) -> tuple[NodeState, GpuState] | str:
         memory, percentage = share.memory_gib, share.percentage or 0
         candidates: list[tuple[tuple[int, int, str], NodeState]] = []
@@ -252,13 +265,20 @@ class Ledger:
             )
             candidates.append((rank, node))
         candidates.sort(key=lambda c: c[0])
+        room_blocked = 0
         for _, node in candidates:
             gpu = node.best_gpu(share)
-            if gpu is not None:
-                return node, gpu
-        return self._why_not(share, allowed, kind_blocked)
+            if gpu is None:
+                continue
+            if room is not None and not room(node.name):
+                room_blocked += 1
+                continue
+            return node, gpu
+        return self._why_not(share, allowed, kind_blocked, room_blocked)
 
-    def _why_not(self, share: Share, allowed: Collection[str] | None, kind_blocked: int) -> str:
+    def _why_not(
+        self, share: Share, allowed: Collection[str] | None, kind_blocked: int, room_blocked: int
+    ) -> str:
         considered = [n for n in self._nodes.values() if allowed is None or n.name in allowed]
         what = f"{share.memory_gib} GiB" + (
             f" and {share.percentage}%" if share.with_compute else " (memory only)"
@@ -269,6 +289,12 @@ class Ledger:
                 f"{keys.NODE_GPU_SCHEDULE_CORE_MEM}) is eligible for {what}"
             )
         parts = [f"no GPU of {len(considered)} eligible node(s) has {what} free"]
+        if room_blocked:
+            parts = [
+                f"no eligible node has both a GPU with {what} free and room for the pod's other"
+                f" requests (cpu, memory, pods): {room_blocked} of {len(considered)} have the GPU"
+                " but not the room"
+            ]
         if kind_blocked:
             other = "memory-only" if share.with_compute else "memory+compute"
             parts.append(f"{kind_blocked} node(s) hold {other} shares, which never mix")
@@ -412,7 +438,7 @@ def eligible_nodes(
 
     The ledger only places a share where the scheduler can then bind the pod; a pod pinned to a
     node it cannot run on would stay Pending while holding its share. The node's other
-    allocatable resources (cpu, memory, pods) are not checked here: the scheduler does.
+    allocatable resources (cpu, memory, pods) are the ``room`` check of :meth:`Ledger.place`.
     """
     affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"

@@ -26,8 +26,10 @@ wait: one patch writes the placement and removes the gate. A waiting pod holds n
 restart loses nothing: the watch's listing brings the waiting pods back.
 
 Eligible nodes are those the pod's node selector and required node affinity admit and whose
-``NoSchedule``/``NoExecute`` taints it tolerates; their cpu, memory and pod counts are left to the
-scheduler, which may then leave the pinned pod Pending. A worker of an MPIJob reserves shares
+``NoSchedule``/``NoExecute`` taints it tolerates, and the share goes only to a node with room
+for the pod's other requests (:class:`~mpijob.admission.node_room.NodeRoom`: its allocatable
+against every bound pod's requests and every share pinned there, which is why the pod watch
+also counts bound pods without a share). A worker of an MPIJob reserves shares
 for all the job's workers at once (all or nothing, see :meth:`FractionalAdmission.mutate`), at
 admission or, when they wait, at placement.
 """
@@ -54,6 +56,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read_node
+from mpijob.admission.node_room import NodeRoom, pod_requests
 from mpijob.api.errors import aggregate
 from mpijob.api.fractional import Placed, Share, read_request
 from mpijob.desired.fractional import (
@@ -123,6 +126,8 @@ class FractionalAdmission:
         workers_of: WorkersOf | None = None,
     ) -> None:
         self.ledger = Ledger()
+        self.room = NodeRoom()
+        """Each node's cpu, memory and pods left: a share pins its pod only where it fits."""
         self.lock = asyncio.Lock()
         self.workers_of = workers_of
         """Set by the operator at start; None: MPIJob workers are placed one by one."""
@@ -143,10 +148,12 @@ class FractionalAdmission:
         async with self.lock:
             if read is None:
                 self.ledger.remove_node(name)
+                self.room.remove_node(name)
                 self._nodes.pop(name, None)
             else:
                 gpus, binpack = read
                 self.ledger.set_node(name, gpus, binpack=binpack)
+                self.room.set_node(name, (body.get("status") or {}).get("allocatable"))
                 self._nodes[name] = node_facts(body)
             self.export([name])
         if self.waiting:
@@ -159,25 +166,43 @@ class FractionalAdmission:
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
         if placed is None:
-            if keys.GPU_SHARE_WAITING not in annotations:
-                return
-            if gone or not _gated(body):
-                self.waiting.pop(key, None)
-            else:
+            if keys.GPU_SHARE_WAITING in annotations and not gone and _gated(body):
                 self.waiting[key] = body
                 self.wake.set()
+                return
+            self.waiting.pop(key, None)
+            self._count_bound(key, body, gone)
             return
         self.waiting.pop(key, None)
         claim = placed.claim or key
         async with self.lock:
             if gone:
-                if self.ledger.release(claim) is not None and self.waiting:
+                if self._release(claim) is not None and self.waiting:
                     self.wake.set()
-            elif self.ledger.held(claim) is None:
-                self.ledger.hold(claim, placed)  # a restart's listing, or a hold that lapsed
             else:
-                self.ledger.confirm(claim)
+                if self.ledger.held(claim) is None:
+                    self.ledger.hold(claim, placed)  # a restart's listing, or a hold that lapsed
+                else:
+                    self.ledger.confirm(claim)
+                if not self.room.holds(_room_key(claim)):
+                    self.room.add(_room_key(claim), placed.node, pod_requests(body["spec"]))
             self.export([placed.node])
+
+    def _count_bound(self, key: str, body: dict[str, Any], gone: bool) -> None:
+        """A pod without a share takes room on the node it is bound to until it ends.
+
+        Its requests are read once: a bound pod's node and requests do not change.
+        """
+        node = (body.get("spec") or {}).get("nodeName")
+        if gone or not node:
+            if self.room.remove(key) and self.waiting:
+                self.wake.set()
+        elif not self.room.holds(key):
+            self.room.add(key, node, pod_requests(body["spec"]))
+
+    def _release(self, claim: str) -> Placed | None:
+        self.room.remove(_room_key(claim))
+        return self.ledger.release(claim)
 
     async def rebuild(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         """Start from listed nodes and pods (before the webhooks serve, after a restart)."""
@@ -185,16 +210,23 @@ class FractionalAdmission:
             for body in nodes:
                 read = read_node(body)
                 if read is not None:
-                    self.ledger.set_node(body["metadata"]["name"], read[0], binpack=read[1])
-                    self._nodes[body["metadata"]["name"]] = node_facts(body)
+                    name = body["metadata"]["name"]
+                    self.ledger.set_node(name, read[0], binpack=read[1])
+                    self.room.set_node(name, (body.get("status") or {}).get("allocatable"))
+                    self._nodes[name] = node_facts(body)
             facts = []
             for body in pods:
                 meta = body.get("metadata") or {}
+                key = f"{meta.get('namespace')}/{meta.get('name')}"
                 placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
-                if placed is None or (body.get("status") or {}).get("phase") in _FINISHED:
+                if (body.get("status") or {}).get("phase") in _FINISHED:
                     continue
-                facts.append(
-                    (placed.claim or f"{meta.get('namespace')}/{meta.get('name')}", placed)
+                if placed is None:
+                    self._count_bound(key, body, gone=False)
+                    continue
+                facts.append((placed.claim or key, placed))
+                self.room.add(
+                    _room_key(placed.claim or key), placed.node, pod_requests(body["spec"])
                 )
             self.ledger.rebuild(facts)
             self.export(list(self.ledger.nodes))
@@ -277,7 +309,7 @@ class FractionalAdmission:
                 # other hold lapses unless a pod is seen holding it.
                 if error.not_found and worker_of(body) is None:
                     async with self.lock:
-                        self.ledger.release(placed.claim)
+                        self._release(placed.claim)
                         self.export([placed.node])
                 log.warning("Could not place the waiting pod %s: %s", key, error.message)
                 continue
@@ -315,17 +347,27 @@ class FractionalAdmission:
         assert share is not None
         now = self._clock()
         lapsed = self.ledger.expire(now)
+        for gone in lapsed:
+            self.room.remove(_room_key(gone))
         allowed = eligible_nodes(spec, self._nodes)
+        requests = pod_requests(spec)
         worker = worker_of(body)
         claim = claim or f"claim-{uuid.uuid4()}"
         if worker is not None and count is not None and worker.index < count and hold:
-            placed = self._place_workers(worker, count, share, allowed, now)
-        elif not hold:
-            placed = self.ledger.place(claim, share, allowed)
-            if isinstance(placed, Placed):
-                self.ledger.release(claim)
+            placed = self._place_workers(worker, count, share, allowed, requests, now)
         else:
-            placed = self.ledger.place(claim, share, allowed, pending_until=now + PENDING_SECONDS)
+            placed = self.ledger.place(
+                claim,
+                share,
+                allowed,
+                pending_until=now + PENDING_SECONDS if hold else None,
+                room=lambda node: self.room.fits(node, requests),
+            )
+            if isinstance(placed, Placed):
+                if hold:
+                    self.room.add(_room_key(claim), placed.node, requests)
+                else:
+                    self.ledger.release(claim)
         if lapsed:
             self.export(list(self.ledger.nodes))
         elif isinstance(placed, Placed):
@@ -334,21 +376,31 @@ class FractionalAdmission:
         return placed
 
     def _place_workers(
-        self, worker: Worker, count: int, share: Share, allowed: list[str] | None, now: float
+        self,
+        worker: Worker,
+        count: int,
+        share: Share,
+        allowed: list[str] | None,
+        requests: dict[str, Any],
+        now: float,
     ) -> Placed | str:
         claim = worker.claim(worker.index)
         held = self.ledger.held(claim)
         if held is not None and held.share == share:
             return held
         if held is not None:  # the job's template changed: its reservation no longer fits it
-            self.ledger.release(claim)
+            self._release(claim)
         result = self.ledger.place_all(
             [(worker.claim(i), share) for i in range(count)],
             allowed,
             pending_until=now + PENDING_SECONDS,
+            room=lambda node, already: self.room.fits(node, requests, 1 + already),
         )
         if isinstance(result, str):
             return f"the {count} workers of MPIJob {worker.job} are placed all or nothing: {result}"
+        for placed in result:
+            if not self.room.holds(_room_key(placed.claim)):
+                self.room.add(_room_key(placed.claim), placed.node, requests)
         self._touched = sorted({p.node for p in result})
         return result[worker.index]
 
@@ -370,6 +422,11 @@ class FractionalAdmission:
                 metrics.GPU_SHARE_PERCENTAGE.labels(*labels).set(gpu.percentage_used)
                 metrics.GPU_SHARE_CLIENTS.labels(*labels).set(gpu.clients)
             self._exported[name] = current
+
+
+def _room_key(claim: str) -> str:
+    """A share's entry in the node room, apart from the pod entries keyed ``namespace/name``."""
+    return f"share:{claim}"
 
 
 def _gated(body: dict[str, Any]) -> bool:
@@ -428,10 +485,15 @@ def register(registry: kopf.OperatorRegistry, admission: FractionalAdmission) ->
 
     kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
 
-    def holds_or_waits(annotations: Any, **_: Any) -> bool:
-        return keys.GPU_SHARE in annotations or keys.GPU_SHARE_WAITING in annotations
+    def counted(annotations: Any, spec: Any, **_: Any) -> bool:
+        """Share pods, waiting pods, and bound pods (their requests take room on nodes)."""
+        return (
+            keys.GPU_SHARE in annotations
+            or keys.GPU_SHARE_WAITING in annotations
+            or bool(spec.get("nodeName"))
+        )
 
-    kopf.on.event("v1", "pods", when=holds_or_waits, registry=registry)(pod_event)
+    kopf.on.event("v1", "pods", when=counted, registry=registry)(pod_event)
     kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
     kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
         validate

@@ -94,6 +94,34 @@ def test_eligible_nodes_limit_the_choice() -> None:
     assert "no opted-in node" in reason
 
 
+def test_room_is_asked_of_candidates_best_first_and_skips_a_full_node() -> None:
+    book = ledger(("a", True), ("b", True), ("c", False))
+    placed(book.place("first", Share(2, 30), ["a"]))  # a is now the fullest binpack node
+    asked: list[str] = []
+
+    def room(node: str) -> bool:
+        asked.append(node)
+        return node != "a"
+
+    assert placed(book.place("p", Share(2, 30), room=room)).node == "b"
+    assert asked == ["a", "b"]
+    reason = book.place("q", Share(2, 30), room=lambda node: False)
+    assert reason == (
+        "no eligible node has both a GPU with 2 GiB and 30% free and room for the pod's other"
+        " requests (cpu, memory, pods): 3 of 3 have the GPU but not the room"
+    )
+
+
+def test_place_all_counts_its_own_pods_against_a_node_s_room() -> None:
+    book = ledger(("a", True), ("b", True))
+    # Room for two more pods on each node: four workers that GPU-wise fit one node split.
+    result = book.place_all(
+        [(f"w{i}", Share(2, 25)) for i in range(4)], room=lambda node, already: already < 2
+    )
+    assert isinstance(result, list)
+    assert sorted(p.node for p in result) == ["a", "a", "b", "b"]
+
+
 def test_placing_a_pod_twice_returns_its_share() -> None:
     book = ledger(("n", True))
     first = placed(book.place("p", Share(2, 30)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from typing import Any
 
 import jsonpatch
@@ -38,6 +39,9 @@ def node(name: str, *, gpus: int = 4, memory: int = 60, binpack: bool = True) ->
         "metadata": {"name": name, "labels": labels},
         "status": {
             "allocatable": {
+                "cpu": "64",
+                "memory": "512Gi",
+                "pods": "110",
                 keys.GPU_COUNT_RESOURCE: str(gpus),
                 keys.GPU_MEM_RESOURCE: str(memory),
                 keys.GPU_CORE_PERCENTAGE_RESOURCE: str(100 * gpus),
@@ -530,3 +534,63 @@ async def test_waiting_workers_are_placed_together() -> None:
         f"mpijob/team/pair/uid-pair/worker-{i}" for i in (0, 1)
     ]
     assert {r.gpu for r in records if r} == {0, 1}
+
+
+def bound(name: str, node_name: str, cpu: str) -> dict[str, Any]:
+    """A pod without a share, bound to ``node_name``."""
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
+        },
+    }
+
+
+async def test_a_share_goes_only_where_the_node_has_room_for_the_pod_s_other_requests() -> None:
+    admission = await admission_with(node("gpu-a"), node("gpu-b"))
+    await admission.on_pod(bound("busy", "gpu-a", "63"), "ADDED")
+    body = pod()
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    assert placed_of(body, await admission.mutate(body, dryrun=False))[1].node == "gpu-b"
+    # gpu-b now has 62 cpus left, held for the pinned pod before it is even bound.
+    await admission.on_pod(bound("busier", "gpu-b", "62"), "ADDED")
+    reason = await waits(admission, copy_of(body))
+    assert "room for the pod's other requests (cpu, memory, pods)" in reason
+    # The busy pod ends: its node has room again, and a waiting pod would be tried.
+    patches = Patches()
+    await admitted_waiting(admission, patches, copy_of(body), "later")
+    admission.wake.clear()
+    await admission.on_pod({**bound("busy", "gpu-a", "63"), "status": {"phase": "Succeeded"}}, None)
+    assert admission.wake.is_set()
+    assert await admission.place_waiting(patches) == 1
+    record = Placed.loads(patches.pods["default/later"]["metadata"]["annotations"][keys.GPU_SHARE])
+    assert record is not None
+    assert record.node == "gpu-a"
+
+
+async def test_the_listing_after_a_restart_counts_bound_pods_too() -> None:
+    restarted = FractionalAdmission(clock=Clock())
+    await restarted.rebuild([node("gpu-a")], [bound("busy", "gpu-a", "64")])
+    body = pod()
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
+    reason = await waits(restarted, body)
+    assert "room for the pod's other requests" in reason
+
+
+async def test_workers_are_placed_only_where_all_of_them_have_room() -> None:
+    admission = await admission_with(node("gpu-a"), node("gpu-b"))
+    admission.workers_of = workers(4)
+    await admission.on_pod(bound("busy-a", "gpu-a", "60"), "ADDED")
+    await admission.on_pod(bound("busy-b", "gpu-b", "60"), "ADDED")
+    first = worker_pod("train", 0)
+    first["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+    _, record = placed_of(first, await admission.mutate(first, dryrun=False))
+    held = [admission.ledger.held(f"mpijob/team/train/uid-train/worker-{i}") for i in range(4)]
+    # Four 25% shares would binpack on one GPU, but each node has room for two such pods.
+    assert sorted(h.node for h in held if h) == ["gpu-a", "gpu-a", "gpu-b", "gpu-b"]
+    assert record == held[0]
+
+
+def copy_of(body: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(body))
