@@ -41,6 +41,7 @@ import base64
 import contextlib
 import datetime as dt
 import ipaddress
+import json
 import logging
 import tempfile
 import time
@@ -282,8 +283,12 @@ class FractionalAdmission:
         A later pod that fits may go before an earlier one that does not, as the scheduler
         itself does. Each placement is one patch (record, UUID, node affinity, gate removed);
         a patch the API server refuses (the pod went, or changed under us) gives the hold back.
+        A pass tries one pod of each shape (share, requests, node constraints; or MPIJob) at
+        most once after it failed, and lets the event loop run between pods: a thousand
+        waiting replicas of one Job cost one decision per pass, not a stalled webhook.
         """
         done = 0
+        failed: set[str] = set()
         queue = sorted(
             self.waiting.items(),
             key=lambda item: str((item[1].get("metadata") or {}).get("creationTimestamp") or ""),
@@ -291,12 +296,17 @@ class FractionalAdmission:
         for key, body in queue:
             if self.waiting.get(key) is not body:
                 continue  # placed, gone or changed meanwhile: its next turn reads it afresh
+            shape = _shape(body)
+            if shape in failed:
+                continue
+            await asyncio.sleep(0)
             count = await self._workers(body)
             async with self.lock:
                 placed = self._place(
                     body, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
                 )
             if not isinstance(placed, Placed):
+                failed.add(shape)
                 continue
             meta = body["metadata"]
             try:
@@ -422,6 +432,19 @@ class FractionalAdmission:
                 metrics.GPU_SHARE_PERCENTAGE.labels(*labels).set(gpu.percentage_used)
                 metrics.GPU_SHARE_CLIENTS.labels(*labels).set(gpu.clients)
             self._exported[name] = current
+
+
+def _shape(body: dict[str, Any]) -> str:
+    """What decides where a pod's share may go: pods of one shape fit or fail together."""
+    worker = worker_of(body)
+    if worker is not None:
+        return f"mpijob/{worker.namespace}/{worker.uid}"
+    spec = body.get("spec") or {}
+    return json.dumps(
+        [[c.get("resources") for c in spec.get(f) or []] for f in ("initContainers", "containers")]
+        + [spec.get(f) for f in ("nodeSelector", "affinity", "tolerations", "overhead")],
+        sort_keys=True,
+    )
 
 
 def _room_key(claim: str) -> str:

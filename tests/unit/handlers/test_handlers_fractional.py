@@ -594,3 +594,23 @@ async def test_workers_are_placed_only_where_all_of_them_have_room() -> None:
 
 def copy_of(body: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(body))
+
+
+async def test_a_pass_decides_once_for_waiting_pods_of_one_shape() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    patches = Patches()
+    blocker = pod(memory="15", core="100")
+    placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    for i in range(20):
+        await admitted_waiting(admission, patches, pod(memory="10", core="50"), f"same-{i}")
+    await admitted_waiting(admission, patches, pod(memory="1", core="5"), "other")
+    decisions = []
+    place = admission._place
+
+    def counting(*args: Any, **kwargs: Any) -> Placed | str:
+        decisions.append(args[0]["metadata"]["name"])
+        return place(*args, **kwargs)
+
+    admission._place = counting  # type: ignore[method-assign]
+    assert await admission.place_waiting(patches) == 0
+    assert decisions == ["same-0", "other"]
