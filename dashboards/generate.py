@@ -176,10 +176,14 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
             Chart(
                 "GPU shares held",
                 "Shares of one GPU the ledger holds (with --fractional-gpus: admitted pods and "
-                "workers reserved for their MPIJob), and the most MPS clients on any one GPU "
-                "(MPS allows 48).",
+                "workers reserved for their MPIJob), pods waiting behind the scheduling gate for "
+                "room, and the most MPS clients on any one GPU (MPS allows 48).",
                 [
                     (f"sum(mpi_operator_gpu_shares{SEL})", "shares"),
+                    (
+                        f"sum(mpi_operator_gpu_share_waiting_pods{SEL}) or on() vector(0)",
+                        "pods waiting",
+                    ),
                     (
                         f"max(mpi_operator_gpu_share_clients{SEL}) or on() vector(0)",
                         "most clients on one GPU",

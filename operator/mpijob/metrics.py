@@ -117,6 +117,11 @@ GPU_SHARES: Final = Gauge(
     "GPU shares the ledger holds (admitted pods and workers reserved for their MPIJob); 0 "
     "without --fractional-gpus",
 )
+GPU_SHARE_WAITING: Final = Gauge(
+    "mpi_operator_gpu_share_waiting_pods",
+    "Pods admitted behind the mpijob.io/gpu-share scheduling gate: no eligible GPU and node had "
+    "room for their share yet",
+)
 GPU_SHARE_MEMORY: Final = Gauge(
     "mpi_operator_gpu_share_memory_gib",
     "GiB of GPU memory held by shares, per core_mem node and GPU index",

@@ -169,12 +169,13 @@ class FractionalAdmission:
         if placed is None:
             if keys.GPU_SHARE_WAITING in annotations and not gone and _gated(body):
                 self.waiting[key] = body
+                metrics.GPU_SHARE_WAITING.set(len(self.waiting))
                 self.wake.set()
                 return
-            self.waiting.pop(key, None)
+            self._stop_waiting(key)
             self._count_bound(key, body, gone)
             return
-        self.waiting.pop(key, None)
+        self._stop_waiting(key)
         claim = placed.claim or key
         async with self.lock:
             if gone:
@@ -188,6 +189,10 @@ class FractionalAdmission:
                 if not self.room.holds(_room_key(claim)):
                     self.room.add(_room_key(claim), placed.node, pod_requests(body["spec"]))
             self.export([placed.node])
+
+    def _stop_waiting(self, key: str) -> None:
+        if self.waiting.pop(key, None) is not None:
+            metrics.GPU_SHARE_WAITING.set(len(self.waiting))
 
     def _count_bound(self, key: str, body: dict[str, Any], gone: bool) -> None:
         """A pod without a share takes room on the node it is bound to until it ends.
@@ -324,7 +329,7 @@ class FractionalAdmission:
                 log.warning("Could not place the waiting pod %s: %s", key, error.message)
                 continue
             if self.waiting.get(key) is body:
-                del self.waiting[key]
+                self._stop_waiting(key)
             done += 1
             log.info("Placed the waiting pod %s on %s GPU %d", key, placed.node, placed.gpu)
         return done

@@ -13,7 +13,7 @@ import kopf
 import pytest
 from cryptography import x509
 
-from mpijob import keys
+from mpijob import keys, metrics
 from mpijob.api.fractional import Placed
 from mpijob.desired.fractional import (
     MATCH_SHARE_PODS,
@@ -399,8 +399,6 @@ async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
 
 
 async def test_share_gauges_follow_the_ledger() -> None:
-    from mpijob import metrics
-
     admission = await admission_with(node("gauge-node"))
     body = pod()
     _, record = placed_of(body, await admission.mutate(body, dryrun=False))
@@ -458,6 +456,7 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     first["metadata"]["name"] = "first"
     await admission.on_pod(first, "ADDED")
     await admitted_waiting(admission, patches, pod(memory="10", core="50"), "second")
+    assert metrics.GPU_SHARE_WAITING._value.get() == 1
     assert admission.wake.is_set()
     admission.wake.clear()
     assert await admission.place_waiting(patches) == 0
@@ -474,6 +473,7 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     assert "schedulingGates" not in second["spec"] or not second["spec"]["schedulingGates"]
     assert second["spec"]["affinity"]["nodeAffinity"]
     assert admission.waiting == {}
+    assert metrics.GPU_SHARE_WAITING._value.get() == 0
     await admission.on_pod(second, "MODIFIED")
     assert admission.ledger.held("pod-uid-second") == record
     # A stale event of the gated pod, then the next pass: the refused patch keeps the hold.
