@@ -213,6 +213,10 @@ GPU_SHARE_UUID: Final = PREFIX + "gpu-share-uuid"
 GPU_SHARE_WAITING: Final = PREFIX + "gpu-share-waiting"
 #: The scheduling gate holding such a pod back from the scheduler until its share is placed.
 GPU_SHARE_GATE: Final = PREFIX + "gpu-share"
+#: Normal Events on a share pod: it waits behind the gate (the message says why), then its
+#: share is placed (node, GPU) and the gate removed.
+REASON_GPU_SHARE_WAITING: Final = "GPUShareWaiting"
+REASON_GPU_SHARE_PLACED: Final = "GPUSharePlaced"
 #: MPS clients one GPU serves at most (Volta and later); one more fails context creation.
 MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory

@@ -552,6 +552,22 @@ def test_a_pod_that_fits_nowhere_waits_and_is_placed_after_a_restart(
     assert placed(waiter).gpu == held["full-2"]
     assert keys.GPU_SHARE_WAITING not in waiter.metadata.annotations
     assert not waiter.spec.scheduling_gates
+
+    def events() -> dict[str, str] | None:
+        found = share_nodes.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=Pod,involvedObject.name=waiter"
+        ).items
+        # Each operator process posts the wait it finds (the first may die before it posts).
+        ours = {e.reason: e.message for e in found if e.reason.startswith("GPUShare")}
+        return ours if len(ours) == 2 else None
+
+    posted = wait_until(events, timeout=30, what="the waiter's two Events")
+    assert (
+        posted[keys.REASON_GPU_SHARE_WAITING]
+        == (waiting.metadata.annotations[keys.GPU_SHARE_WAITING])
+    )
+    placed_on = f"Placed on share-node-1 GPU {held['full-2']} (GPU-"
+    assert posted[keys.REASON_GPU_SHARE_PLACED].startswith(placed_on)
     assert_not_overcommitted(
         [
             waiter,

@@ -1,7 +1,8 @@
 """Events that pure code asks its caller to emit, as data.
 
 Builders and status rules never talk to the API; they return :class:`Event` values that the
-handlers post on the MPIJob with source component ``mpi-job-controller``.
+handlers post with source component ``mpi-job-controller`` (on the MPIJob; GPU-share Events on
+the pod).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ EventType = Literal["Normal", "Warning"]
 
 @dataclass(frozen=True)
 class Event:
-    """One Kubernetes Event to record on the MPIJob."""
+    """One Kubernetes Event to record (on an MPIJob, or on a pod waiting for a GPU share)."""
 
     type: EventType
     """Normal or Warning."""

@@ -60,6 +60,7 @@ from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read
 from mpijob.admission.node_room import NodeRoom, pod_requests
 from mpijob.api.errors import aggregate
 from mpijob.api.fractional import Placed, Share, read_request
+from mpijob.desired.events import Event, normal
 from mpijob.desired.fractional import (
     MUTATE_ID,
     VALIDATE_ID,
@@ -135,6 +136,8 @@ class FractionalAdmission:
         self._clock = clock
         self.waiting: dict[str, dict[str, Any]] = {}
         """Pods admitted behind the gate, by ``namespace/name``: the last body seen of each."""
+        self.events: Callable[[dict[str, Any], Event], None] | None = None
+        """Posts an Event about a pod (the operator's recorder); None: no Events."""
         self.wake = asyncio.Event()
         """Set when a waiting pod may now fit: a pod came to wait, a share or a node was freed."""
         self._nodes: dict[str, dict[str, Any]] = {}
@@ -168,6 +171,9 @@ class FractionalAdmission:
         gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
         if placed is None:
             if keys.GPU_SHARE_WAITING in annotations and not gone and _gated(body):
+                if key not in self.waiting:
+                    reason = annotations[keys.GPU_SHARE_WAITING]
+                    self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
                 self.waiting[key] = body
                 metrics.GPU_SHARE_WAITING.set(len(self.waiting))
                 self.wake.set()
@@ -189,6 +195,11 @@ class FractionalAdmission:
                 if not self.room.holds(_room_key(claim)):
                     self.room.add(_room_key(claim), placed.node, pod_requests(body["spec"]))
             self.export([placed.node])
+
+    def _event(self, body: dict[str, Any], reason: str, message: str) -> None:
+        if self.events is not None:
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": body.get("metadata") or {}}
+            self.events(pod, normal(reason, message))
 
     def _stop_waiting(self, key: str) -> None:
         if self.waiting.pop(key, None) is not None:
@@ -332,6 +343,13 @@ class FractionalAdmission:
                 self._stop_waiting(key)
             done += 1
             log.info("Placed the waiting pod %s on %s GPU %d", key, placed.node, placed.gpu)
+            self._event(
+                body,
+                keys.REASON_GPU_SHARE_PLACED,
+                f"Placed on {placed.node} GPU {placed.gpu}"
+                + (f" ({placed.uuid})" if placed.uuid else "")
+                + "; the scheduler may bind it now",
+            )
         return done
 
     async def run_placement(self, patch: PatchPod) -> None:

@@ -56,7 +56,8 @@ class Recorder:
         self._line = Line("event writer")
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
-        """Post ``event`` about ``obj`` (an MPIJob body) in the background."""
+        """Post ``event`` about ``obj`` (an MPIJob body; a pod's for GPU shares) in the
+        background."""
         meta = obj.get("metadata", {})
         uid = meta.get("uid", "")
         key = (uid, event.type, event.reason, event.message)

@@ -126,6 +126,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     if ours.fractional_gpus:
         shares: fractional.FractionalAdmission = memo["fractional"]
         shares.workers_of = fractional.workers_reader(kube)
+        shares.events = rt.recorder.post
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
             await kube.list("v1", "Node", None, labels=selector),

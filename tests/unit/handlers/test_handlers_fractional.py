@@ -450,6 +450,10 @@ async def admitted_waiting(
 
 async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    events: list[tuple[str, str, str]] = []
+    admission.events = lambda obj, event: events.append(
+        (obj["metadata"]["name"], event.reason, event.message)
+    )
     patches = Patches()
     first = pod(memory="10", core="50")
     first, _ = placed_of(first, await admission.mutate(first, dryrun=False))
@@ -474,6 +478,10 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     assert second["spec"]["affinity"]["nodeAffinity"]
     assert admission.waiting == {}
     assert metrics.GPU_SHARE_WAITING._value.get() == 0
+    assert events == [
+        ("second", "GPUShareWaiting", "no GPU of 1 eligible node(s) has 10 GiB and 50% free"),
+        ("second", "GPUSharePlaced", "Placed on gpu-a GPU 0 (); the scheduler may bind it now"),
+    ]
     await admission.on_pod(second, "MODIFIED")
     assert admission.ledger.held("pod-uid-second") == record
     # A stale event of the gated pod, then the next pass: the refused patch keeps the hold.
