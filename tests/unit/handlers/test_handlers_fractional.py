@@ -480,7 +480,7 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     assert metrics.GPU_SHARE_WAITING._value.get() == 0
     assert events == [
         ("second", "GPUShareWaiting", "no GPU of 1 eligible node(s) has 10 GiB and 50% free"),
-        ("second", "GPUSharePlaced", "Placed on gpu-a GPU 0 (); the scheduler may bind it now"),
+        ("second", "GPUSharePlaced", "Placed on gpu-a GPU 0; the scheduler may bind it now"),
     ]
     await admission.on_pod(second, "MODIFIED")
     assert admission.ledger.held("pod-uid-second") == record
