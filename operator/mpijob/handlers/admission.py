@@ -16,7 +16,6 @@ waits, which is when running jobs release GPUs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from mpijob import api, metrics
 from mpijob.admission import queue, topology
 from mpijob.api import JobKey
 from mpijob.handlers.kube import ApiError, Kube
+from mpijob.handlers.workers import on_wake
 from mpijob.placement.job import NoFit, Placement, claim, place_job
 
 log = logging.getLogger(__name__)
@@ -140,16 +140,13 @@ class Admission:
             self._wake.set()
 
     async def run_forever(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=PASS_INTERVAL_SECONDS)
-            self._wake.clear()
-            if not self.waiting:
-                continue
-            try:
-                await self.run_pass()
-            except Exception:  # the next pass retries; the operator must not stop admitting
-                log.exception("Admission pass failed")
+        await on_wake(
+            self._wake,
+            PASS_INTERVAL_SECONDS,
+            lambda: bool(self.waiting),
+            self.run_pass,
+            "Admission pass",
+        )
 
     async def run_pass(self) -> None:
         async with self._lock:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -70,6 +69,7 @@ from mpijob.desired.fractional import (
     webhook_configurations,
 )
 from mpijob.handlers.kube import ApiError, Kube, path
+from mpijob.handlers.workers import on_wake
 
 log = logging.getLogger(__name__)
 
@@ -354,16 +354,13 @@ class FractionalAdmission:
 
     async def run_placement(self, patch: PatchPod) -> None:
         """Place waiting pods whenever something frees room (and after a lapse of holds)."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=PENDING_SECONDS)
-            self.wake.clear()
-            if not self.waiting:
-                continue
-            try:
-                await self.place_waiting(patch)
-            except Exception:  # one bad pass must not end placement for good
-                log.exception("Placing waiting GPU shares failed; trying again at the next change")
+        await on_wake(
+            self.wake,
+            PENDING_SECONDS,
+            lambda: bool(self.waiting),
+            lambda: self.place_waiting(patch),
+            "Placing waiting GPU shares",
+        )
 
     async def _workers(self, body: dict[str, Any]) -> int | None:
         worker = worker_of(body)

@@ -3,7 +3,8 @@
 Workers take nothing before :meth:`Workers.open` (Kopf's indices are complete: the watch
 handlers call it), run only while this replica leads (the Lease gate), retry a failed reconcile
 with the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
-heartbeat that the metrics thread reads. Created in ``on.startup``.
+heartbeat that the metrics thread reads. Created in ``on.startup``. Also :func:`on_wake`, the
+loop of the background passes (gang admission, waiting GPU shares).
 """
 
 from __future__ import annotations
@@ -24,6 +25,27 @@ from mpijob.handlers.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
+
+
+async def on_wake(
+    wake: asyncio.Event,
+    interval: float,
+    pending: Callable[[], bool],
+    work: Callable[[], Awaitable[object]],
+    what: str,
+) -> None:
+    """Run ``work`` whenever ``wake`` is set, or every ``interval`` seconds, while ``pending``
+    says there is something to do; a failed run is logged and the next one tries again."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=interval)
+        wake.clear()
+        if not pending():
+            continue
+        try:
+            await work()
+        except Exception:  # one failed pass must not end the loop for good
+            log.exception("%s failed; trying again at the next change", what)
 
 
 class OwnershipError(Exception):
