@@ -217,6 +217,8 @@ GPU_SHARE_GATE: Final = PREFIX + "gpu-share"
 #: share is placed (node, GPU) and the gate removed.
 REASON_GPU_SHARE_WAITING: Final = "GPUShareWaiting"
 REASON_GPU_SHARE_PLACED: Final = "GPUSharePlaced"
+#: Warning Event: someone else removed the gate of a waiting pod; it runs without a share.
+REASON_GPU_SHARE_GATE_REMOVED: Final = "GPUShareGateRemoved"
 #: MPS clients one GPU serves at most (Volta and later); one more fails context creation.
 MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory

@@ -59,7 +59,8 @@ from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read
 from mpijob.admission.node_room import NodeRoom, pod_requests
 from mpijob.api.errors import aggregate
 from mpijob.api.fractional import Placed, Share, read_request
-from mpijob.desired.events import Event, normal
+from mpijob.desired import events
+from mpijob.desired.events import Event
 from mpijob.desired.fractional import (
     MUTATE_ID,
     VALIDATE_ID,
@@ -178,6 +179,15 @@ class FractionalAdmission:
                 metrics.GPU_SHARE_WAITING.set(len(self.waiting))
                 self.wake.set()
                 return
+            if key in self.waiting and not gone and keys.GPU_SHARE_WAITING in annotations:
+                log.warning("The GPU-share gate of pod %s was removed by hand: no share", key)
+                self._event(
+                    body,
+                    keys.REASON_GPU_SHARE_GATE_REMOVED,
+                    "The mpijob.io/gpu-share scheduling gate was removed before a GPU share was"
+                    " placed: the pod runs with no GPU and no MPS limits",
+                    warning=True,
+                )
             self._stop_waiting(key)
             self._count_bound(key, body, gone)
             return
@@ -196,10 +206,12 @@ class FractionalAdmission:
                     self.room.add(_room_key(claim), placed.node, pod_requests(body["spec"]))
             self.export([placed.node])
 
-    def _event(self, body: dict[str, Any], reason: str, message: str) -> None:
+    def _event(
+        self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False
+    ) -> None:
         if self.events is not None:
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": body.get("metadata") or {}}
-            self.events(pod, normal(reason, message))
+            self.events(pod, (events.warning if warning else events.normal)(reason, message))
 
     def _stop_waiting(self, key: str) -> None:
         if self.waiting.pop(key, None) is not None:

@@ -622,3 +622,20 @@ async def test_a_pass_decides_once_for_waiting_pods_of_one_shape() -> None:
     admission._place = counting  # type: ignore[method-assign]
     assert await admission.place_waiting(patches) == 0
     assert decisions == ["same-0", "other"]
+
+
+async def test_a_gate_removed_by_hand_is_reported_once() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    posted: list[tuple[str, str]] = []
+    admission.events = lambda obj, event: posted.append((event.type, event.reason))
+    patches = Patches()
+    blocker = pod(memory="15", core="100")
+    placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    body = await admitted_waiting(admission, patches, pod(memory="10", core="50"), "escaped")
+    body["spec"]["schedulingGates"] = []
+    body["spec"]["nodeName"] = "gpu-a"
+    await admission.on_pod(body, "MODIFIED")
+    await admission.on_pod(body, "MODIFIED")
+    assert posted == [("Normal", "GPUShareWaiting"), ("Warning", "GPUShareGateRemoved")]
+    assert admission.waiting == {}
+    assert admission.room.holds("default/escaped")  # it takes room on its node like any pod
