@@ -265,8 +265,8 @@ class FractionalAdmission:
 
     # --- webhooks ------------------------------------------------------------------------
 
-    def validate(self, body: dict[str, Any]) -> None:
-        """Refuse a pod whose share breaks a rule or could never fit any known GPU."""
+    def validate(self, body: dict[str, Any]) -> Share | None:
+        """Refuse a pod whose share breaks a rule or could never fit any known GPU; its share."""
         request = read_request(body.get("spec"))
         if request.errors:
             raise kopf.AdmissionError(f"GPU share refused: {aggregate(request.errors)}", code=422)
@@ -278,6 +278,7 @@ class FractionalAdmission:
                 f" lower {keys.GPU_MEM_RESOURCE}",
                 code=422,
             )
+        return share
 
     async def mutate(self, body: dict[str, Any], *, dryrun: bool) -> list[dict[str, Any]]:
         """The JSON patch placing the pod's share, or holding it back behind the scheduling gate
@@ -288,13 +289,12 @@ class FractionalAdmission:
         (:meth:`Ledger.place_all`); the others then take their reserved share. A reservation
         whose pod never comes lapses like any pending hold.
         """
-        self.validate(body)
-        spec = body.get("spec") or {}
-        if read_request(spec).share is None:
+        share = self.validate(body)
+        if share is None:
             return []
         count = await self._workers(body) if not dryrun else None
         async with self.lock:
-            placed = self._place(body, count, hold=not dryrun)
+            placed = self._place(body, share, count, hold=not dryrun)
         if not isinstance(placed, Placed) and not dryrun:
             meta = body.get("metadata") or {}
             log.info(
@@ -328,10 +328,13 @@ class FractionalAdmission:
             if shape in failed:
                 continue
             await asyncio.sleep(0)
+            share = read_request(body.get("spec")).share
+            if share is None:  # cannot happen: the webhook admitted it with a valid share
+                continue
             count = await self._workers(body)
             async with self.lock:
                 placed = self._place(
-                    body, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
+                    body, share, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
                 )
             if not isinstance(placed, Placed):
                 failed.add(shape)
@@ -381,12 +384,16 @@ class FractionalAdmission:
         return await self.workers_of(worker.namespace, worker.job)
 
     def _place(
-        self, body: dict[str, Any], count: int | None, *, hold: bool, claim: str = ""
+        self,
+        body: dict[str, Any],
+        share: Share,
+        count: int | None,
+        *,
+        hold: bool,
+        claim: str = "",
     ) -> Placed | str:
-        """Under the lock: the share placed for ``body`` (held unless not ``hold``), or why not."""
+        """Under the lock: ``share`` placed for ``body`` (held unless not ``hold``), or why not."""
         spec = body.get("spec") or {}
-        share = read_request(spec).share
-        assert share is not None
         now = self._clock()
         lapsed = self.ledger.expire(now)
         for gone in lapsed:
