@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob import api
+from mpijob import api, keys
 from mpijob.admission import topology
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
@@ -194,7 +194,8 @@ class Cache:
 
     def placement_snapshot(self) -> topology.Snapshot:
         """What placement reads: opted-in nodes, pods that request GPUs, every decision (by job
-        key), every claim's allocated NVIDIA GPUs and the driver's devices, by node."""
+        key), every claim's allocated NVIDIA GPUs and the driver's devices, by node; and what
+        the quota check reads: GPU quotas by namespace, our claims by job, the class mapping."""
         pods = [
             dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
         ]
@@ -211,7 +212,27 @@ class Cache:
         for node, store in self.indices.get("slices_by_node", {}).items():
             for devices in store:
                 slices.setdefault(node, {}).update(devices)
-        return topology.Snapshot(list(self.nodes().values()), pods, decisions, allocated, slices)
+        quotas = {
+            namespace: [dict(q) for q in store]
+            for namespace, store in self.indices.get("quotas_by_namespace", {}).items()
+        }
+        claims = {
+            key: [dict(c) for c in store]
+            for key, store in self.indices.get("claims_by_job", {}).items()
+        }
+        mapped = {
+            str(v) for store in self.indices.get("gpu_classes_by_name", {}).values() for v in store
+        }
+        return topology.Snapshot(
+            list(self.nodes().values()),
+            pods,
+            decisions,
+            allocated,
+            slices,
+            quotas,
+            claims,
+            claims_as_gpus=keys.GPU_RESOURCE in mapped,
+        )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:
         return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]

@@ -121,6 +121,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         decision_of=rt.cache.decision,
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
+        binding=rt.gpu_binding,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
