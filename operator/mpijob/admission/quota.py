@@ -4,8 +4,10 @@ A ResourceQuota limits what the API server charges a namespace: a pod's ``nvidia
 requests under ``requests.nvidia.com/gpu``, a ResourceClaim's devices of NVIDIA's GPU class
 under ``gpu.nvidia.com.deviceclass.resource.k8s.io/devices``. In the dra binding the operator
 turns a placed worker's ``nvidia.com/gpu`` into a claim it creates itself, which the first of
-those never sees (unless the DeviceClass maps the claim's devices to ``nvidia.com/gpu``, which
-only an API server with the DRAExtendedResource feature gate honours). So before it admits a
+those never sees: Kubernetes 1.34's claim evaluator charges a claim only to the device class;
+from 1.35, with the alpha DRAExtendedResource gate on and the DeviceClass naming
+``nvidia.com/gpu`` as its ``extendedResourceName``, it charges ``requests.nvidia.com/gpu`` too
+(:func:`charges_claims_as_gpus`). So before it admits a
 topology-placed job, our admission checks every GPU quota of the job's namespace that would have
 charged the job's pods, with what Kubernetes already counts (the quota's ``status.used``) plus
 what the operator's own placements in that namespace hold and Kubernetes does not count yet or
@@ -50,6 +52,28 @@ class Charged(enum.Enum):
     """The workers' claims (dra binding: the device class, or a mapped ``nvidia.com/gpu``)."""
     NOTHING = "nothing"
     """Nothing: the dra binding hides them from ``requests.nvidia.com/gpu``; only we count them."""
+
+
+#: The first Kubernetes minor whose quota charges a claim to its class's extended resource.
+FIRST_MINOR_CHARGING_CLAIMS_AS_EXTENDED = 35
+
+
+def charges_claims_as_gpus(server_minor: int | None, extended_resource: str | None) -> bool:
+    """Whether the API server charges our claims to ``requests.nvidia.com/gpu``: it is 1.35 or
+    later and NVIDIA's DeviceClass names ``nvidia.com/gpu`` (a field the API server keeps only
+    with the DRAExtendedResource gate on). An unknown version counts as no: the operator then
+    counts the claims itself, at worst twice (a job waits longer), never not at all."""
+    return (
+        server_minor is not None
+        and server_minor >= FIRST_MINOR_CHARGING_CLAIMS_AS_EXTENDED
+        and extended_resource == keys.GPU_RESOURCE
+    )
+
+
+def server_minor(version: Mapping[str, Any]) -> int | None:
+    """The minor of an API server's ``/version`` (``"35"``, or ``"35+"`` on some builds)."""
+    digits = "".join(c for c in str(version.get("minor") or "") if c.isdigit())
+    return int(digits) if digits and str(version.get("major")) == "1" else None
 
 
 def charged(resource: str, binding: GpuBinding, *, claims_as_gpus: bool) -> Charged | None:

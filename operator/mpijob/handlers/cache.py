@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob import api, keys
-from mpijob.admission import topology
+from mpijob import api
+from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
@@ -51,6 +51,9 @@ class Cache:
     """Per job: (kind, name) -> (when created, the object the API returned)."""
     written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
     """Per job: (the resourceVersion our last status write replaced, the body it returned)."""
+    server_minor: int | None = None
+    """The API server's Kubernetes minor version (read at startup): whether its quotas charge
+    claims to ``requests.nvidia.com/gpu`` depends on it."""
     parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
     """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
     for every waiting job every few seconds, and most have not changed since."""
@@ -220,9 +223,8 @@ class Cache:
             key: [dict(c) for c in store]
             for key, store in self.indices.get("claims_by_job", {}).items()
         }
-        mapped = {
-            str(v) for store in self.indices.get("gpu_classes_by_name", {}).values() for v in store
-        }
+        classes = self.indices.get("gpu_classes_by_name", {})
+        mapped = next((str(v) for store in classes.values() for v in store), None)
         return topology.Snapshot(
             list(self.nodes().values()),
             pods,
@@ -231,7 +233,7 @@ class Cache:
             slices,
             quotas,
             claims,
-            claims_as_gpus=keys.GPU_RESOURCE in mapped,
+            claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
         )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:

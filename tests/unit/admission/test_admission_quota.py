@@ -244,3 +244,22 @@ def test_a_scoped_quota_never_charges_claims_so_we_keep_the_pod_one() -> None:
     pod_quota = scoped(8, scopes=["NotBestEffort"])
     running = [Held(gpus=8, in_claims=8)]
     assert quota.check(job(), pod_quota, running, DRA, claims_as_gpus=True) != ""
+
+
+@pytest.mark.parametrize(
+    ("version", "extended", "expected"),
+    [
+        # 1.34's claim evaluator charges claims only to the device class and count/resourceclaims.
+        ({"major": "1", "minor": "34"}, keys.GPU_RESOURCE, False),
+        ({"major": "1", "minor": "35"}, keys.GPU_RESOURCE, True),
+        ({"major": "1", "minor": "36+"}, keys.GPU_RESOURCE, True),
+        ({"major": "1", "minor": "35"}, "", False),  # the class maps nothing (gate off)
+        ({"major": "1", "minor": "35"}, "example.com/gpu", False),
+        ({}, keys.GPU_RESOURCE, False),  # unknown: count the claims ourselves
+    ],
+)
+def test_claims_count_as_gpus_only_where_the_api_server_charges_them(
+    version: dict[str, str], extended: str, expected: bool
+) -> None:
+    minor = quota.server_minor(version)
+    assert quota.charges_claims_as_gpus(minor, extended) is expected
