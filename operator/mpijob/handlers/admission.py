@@ -27,7 +27,7 @@ from typing import Any
 
 from mpijob import api, metrics
 from mpijob.admission import queue, quota, topology
-from mpijob.api import JobKey
+from mpijob.api import JSON, JobKey
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
@@ -192,10 +192,11 @@ class Admission:
 
             admitted: dict[JobKey, Placement] = {}
             """Admitted earlier in this pass: their GPUs count against their quotas."""
+            held_in = self._held_in(snap, decisions)
 
             def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
                 job = by_uid[w.uid]
-                if over := self._over_quota(job, snap, decisions, admitted):
+                if over := self._over_quota(job, snap, decisions, admitted, held_in):
                     return queue.OverQuota(over)
                 free = nodes
                 for g in granted:
@@ -224,6 +225,7 @@ class Admission:
         snap: topology.Snapshot,
         decisions: Mapping[JobKey, topology.Decision],
         admitted: Mapping[JobKey, Placement],
+        held_in: Mapping[str, list[tuple[str, quota.Held]]],
     ) -> str:
         """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
 
@@ -234,25 +236,46 @@ class Admission:
         limits = [limit for body in snap.quotas.get(ns) or () for limit in quota.limits_of(body)]
         if not limits:
             return ""
-        pods = [p for p in snap.pods if (p.get("metadata") or {}).get("namespace") == ns]
-        held = []
-        for key, decision in decisions.items():
-            if key[0] != ns or decision.uid == job.metadata.uid:
-                continue  # its own stale decision is replaced by this admission
-            owner = self.live(key)
-            spec = None
-            if owner is not None and owner.metadata.uid == decision.uid and owner.spec.worker:
-                spec = owner.spec.worker.template.get("spec") or {}
-            gpus = sum(len(a.gpus) for a in decision.assignments)
-            held.append(quota.held_by(decision.uid, gpus, pods, snap.claims.get(key) or (), spec))
+        # Its own stale decision (it was scaled since) is the one this admission replaces.
+        held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
         for key, placement in admitted.items():
             if key[0] == ns:
-                other = self.live(key)
-                worker = other.spec.worker if other is not None else None
-                spec = (worker.template.get("spec") or {}) if worker is not None else None
                 gpus = sum(len(a.gpus) for a in placement.assignments)
-                held.append(quota.Held(gpus, worker_spec=spec))
+                held.append(quota.Held(gpus, worker_spec=self._worker_spec(key, None)))
         return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
+
+    def _held_in(
+        self, snap: topology.Snapshot, decisions: Mapping[JobKey, topology.Decision]
+    ) -> dict[str, list[tuple[str, quota.Held]]]:
+        """Namespace -> (job uid, what its decision holds), for the namespaces with waiting jobs
+        and GPU quotas: once per pass, one look at every GPU pod and decision."""
+        wanted = {j.namespace for j in self.waiting.values()} & set(snap.quotas)
+        if not wanted:
+            return {}
+        pods: dict[str, list[JSON]] = {}  # by controller uid
+        for pod in snap.pods:
+            meta = pod.get("metadata") or {}
+            if meta.get("namespace") in wanted:
+                for ref in meta.get("ownerReferences") or ():
+                    if ref.get("controller"):
+                        pods.setdefault(str(ref.get("uid")), []).append(pod)
+        out: dict[str, list[tuple[str, quota.Held]]] = {}
+        for key, decision in decisions.items():
+            if key[0] not in wanted:
+                continue
+            gpus = sum(len(a.gpus) for a in decision.assignments)
+            spec = self._worker_spec(key, decision.uid)
+            claims = snap.claims.get(key) or ()
+            held = quota.held_by(decision.uid, gpus, pods.get(decision.uid) or (), claims, spec)
+            out.setdefault(key[0], []).append((decision.uid, held))
+        return out
+
+    def _worker_spec(self, key: JobKey, uid: str | None) -> dict[str, Any] | None:
+        """The worker pod spec of the live job ``key`` (of ``uid``, when given); None unknown."""
+        job = self.live(key)
+        if job is None or (uid is not None and job.metadata.uid != uid) or not job.spec.worker:
+            return None
+        return dict(job.spec.worker.template.get("spec") or {})
 
     def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
         """The job as it is now, if it is still the same job and still without a decision in
