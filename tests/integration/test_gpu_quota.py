@@ -47,12 +47,18 @@ def topology_job(name: str, *, succeed_after: str = "3s") -> dict[str, Any]:
 
 
 def make_quota(cluster: Cluster, namespace: str, hard: dict[str, str]) -> None:
-    """A ResourceQuota ``gpus``; returns once the API server has counted its usage."""
+    """A ResourceQuota ``gpus``; returns once the quota controller has counted its usage
+    (it writes ``status.hard`` with ``status.used``)."""
     body = client.V1ResourceQuota(
         metadata=client.V1ObjectMeta(name="gpus"), spec=client.V1ResourceQuotaSpec(hard=hard)
     )
     cluster.core.create_namespaced_resource_quota(namespace, body)
-    wait_until(lambda: used(cluster, namespace) is not None, what="the quota's usage counted")
+
+    def synced() -> bool:
+        found = cluster.core.read_namespaced_resource_quota("gpus", namespace)
+        return bool(found.status and found.status.hard)
+
+    wait_until(synced, what="the quota's usage counted")
 
 
 def used(cluster: Cluster, namespace: str) -> dict[str, str] | None:
@@ -196,3 +202,14 @@ def test_a_device_class_quota_counts_our_claims_and_holds_the_next_job(
     mpijobs.delete("first")  # its claims go with it
     wait_until(lambda: mpijobs.decision("second"), timeout=90, what="the second job admitted")
     mpijobs.wait_condition("second", keys.COND_SUCCEEDED, timeout=90)
+
+
+def test_kubernetes_charges_gpus_only_under_requests(crds: Cluster, namespace: str) -> None:
+    """What the operator reads follows what the API server enforces: a quota on
+    ``limits.nvidia.com/gpu`` is stored but charges no pod (an extended resource is quota'd only
+    under ``requests.``), so it limits nothing in either binding."""
+    make_quota(crds, namespace, {"limits.nvidia.com/gpu": "0"})
+    crds.core.create_namespaced_pod(namespace, gpu_pod("allowed", 1))
+    time.sleep(1)
+    assert (used(crds, namespace) or {}).get("limits.nvidia.com/gpu") in (None, "0")
+    crds.core.delete_namespaced_pod("allowed", namespace, grace_period_seconds=0)

@@ -294,6 +294,15 @@ def check(
             how = None if limit.resource == keys.QUOTA_GPU_CLAIM_DEVICES else Charged.NOTHING
         if how is None:
             continue
+        if (
+            how is Charged.CLAIMS
+            and limit.resource == keys.QUOTA_GPU_REQUESTS
+            and limit.used is not None
+            and limit.used < sum(h.in_claims for h in held)
+        ):
+            # The mapping is there but the charge is not (the gate was turned off after the
+            # class was written, which keeps the field): count the claims ourselves.
+            how = Charged.NOTHING
         need = workers if matches(limit, worker_spec) else 0
         if limit.resource == keys.QUOTA_GPU_REQUESTS and matches(limit, launcher_spec):
             need += launcher  # the launcher keeps nvidia.com/gpu in every binding

@@ -163,6 +163,10 @@ def test_with_the_extended_resource_mapping_claims_are_counted_by_kubernetes() -
     assert quota.check(job(), limits(16, used=8), claimed, DRA, claims_as_gpus=True) == ""
     # Without the mapping the same numbers would count the running job twice.
     assert quota.check(job(), limits(16, used=8), claimed, DRA) != ""
+    # A used below our own claims says the API server does not charge them after all (the gate
+    # was turned off again, which keeps the class's field): they are counted by us instead.
+    why = quota.check(job(), limits(15, used=0), claimed, DRA, claims_as_gpus=True)
+    assert "8 in use (0 counted by the API server, 8 held by this operator's placements)" in why
 
 
 def test_a_device_class_quota_applies_to_claims_only() -> None:
