@@ -164,6 +164,9 @@ REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
 #: Normal Event once per admission (annotations binding): the operator chose the GPUs, but the
 #: device plugin picks the ones each container gets.
 REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"
+#: ``GangAdmitted=False`` and a Warning Event: the job's GPUs would take its namespace past a
+#: ResourceQuota (the message names it); it waits, holding nothing and blocking no one else.
+REASON_GPU_QUOTA_EXCEEDED: Final = "GPUQuotaExceeded"
 
 # --- Binding placed GPUs to the pod (DRA) ----------------------------------------------------
 #: The DRA API group version that can pin exact devices (GA and served by default since 1.34).
@@ -185,6 +188,13 @@ GPU_ACTUAL: Final = PREFIX + "gpu-actual"
 REASON_PLACEMENT_NOT_HONOURED: Final = "PlacementNotHonoured"
 #: Event source component of the node agent.
 AGENT_COMPONENT: Final = "mpijob-agent"
+
+# --- Namespaces' GPU quotas (ResourceQuota resource names) -----------------------------------
+#: What the API server charges for a pod's ``nvidia.com/gpu`` requests (an extended resource is
+#: quota'd only under the ``requests.`` prefix).
+QUOTA_GPU_REQUESTS: Final = "requests." + GPU_RESOURCE
+#: What it charges for the devices a ResourceClaim asks of NVIDIA's GPU DeviceClass.
+QUOTA_GPU_CLAIM_DEVICES: Final = NVIDIA_GPU_DRIVER + ".deviceclass.resource.k8s.io/devices"
 
 # --- Fractional GPUs (shares of one GPU, limited by CUDA MPS) --------------------------------
 #: Extended resources a pod asks for in a container's limits, and a node advertises (kept as

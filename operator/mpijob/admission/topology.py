@@ -308,6 +308,12 @@ class Snapshot:
     """Node -> NVIDIA GPU devices (``gpu-<minor>``) allocated to any ResourceClaim (dra mode)."""
     slices: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node -> device name -> GPU UUID, from the NVIDIA driver's ResourceSlices (dra mode)."""
+    quotas: dict[str, list[JSON]] = field(default_factory=dict)
+    """Namespace -> its ResourceQuotas that limit GPUs (:mod:`mpijob.admission.quota`)."""
+    claims: dict[JobKey, list[JSON]] = field(default_factory=dict)
+    """Job key -> the ResourceClaims a job of that name controls (dra mode)."""
+    claims_as_gpus: bool = False
+    """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
 
 
 @dataclass

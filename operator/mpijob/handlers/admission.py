@@ -3,7 +3,9 @@
 Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
 one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
 the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
-fairly, places each with the placement engine against the GPUs that decisions and pods hold
+fairly, checks each against its namespace's GPU quotas (:mod:`mpijob.admission.quota`: a job
+they have no room for waits, naming the quota, and blocks no one), places each with the
+placement engine against the GPUs that decisions and pods hold
 (see :func:`mpijob.admission.topology.holdings`; decisions this process wrote that the watch
 has not delivered yet included), and then, per job: records an admission as a
 PlacementDecision (written before any pod exists, so a restarted operator still knows it), or
@@ -24,8 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, metrics
-from mpijob.admission import queue, topology
-from mpijob.api import JobKey
+from mpijob.admission import queue, quota, topology
+from mpijob.api import JSON, JobKey
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
 from mpijob.placement.job import NoFit, Placement, claim, place_job
@@ -100,6 +103,8 @@ class Admission:
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
     inter_node_gbps: float
+    binding: GpuBinding = GpuBinding.ANNOTATIONS
+    """How placed workers get their GPUs: what the namespaces' GPU quotas see of them."""
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     granted: dict[JobKey, Grant] = field(default_factory=dict)
@@ -185,7 +190,14 @@ class Admission:
                 waiting.append(w)
                 by_uid[w.uid] = job
 
+            admitted: dict[JobKey, Placement] = {}
+            """Admitted earlier in this pass: their GPUs count against their quotas."""
+            held_in = self._held_in(snap, decisions)
+
             def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
+                job = by_uid[w.uid]
+                if over := self._over_quota(job, snap, decisions, admitted, held_in):
+                    return queue.OverQuota(over)
                 free = nodes
                 for g in granted:
                     free = list(claim(free, g))
@@ -199,11 +211,71 @@ class Admission:
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
                 if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
                     return NoFit(f"{result.reason}; {note}")
+                if isinstance(result, Placement):
+                    admitted[(job.namespace, job.name)] = result
                 return result
 
             for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
                 await self._apply(decision)
             self._gauges()
+
+    def _over_quota(
+        self,
+        job: api.MPIJob,
+        snap: topology.Snapshot,
+        decisions: Mapping[JobKey, topology.Decision],
+        admitted: Mapping[JobKey, Placement],
+        held_in: Mapping[str, list[tuple[str, quota.Held]]],
+    ) -> str:
+        """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
+
+        What the namespace's admitted jobs hold comes from their decisions (the cache's, those
+        written but not seen yet, and those of this pass), never from what their pods say.
+        """
+        ns = job.namespace
+        limits = [limit for body in snap.quotas.get(ns) or () for limit in quota.limits_of(body)]
+        if not limits:
+            return ""
+        # Its own stale decision (it was scaled since) is the one this admission replaces.
+        held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
+        for key, placement in admitted.items():
+            if key[0] == ns:
+                gpus = sum(len(a.gpus) for a in placement.assignments)
+                held.append(quota.Held(gpus, worker_spec=self._worker_spec(key, None)))
+        return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
+
+    def _held_in(
+        self, snap: topology.Snapshot, decisions: Mapping[JobKey, topology.Decision]
+    ) -> dict[str, list[tuple[str, quota.Held]]]:
+        """Namespace -> (job uid, what its decision holds), for the namespaces with waiting jobs
+        and GPU quotas: once per pass, one look at every GPU pod and decision."""
+        wanted = {j.namespace for j in self.waiting.values()} & set(snap.quotas)
+        if not wanted:
+            return {}
+        pods: dict[str, list[JSON]] = {}  # by controller uid
+        for pod in snap.pods:
+            meta = pod.get("metadata") or {}
+            if meta.get("namespace") in wanted:
+                for ref in meta.get("ownerReferences") or ():
+                    if ref.get("controller"):
+                        pods.setdefault(str(ref.get("uid")), []).append(pod)
+        out: dict[str, list[tuple[str, quota.Held]]] = {}
+        for key, decision in decisions.items():
+            if key[0] not in wanted:
+                continue
+            gpus = sum(len(a.gpus) for a in decision.assignments)
+            spec = self._worker_spec(key, decision.uid)
+            claims = snap.claims.get(key) or ()
+            held = quota.held_by(decision.uid, gpus, pods.get(decision.uid) or (), claims, spec)
+            out.setdefault(key[0], []).append((decision.uid, held))
+        return out
+
+    def _worker_spec(self, key: JobKey, uid: str | None) -> dict[str, Any] | None:
+        """The worker pod spec of the live job ``key`` (of ``uid``, when given); None unknown."""
+        job = self.live(key)
+        if job is None or (uid is not None and job.metadata.uid != uid) or not job.spec.worker:
+            return None
+        return dict(job.spec.worker.template.get("spec") or {})
 
     def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
         """The job as it is now, if it is still the same job and still without a decision in

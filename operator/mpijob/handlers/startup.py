@@ -26,6 +26,7 @@ import orjson
 import uvloop
 
 from mpijob import keys, metrics
+from mpijob.admission import quota
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import fractional, reconcile, watches
@@ -112,6 +113,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     )
     # Indices are live mappings: empty now, complete when the workers open (see watches).
     rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    rt.cache.server_minor = await server_minor(kube)
     memo["runtime"] = rt
     rt.admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
@@ -121,6 +123,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         decision_of=rt.cache.decision,
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
+        binding=rt.gpu_binding,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
@@ -199,6 +202,16 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
         choice.reason,
     )
     return choice
+
+
+async def server_minor(kube: Kube) -> int | None:
+    """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
+    check then counts the operator's claims itself, see :mod:`mpijob.admission.quota`)."""
+    try:
+        return quota.server_minor(await kube.request("GET", "/version"))
+    except (ApiError, OSError) as error:
+        log.warning("Could not read the API server's version: %s", error)
+        return None
 
 
 async def cleanup(memo: Any, **_: Any) -> None:
