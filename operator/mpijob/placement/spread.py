@@ -66,6 +66,15 @@ def spread(
     return None  # pragma: no cover - the lowest bound allows every count
 
 
+def exact_counts(allowed: list[int], workers: int, m: int) -> dict[int, int] | None:
+    """Worker counts for exactly ``m`` of the nodes, summing to ``workers``, each count one the
+    node allows (bit ``w`` of ``allowed[i]``); later nodes are preferred. None if there are none.
+
+    Also used by :mod:`~mpijob.placement.span` inside one fabric domain.
+    """
+    return _exact(allowed, workers, m) or _greedy(allowed, workers, m)
+
+
 def _share_rings(view: NodeView, gpus_per_worker: int, inter_node_gbps: float) -> list[float]:
     """``rings[w - 1]``: the job's bound if this node takes ``w`` workers."""
     room = view.free_count // gpus_per_worker
