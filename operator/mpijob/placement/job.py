@@ -204,6 +204,7 @@ def assemble(
     parts = []
     ring = bound
     per_worker = request.gpus_per_worker
+    rings: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
     for position in sorted(shares, key=layout or (lambda p: nodes[p].name)):
         node = nodes[position]
         choice = allocator.choose(
@@ -212,7 +213,11 @@ def assemble(
         if choice is None:  # pragma: no cover - shares come from the same tables
             raise AssertionError(f"node {node.name} lost room while placing")
         ring = min(ring, choice.ring_gbps)
-        order = scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
+        # The ring depends on the hardware alone: nodes of one model with one set share it.
+        key = (node.topology.fingerprint, choice.gpus)
+        order = rings.get(key) or rings.setdefault(
+            key, scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
+        )
         for start in range(0, len(order), per_worker):
             gpus = tuple(sorted(order[start : start + per_worker]))
             assignments.append(WorkerAssignment(node.name, gpus))

@@ -113,6 +113,7 @@ class _Search:
                 most[kind, [i for i, t in enumerate(self.bounds) if ring >= t]] = w
         self.most = most[np.array(self.kind_of, dtype=np.int64)]
         self._bits: dict[tuple[int, float], int] = {}
+        self._domains: dict[int, tuple[list[Location], npt.NDArray[np.int64]]] = {}
 
     def allowed(self, position: int, bound: float) -> int:
         """Bit ``w`` set when the node can take ``w`` workers with its share ring >= bound."""
@@ -144,12 +145,15 @@ class _Search:
 
     def domains(self, depth: int) -> tuple[list[Location], npt.NDArray[np.int64]]:
         """The domains ``depth`` deep (paths) and each node's domain id (-1: in none)."""
-        ids: dict[Location, int] = {}
-        of = np.full(len(self.views), -1, dtype=np.int64)
-        for position, location in enumerate(self.where):
-            if len(location) >= depth:
-                of[position] = ids.setdefault(location[:depth], len(ids))
-        return list(ids), of
+        found = self._domains.get(depth)
+        if found is None:
+            ids: dict[Location, int] = {}
+            of = [-1] * len(self.views)
+            for position, location in enumerate(self.where):
+                if len(location) >= depth:
+                    of[position] = ids.setdefault(location[:depth], len(ids))
+            found = self._domains[depth] = (list(ids), np.array(of, dtype=np.int64))
+        return found
 
     def _best_at(self, depth: int, hop: float, beat: float) -> _Found | None:
         workers = self.request.workers
@@ -162,9 +166,10 @@ class _Search:
         free = np.zeros(len(paths), dtype=np.int64)
         counts = np.array([view.free_count for view in self.views], dtype=np.int64)
         np.add.at(free, of[inside], counts[inside])
-        members: dict[int, list[int]] = {}
-        for position in np.flatnonzero(inside):
-            members.setdefault(int(of[position]), []).append(int(position))
+        # Nodes grouped by domain: domain d's nodes are grouped[start[d]:start[d + 1]].
+        grouped = np.flatnonzero(inside)
+        grouped = grouped[np.argsort(of[grouped], kind="stable")]
+        start = np.searchsorted(of[grouped], np.arange(len(paths) + 1))
         for index, bound in enumerate(self.bounds):
             if bound > hop:
                 continue
@@ -172,7 +177,8 @@ class _Search:
                 break
             fitting = np.flatnonzero(room[:, index] >= workers)
             for domain in sorted(fitting, key=lambda d: (free[d], paths[d])):
-                shares = self._fit(members[int(domain)], bound)
+                members = grouped[start[domain] : start[domain + 1]].tolist()
+                shares = self._fit(members, bound)
                 if shares is not None:
                     return _Found(bound, depth, shares)
         return None
@@ -220,10 +226,7 @@ def place_on_fabric(
         raise ValueError("node names must be unique")
     asked = required or preferred
     min_depth = fabric.depth_of(asked) if asked is not None else 0
-    views = [
-        NodeView(i, node.name, tables_for(node.topology), node.free_mask, node.free_count)
-        for i, node in enumerate(nodes)
-    ]
+    views = [_view(position, node) for position, node in enumerate(nodes)]
     where = [locations.get(node.name, ()) for node in nodes]
     search = _Search(request, views, where, fabric)
     found = search.run(min_depth)
@@ -236,6 +239,17 @@ def place_on_fabric(
             return NoFit(_not_within(request, search, required))
         return NoFit(job.reason(request, views))
     return _result(request, nodes, search, found, asked, kept)
+
+
+def _view(position: int, node: NodeState) -> NodeView:
+    # NodeState.free_mask, computed here without its cached_property: one per node per call.
+    size = node.topology.size
+    used = 0
+    for index in node.used:
+        used |= 1 << index
+    free = ((1 << size) - 1) & ~used
+    count = max(free.bit_count() - node.unplaced, 0)
+    return NodeView(position, node.name, tables_for(node.topology), free, count)
 
 
 def _result(

@@ -15,8 +15,7 @@ Called by :func:`mpijob.placement.job.place_job`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from mpijob.placement.tables import Tables
 
@@ -24,9 +23,9 @@ from mpijob.placement.tables import Tables
 _EXACT_BUDGET: Final = 20_000
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """A node as placement sees it: its tables and free GPUs."""
+class NodeView(NamedTuple):
+    """A node as placement sees it: its tables and free GPUs (a tuple: thousands are built per
+    decision)."""
 
     position: int
     """Position in the caller's node list."""
