@@ -130,9 +130,6 @@ COMPUTE_DOMAIN_SUFFIX: Final = "-compute-domain"
 CHANNEL_TEMPLATE_SUFFIX: Final = "-channel"
 #: The channel's entry in a worker's ``spec.resourceClaims`` and its containers' claims.
 CHANNEL_CLAIM: Final = "mpijob-imex-channel"
-#: Warning Event and waiting message: the job spans an NVLink clique but no ComputeDomain could
-#: be created (the driver's CRD is not served, or a same-named one belongs to someone else).
-REASON_COMPUTE_DOMAIN_REFUSED: Final = "ComputeDomainNotCreated"
 
 # --- Placement decisions: the operator's own record (crds/mpijob.io_placementdecisions.yaml) ---
 #: A PlacementDecision lives in its MPIJob's namespace under the job's name. Only the operator
