@@ -112,6 +112,25 @@ GPU_IDS: Final = PREFIX + "gpu-ids"
 GPU_UUIDS: Final = PREFIX + "gpu-uuids"
 #: On a placed worker pod: the job's ring bottleneck bandwidth, GB/s per direction.
 RING_BANDWIDTH: Final = PREFIX + "ring-bandwidth"
+#: On an MPIJob: a fabric level (``clique``, ``leaf``, ... or ``node``) one domain of which must
+#: hold all the job's workers; the job waits, saying why, until one has room.
+FABRIC_REQUIRED_LEVEL: Final = PREFIX + "fabric-required-level"
+#: On an MPIJob: a fabric level one domain of which should hold the job; when none has room the
+#: job spans domains and its placement says which level it could not keep.
+FABRIC_PREFERRED_LEVEL: Final = PREFIX + "fabric-preferred-level"
+# --- Multi-node NVLink: ComputeDomains of NVIDIA's DRA driver ------------------------------
+#: A job placed on several nodes of one NVLink clique gets a ComputeDomain (IMEX daemons and
+#: channels, run by the driver), owned by the MPIJob; its workers claim a channel through the
+#: ResourceClaimTemplate the driver creates for it.
+COMPUTE_DOMAIN_API_VERSION: Final = "resource.nvidia.com/v1beta1"
+COMPUTE_DOMAIN_KIND: Final = "ComputeDomain"
+COMPUTE_DOMAIN_PLURAL: Final = "computedomains"
+#: ``<job>-compute-domain``; its channel ResourceClaimTemplate ``<job>-compute-domain-channel``.
+COMPUTE_DOMAIN_SUFFIX: Final = "-compute-domain"
+CHANNEL_TEMPLATE_SUFFIX: Final = "-channel"
+#: The channel's entry in a worker's ``spec.resourceClaims`` and its containers' claims.
+CHANNEL_CLAIM: Final = "mpijob-imex-channel"
+
 # --- Placement decisions: the operator's own record (crds/mpijob.io_placementdecisions.yaml) ---
 #: A PlacementDecision lives in its MPIJob's namespace under the job's name. Only the operator
 #: writes it (the user roles grant no write), so placement believes it; annotations a user can

@@ -12,7 +12,9 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 - which opted-in nodes exist and which of their GPUs are taken (:func:`holdings`,
   :func:`node_states`): by decisions, and by the GPU requests of bound, unfinished pods that
   no decision placed (terminating ones included), never by annotations a pod carries;
-- the per-pod annotations and node of each worker (:func:`pod_placements`).
+- the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
+  of its ComputeDomain when the job spans nodes of one NVLink clique;
+- each node's place in the fabric, from its labels (:func:`locations`).
 
 Called by :mod:`mpijob.handlers.admission` and the reconciler.
 """
@@ -28,9 +30,10 @@ from mpijob import keys
 from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
-from mpijob.desired import names
+from mpijob.desired import compute_domain, names
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
+from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -144,9 +147,11 @@ class Decision:
     assignments: tuple[WorkerAssignment, ...]
     ring_gbps: float
     summary: str = ""
+    compute_domain: str = ""
+    """The job's ComputeDomain, when it spans nodes of one NVLink clique; empty otherwise."""
 
 
-def decision_object(job: MPIJob, placement: Placement) -> JSON:
+def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = "") -> JSON:
     """The PlacementDecision recording ``placement`` for ``job``: in the job's namespace, under
     its name. No owner reference: the operator deletes it itself, once the job's pods are gone
     (garbage collection would delete it while they still hold their GPUs)."""
@@ -163,6 +168,7 @@ def decision_object(job: MPIJob, placement: Placement) -> JSON:
             "ringGBps": placement.ring_gbps,
             "summary": placement.summary,
             "workers": [{"node": a.node, "gpus": list(a.gpus)} for a in placement.assignments],
+            **({"computeDomain": compute_domain} if compute_domain else {}),
         },
     }
 
@@ -183,6 +189,7 @@ def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
             assignments,
             float(spec.get("ringGBps") or 0.0),
             str(spec.get("summary") or ""),
+            str(spec.get("computeDomain") or ""),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -202,6 +209,11 @@ def load_decision(job: MPIJob, body: Mapping[str, Any] | None) -> Decision | Non
 def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[PodPlacement]:
     """Per worker: its node, and the annotations that tell the device layer its GPUs."""
     out = []
+    channel = (
+        compute_domain.channel_template(decision.compute_domain)
+        if decision.compute_domain
+        else None
+    )
     for assignment in decision.assignments:
         annotations = {
             keys.GPU_IDS: ",".join(str(g) for g in assignment.gpus),
@@ -211,7 +223,16 @@ def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[P
         uuids = node.topology.uuids_of(assignment.gpus) if node is not None else None
         if uuids:
             annotations[keys.GPU_UUIDS] = ",".join(uuids)
-        out.append(PodPlacement(assignment.node, annotations))
+        out.append(PodPlacement(assignment.node, annotations, channel))
+    return out
+
+
+def locations(nodes: Iterable[Mapping[str, Any]], fabric: Fabric) -> dict[str, Location]:
+    """Each node's domains in the fabric, read from its labels."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        out[str(meta.get("name"))] = fabric.location(meta.get("labels") or {})
     return out
 
 

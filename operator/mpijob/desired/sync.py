@@ -26,6 +26,7 @@ from datetime import datetime
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
     claims,
+    compute_domain,
     config_map,
     launcher,
     names,
@@ -61,6 +62,8 @@ class PodPlacement:
 
     node: str
     annotations: Mapping[str, str]
+    channel_template: str | None = None
+    """The job's ComputeDomain channel template, when it spans nodes of one NVLink clique."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,8 @@ def _workers(
 
 
 def _place(pod: JSON, where: PodPlacement) -> None:
+    if where.channel_template is not None:
+        compute_domain.with_channel(pod, where.channel_template)
     meta = pod.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), **where.annotations}
     spec = pod.setdefault("spec", {})

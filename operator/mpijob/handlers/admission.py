@@ -11,7 +11,12 @@ has not delivered yet included), and then, per job: records an admission as a
 PlacementDecision (written before any pod exists, so a restarted operator still knows it), or
 remembers why it waits (naming pods that hold GPUs outside our placement), or that it timed
 out. Each decided job is re-queued, and its reconcile turns the outcome
-into pods and status. Passes run when a job starts waiting, and every few seconds while any job
+into pods and status.
+
+With a fabric (``--fabric``), jobs are placed over it (:mod:`mpijob.placement.span`), each node
+located by its labels, each job at the level its ``mpijob.io/fabric-*-level`` annotation names;
+a job placed on several nodes of one NVLink clique gets its ComputeDomain, created before its
+decision. Passes run when a job starts waiting, and every few seconds while any job
 waits, which is when running jobs release GPUs.
 """
 
@@ -21,17 +26,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob import api, metrics
+from mpijob import api, keys, metrics
 from mpijob.admission import queue, quota, topology
 from mpijob.api import JSON, JobKey
+from mpijob.api.errors import aggregate
+from mpijob.api.fabric import fabric_level
+from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
-from mpijob.placement.job import NoFit, Placement, claim, place_job
+from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
+from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +114,12 @@ class Admission:
     inter_node_gbps: float
     binding: GpuBinding = GpuBinding.ANNOTATIONS
     """How placed workers get their GPUs: what the namespaces' GPU quotas see of them."""
+    fabric: Fabric | None = None
+    """Levels of domains between nodes; None: one inter-node bandwidth (``inter_node_gbps``)."""
+    create_object: Callable[[dict[str, Any]], Any] | None = None
+    """Coroutine function creating an object (a job's ComputeDomain); raises :class:`ApiError`."""
+    get_object: Callable[[str, str, str, str], Any] | None = None
+    """Coroutine function reading an object (apiVersion, kind, namespace, name), None if absent."""
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     granted: dict[JobKey, Grant] = field(default_factory=dict)
@@ -112,6 +127,8 @@ class Admission:
     on the cache alone would hand the same GPUs out again."""
     warned: dict[str, str] = field(default_factory=dict)
     """Nodes skipped for a slice/topology conflict, and the warning logged (once each)."""
+    domains: dict[str, str] = field(default_factory=dict)
+    """Job uid -> its ComputeDomain's name, for the jobs placed in the pass under way."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -166,6 +183,8 @@ class Admission:
             held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
             nodes = topology.node_states(nodes_raw, held)
             empty = topology.node_states(nodes_raw)
+            where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+            self.domains = {}
             values = self.priority_values()
             by_uid = {}
             waiting = []
@@ -180,12 +199,7 @@ class Admission:
                     if topology.eligible(job, n)
                 }
                 own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
-                fits_empty = isinstance(
-                    place_job(
-                        topology.request_of(job), own_empty, inter_node_gbps=self.inter_node_gbps
-                    ),
-                    Placement,
-                )
+                fits_empty = isinstance(self._place(job, own_empty, where), Placement)
                 w = queue.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
                 waiting.append(w)
                 by_uid[w.uid] = job
@@ -205,9 +219,7 @@ class Admission:
                     return NoFit(NO_ELIGIBLE_NODE)
                 free = [n for n in free if n.name in allowed[w.uid]]
                 started = time.perf_counter()
-                result = place_job(
-                    topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps
-                )
+                result = self._place(by_uid[w.uid], free, where, record=True)
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
                 if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
                     return NoFit(f"{result.reason}; {note}")
@@ -277,6 +289,78 @@ class Admission:
             return None
         return dict(job.spec.worker.template.get("spec") or {})
 
+    def _place(
+        self,
+        job: api.MPIJob,
+        nodes: Sequence[NodeState],
+        where: Mapping[str, Location],
+        *,
+        record: bool = False,
+    ) -> Placement | NoFit:
+        """The job placed on ``nodes``: over the fabric when there is one. ``record`` notes the
+        ComputeDomain a placement on several nodes of one NVLink clique needs."""
+        request = topology.request_of(job)
+        if self.fabric is None:
+            return place_job(request, nodes, inter_node_gbps=self.inter_node_gbps)
+        # Here, not at import: the fabric search needs numpy, which an operator without a fabric
+        # never loads.
+        from mpijob.placement.span import place_on_fabric
+
+        level, errors = fabric_level(job.metadata.annotations or {}, self.fabric.level_names)
+        if errors:
+            return NoFit(aggregate(errors))
+        required = level.level if level is not None and level.required else None
+        preferred = level.level if level is not None and not level.required else None
+        result = place_on_fabric(
+            request, nodes, self.fabric, where, required=required, preferred=preferred
+        )
+        if isinstance(result, NoFit):
+            return result
+        placement = replace(result.placement, summary=result.summary)
+        if record:
+            self.domains.pop(job.metadata.uid, None)
+            if len(placement.nodes) > 1 and self._clique_level() == result.level:
+                self.domains[job.metadata.uid] = compute_domain.domain_name(job.name)
+        return placement
+
+    def _clique_level(self) -> str | None:
+        """The fabric level of NVLink cliques (labelled by GFD), if it has one."""
+        levels = self.fabric.levels if self.fabric else ()
+        return next((lv.name for lv in levels if lv.label == CLIQUE_LABEL), None)
+
+    async def _ensure_domain(self, job: api.MPIJob) -> str:
+        """Create the job's ComputeDomain (or find its own); its name. Raises ApiError."""
+        if self.create_object is None:
+            raise ApiError(422, "Invalid", "this operator cannot create ComputeDomains")
+        body = compute_domain.compute_domain(job.name, job.namespace, job.metadata.uid)
+        name = body["metadata"]["name"]
+        try:
+            await self.create_object(body)
+            return str(name)
+        except ApiError as e:
+            if e.status == 404:
+                raise ApiError(
+                    422,
+                    "NotServed",
+                    f"{keys.COMPUTE_DOMAIN_API_VERSION} {keys.COMPUTE_DOMAIN_KIND} is not "
+                    "served: the job spans nodes of one NVLink clique and needs NVIDIA's DRA "
+                    "driver (ComputeDomains) installed",
+                ) from e
+            if not e.conflict:
+                raise
+        live = None
+        if self.get_object is not None:
+            live = await self.get_object(
+                keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
+            )
+        if live is None or not compute_domain.owned_by(live, job.metadata.uid):
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f"ComputeDomain {name} exists and belongs to something else than this job",
+            )
+        return str(name)
+
     def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
         """The job as it is now, if it is still the same job and still without a decision in
         the cache; None once it was deleted (or recreated), suspended, finished or admitted."""
@@ -323,7 +407,14 @@ class Admission:
             try:
                 if live is None:
                     raise ApiError(404, "NotFound", "the job is gone")
-                await self.write_decision(topology.decision_object(live, decision.placement))
+                domain = ""
+                if live.metadata.uid in self.domains:
+                    # Before the decision: the workers it lets the reconcile create claim the
+                    # domain's channel.
+                    domain = await self._ensure_domain(live)
+                await self.write_decision(
+                    topology.decision_object(live, decision.placement, compute_domain=domain)
+                )
             except ApiError as e:
                 if e.not_found:  # deleted meanwhile
                     self.drop(key)

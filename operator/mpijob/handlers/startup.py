@@ -19,11 +19,13 @@ import logging
 import os
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kopf
 import orjson
 import uvloop
+import yaml
 
 from mpijob import keys, metrics
 from mpijob.admission import quota
@@ -37,6 +39,9 @@ from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import Workers
+from mpijob.placement import fabric as fabric_module
+from mpijob.placement import fabric_labels
+from mpijob.placement.fabric import Fabric
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -124,6 +129,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
         binding=rt.gpu_binding,
+        fabric=memo.get("fabric"),
+        create_object=kube.create,
+        get_object=kube.get,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
@@ -396,6 +404,28 @@ def _view_property(view: type, name: str) -> property:
     return property(view)
 
 
+def load_fabric(value: str) -> Fabric | None:
+    """The ``--fabric``: a shipped one by name, or read from a YAML/JSON file; None if empty.
+    ValueError (naming the flag) when it cannot be read."""
+    if not value:
+        return None
+    if value in fabric_module.NAMES:
+        return fabric_module.load(value)
+    try:
+        spec = yaml.safe_load(Path(value).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(
+            f"--fabric {value!r}: neither a shipped fabric "
+            f"({', '.join(fabric_module.NAMES)}) nor a readable YAML/JSON file: {e}"
+        ) from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"--fabric {value!r}: the file must hold a mapping with 'levels'")
+    try:
+        return fabric_labels.fabric_from_spec(spec, name=Path(value).name)
+    except ValueError as e:
+        raise ValueError(f"--fabric {value!r}: {e}") from None
+
+
 def tune_garbage_collector() -> None:
     """Before the loop: what the imports made lives for the process (frozen: never scanned
     again), and the youngest generation is collected less often (:data:`GC_YOUNG_THRESHOLD`)."""
@@ -410,8 +440,9 @@ def run(ours: OperatorSettings) -> None:
         os.environ["KUBECONFIG"] = ours.kubeconfig
     decode_watch_events_with_orjson()
     views_without_cycles()
+    fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    memo = kopf.Memo(settings=ours, gpu_binding=binding)
+    memo = kopf.Memo(settings=ours, gpu_binding=binding, fabric=fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(

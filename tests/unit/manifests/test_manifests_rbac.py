@@ -30,6 +30,7 @@ OPERATOR_CLUSTER = (
     | grants("resource.k8s.io", "resourceclaims", "get list watch create delete")
     | grants("resource.k8s.io", "resourceslices", "list watch")
     | grants("resource.k8s.io", "deviceclasses", "get list watch")
+    | grants("resource.nvidia.com", "computedomains", "get create")
     | grants("", "resourcequotas", "list watch")
     | grants("", "nodes", "list watch")
     | grants("", "namespaces", "list watch")
