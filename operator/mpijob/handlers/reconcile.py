@@ -62,6 +62,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return
 
+    # Events a kill or an outage lost before this process: posted again, once per job.
+    rt.recorder.ensure(body, lambda: events.implied_by(job))
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)

@@ -60,6 +60,9 @@ class RecordingRecorder:
     def post(self, obj: dict[str, Any], event: Event) -> None:
         self.events.append(event)
 
+    def ensure(self, obj: dict[str, Any], implied: Any) -> None:
+        pass
+
 
 def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
     kube, recorder = RecordingKube(), RecordingRecorder()
