@@ -251,8 +251,9 @@ def test_a_node_lost_under_a_running_job_releases_its_gpus_and_the_job_runs_else
     admitted = mpijobs.wait_condition("lost", keys.COND_GANG_ADMITTED, timeout=30)
     assert admitted["reason"] == keys.REASON_GANG_ADMITTED
     # Nothing is reserved on the node that no longer exists.
-    everywhere = crds.resource(keys.DECISION_API_VERSION, keys.DECISION_KIND).get()
-    assert not [d for d in everywhere.items for w in d["spec"]["workers"] if w["node"] == victim]
+    everywhere = crds.resource(keys.DECISION_API_VERSION, keys.DECISION_KIND).get().to_dict()
+    held = [w["node"] for d in everywhere["items"] for w in d["spec"]["workers"]]
+    assert victim not in held
     # Its pods go before the spare nodes do.
     mpijobs.delete("lost")
     wait_until(
