@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import kopf
 import pytest
 
+from mpijob import keys
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.watches import mpijob_event
+from mpijob.handlers.watches import mpijob_event, node_event
 from mpijob.handlers.workers import Workers
 
 pytestmark = pytest.mark.unit
@@ -36,3 +37,27 @@ async def test_the_echo_of_our_own_status_write_asks_for_no_sync() -> None:
 async def test_any_other_version_of_the_job_asks_for_its_sync() -> None:
     assert await _queued_after("MODIFIED", "3") == 1
     assert await _queued_after(None, "2") == 1  # listed at start: always synced
+
+
+def _node(ready: str) -> kopf.Body:
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    return kopf.Body(
+        {
+            "metadata": {"name": "n1", "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+    )
+
+
+async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_there() -> None:
+    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
+    placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n0"}, {"node": "n1"}]}}
+    other = {"spec": {"job": {"name": "other"}, "workers": [{"node": "n0"}]}}
+    rt.cache.indices = {"decisions_by_job": {KEY: [placed], ("ns", "other"): [other]}}
+    memo = {"runtime": rt}
+    await node_event(type="MODIFIED", name="n1", body=_node("True"), memo=memo)
+    assert len(rt.workers.queue) == 0  # a heartbeat of a healthy node
+    await node_event(type="MODIFIED", name="n1", body=_node("False"), memo=memo)
+    assert len(rt.workers.queue) == 1
+    assert rt.cache.jobs_placed_on("n1") == [KEY]
+    assert sorted(rt.cache.jobs_placed_on("n0")) == [("ns", "other"), KEY]
