@@ -32,6 +32,7 @@ Event found missing; nothing is written on the MPIJobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -54,7 +55,8 @@ log = logging.getLogger(__name__)
 MAX_TRACKED = 4096
 #: The API server's default ``--event-ttl`` (1 h): an older transition's Event may be gone.
 EVENT_TTL_SECONDS = 3600.0
-#: The longest wait between two tries of a request the API did not answer.
+#: The first and the longest wait between two tries of a request the API did not answer.
+RETRY_FIRST_SECONDS = 0.5
 RETRY_MAX_SECONDS = 30.0
 
 
@@ -98,7 +100,7 @@ class Recorder:
         """It cannot be read (a refusal): then nothing is posted again, which might repeat."""
         self._ensured: set[str] = set()
         """Jobs (uids) whose implied Events were checked in this process."""
-        self._closing = False
+        self._closing = asyncio.Event()
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
         """Post ``event`` about ``obj`` (an MPIJob body; a pod's for GPU shares) in the
@@ -138,20 +140,21 @@ class Recorder:
 
     async def close(self) -> None:
         """Send what waits, trying each request once more at most (the process is stopping)."""
-        self._closing = True
+        self._closing.set()
         await self._line.drain()
 
     async def _retrying(self, what: str, request: Callable[[], Awaitable[Any]]) -> Any:
         """``request()``, tried again while the API does not answer (unless stopping)."""
-        delay = 0.5
+        delay = RETRY_FIRST_SECONDS
         while True:
             try:
                 return await request()
             except Exception as e:
-                if self._closing or not _unanswered(e):
+                if self._closing.is_set() or not _unanswered(e):
                     raise
                 log.info("Event request unanswered; retrying", extra={"reason": what, "error": e})
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)  # or stop waiting: closing
             delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     async def _load(self) -> None:

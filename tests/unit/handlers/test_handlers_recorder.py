@@ -10,6 +10,7 @@ import pytest
 
 from mpijob.desired.events import Event, Implied, normal
 from mpijob.handlers.kube import ApiError
+from mpijob.handlers import recorder as recorder_module
 from mpijob.handlers.recorder import Recorder
 
 pytestmark = pytest.mark.unit
@@ -142,7 +143,7 @@ class FlakyEvents(SlowEvents):
 async def test_an_event_the_api_did_not_answer_is_sent_again_until_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(asyncio, "sleep", _no_wait)
+    monkeypatch.setattr(recorder_module, "RETRY_FIRST_SECONDS", 0.001)
     api = FlakyEvents(down=3)
     recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
     recorder.post(JOB, CREATED)
@@ -157,13 +158,6 @@ async def test_a_refused_event_is_not_retried() -> None:
     await recorder.drain()
     assert api.created == []
     assert api.refuse == 0
-
-
-_real_sleep = asyncio.sleep
-
-
-async def _no_wait(seconds: float) -> None:
-    await _real_sleep(0)
 
 
 NOW = datetime.now(UTC)
