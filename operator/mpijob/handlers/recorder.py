@@ -152,7 +152,9 @@ class Recorder:
             except Exception as e:
                 if self._closing.is_set() or not _unanswered(e):
                     raise
-                log.info("Event request unanswered; retrying", extra={"reason": what, "error": e})
+                log.info(
+                    "Event request unanswered; retrying", extra={"reason": what, "error": str(e)}
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), delay)  # or stop waiting: closing
             delay = min(delay * 2, RETRY_MAX_SECONDS)
@@ -217,6 +219,12 @@ class Recorder:
         try:
             await self._retrying(body["reason"], partial(self._kube.create, body, urgent=False))
             series.sent = 1
+        except ApiError as e:
+            if e.conflict:  # a try whose answer was lost made it: the name is the series'
+                series.sent = 1
+                return
+            series.failed = True
+            self._log(body["reason"], e)
         except Exception as e:
             series.failed = True
             self._log(body["reason"], e)
