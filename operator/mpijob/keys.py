@@ -180,6 +180,10 @@ REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"
 #: took one between the decision and the binding); the job's pods, claims and decision are
 #: removed and it is placed anew.
 REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
+#: Warning Event and ``GangAdmitted=False`` reason: a node of the job's placement was deleted, or
+#: a worker on a node that is not Ready or was cordoned is gone; the job's workers and decision
+#: are removed and it is placed anew on healthy GPUs.
+REASON_NODE_LOST: Final = "PlacementNodeLost"
 #: Normal Event once per admission (annotations binding): the operator chose the GPUs, but the
 #: device plugin picks the ones each container gets.
 REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"

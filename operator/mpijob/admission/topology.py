@@ -14,7 +14,8 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
   no decision placed (terminating ones included), never by annotations a pod carries;
 - the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
   of its ComputeDomain when the job spans nodes of one NVLink clique;
-- each node's place in the fabric, from its labels (:func:`locations`).
+- each node's place in the fabric, from its labels (:func:`locations`);
+- whether a node under a placed job was lost (:func:`lost_nodes`).
 
 Called by :mod:`mpijob.handlers.admission` and the reconciler.
 """
@@ -244,6 +245,54 @@ def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str
     if running and job is not None and job.metadata.uid == decision_uid:
         return False
     return not any(names.is_controlled_by(p, decision_uid) and not _finished(p) for p in pods)
+
+
+def lost_nodes(
+    decision: Decision,
+    job: MPIJob,
+    nodes: Mapping[str, Mapping[str, Any] | None],
+    pods: Iterable[Mapping[str, Any]],
+) -> str:
+    """Why a placed job must be placed anew because of its nodes; empty while it need not.
+
+    ``nodes`` maps each node of the decision to the Node, or None once it was deleted. A deleted
+    node has lost its workers: nothing runs there any more, and its GPUs must not stay reserved.
+    A node that is not Ready, was cordoned (drained) or left the topology pool keeps the job's
+    worker while that worker lives (the node may come back; the cluster decides evictions), and
+    loses it once the worker is gone, terminating or failed: a worker recreated there would
+    wait for good, pinned to a node placement no longer offers.
+    """
+    workers = {
+        str((p.get("metadata") or {}).get("name")): p
+        for p in pods
+        if names.is_controlled_by(p, job.metadata.uid)
+    }
+    found = []
+    for index, assignment in enumerate(decision.assignments):
+        node = nodes.get(assignment.node)
+        worker = workers.get(names.worker_name(job, index))
+        alive = worker is not None and not _finished(worker) and not _terminating(worker)
+        if node is not None and (opted_in(node) or alive):
+            continue
+        found.append(f"node {assignment.node} {_unusable(node)}")
+    if not found:
+        return ""
+    return f"{'; '.join(sorted(set(found)))}: its workers are removed and the job placed anew"
+
+
+def _unusable(node: Mapping[str, Any] | None) -> str:
+    if node is None:
+        return "was deleted"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "was cordoned and its worker is gone"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
+        return "left the topology pool and its worker is gone"
+    return "is not Ready and its worker is gone"
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 #: How long a placed worker's pod may stay unschedulable with its claim unallocated before the

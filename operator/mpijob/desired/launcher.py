@@ -1,8 +1,10 @@
 """The launcher: a batch/v1 Job ``<job>-launcher`` whose pod runs ``mpirun``.
 
-Retries, deadline and TTL are the Job controller's, copied from ``runPolicy``. Called by the
-reconcile loop when the launcher is missing; :func:`sync_scheduling_directives` serves the
-resume path, where Kueue may have changed where the launcher may run.
+Retries and deadline are the Job controller's, copied from ``runPolicy``; the TTL is not: the
+operator deletes a finished job's launcher Job itself once the MPIJob's status records the end
+(:mod:`mpijob.desired.sync`), so the Job controller never deletes it before its outcome is read.
+Called by the reconcile loop when the launcher is missing; :func:`sync_scheduling_directives`
+serves the resume path, where Kueue may have changed where the launcher may run.
 """
 
 from __future__ import annotations
@@ -99,7 +101,6 @@ def build_launcher_job(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
     policy = job.spec.run_policy
     spec: dict[str, Any] = {}
     for field, value in (
-        ("ttlSecondsAfterFinished", policy.ttl_seconds_after_finished),
         ("activeDeadlineSeconds", policy.active_deadline_seconds),
         ("backoffLimit", policy.backoff_limit),
     ):

@@ -195,6 +195,16 @@ class Cache:
         """The PlacementDecision named after the job, whichever job it was written for."""
         return next(iter(self._all("decisions_by_job", key)), None)
 
+    def jobs_placed_on(self, node: str) -> list[JobKey]:
+        """The jobs whose PlacementDecision names ``node``."""
+        out = []
+        for key, store in self.indices.get("decisions_by_job", {}).items():
+            for body in store:
+                workers = (body.get("spec") or {}).get("workers") or []
+                if any(isinstance(w, Mapping) and w.get("node") == node for w in workers):
+                    out.append(key)
+        return out
+
     def placement_snapshot(self) -> topology.Snapshot:
         """What placement reads: opted-in nodes, pods that request GPUs, every decision (by job
         key), every claim's allocated NVIDIA GPUs and the driver's devices, by node; and what

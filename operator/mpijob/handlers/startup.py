@@ -112,7 +112,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         settings=ours,
         gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
         kube=kube,
-        recorder=Recorder(kube, instance=instance),
+        recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
         deferred=DeferredPatches(kube),
         workers=Workers(ours.threadiness, leader=leader),
     )

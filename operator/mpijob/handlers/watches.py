@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.admission import quota
+from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
 from mpijob.handlers.runtime import Runtime
@@ -209,8 +209,12 @@ async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]
     }
 
 
-async def node_event(memo: Any, **_: Any) -> None:
+async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     rt = _runtime(memo)
+    if type == "DELETED" or not topology.opted_in(body):
+        # Jobs placed there may have lost workers (deleted, NotReady and evicted, drained).
+        for key in rt.cache.jobs_placed_on(name):
+            rt.workers.enqueue(key)
     if rt.admission is not None:
         rt.admission.wake()  # capacity may have appeared
 

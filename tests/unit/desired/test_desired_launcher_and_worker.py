@@ -189,8 +189,8 @@ def test_new_launcher_and_worker_overrides() -> None:
     )
     launcher, launcher_events = build_launcher_job(job)
     ssh_volume = {"name": "ssh-auth", "secret": {"secretName": "foo-ssh", "items": SSH_ITEMS}}
+    # No ttlSecondsAfterFinished: the operator applies the TTL once the status records the end.
     assert launcher["spec"] == {
-        "ttlSecondsAfterFinished": 1,
         "activeDeadlineSeconds": 2,
         "backoffLimit": 3,
         "template": {

@@ -10,7 +10,7 @@ import pytest
 from mpijob import keys
 from mpijob.admission import quota
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.watches import limits_gpus, mpijob_event, quotas_by_namespace
+from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
 from mpijob.handlers.workers import Workers
 
 pytestmark = pytest.mark.unit
@@ -68,3 +68,27 @@ async def test_the_quota_index_keeps_only_gpu_limits_and_scopes_of_gpu_quotas() 
     cpu_only = kopf.Body({"metadata": {"namespace": "team"}, "spec": {"hard": {"pods": "9"}}})
     assert await quotas_by_namespace(body=cpu_only, namespace="team", name="pods") == {}
     assert not limits_gpus(cpu_only.spec)
+
+
+def _node(ready: str) -> kopf.Body:
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    return kopf.Body(
+        {
+            "metadata": {"name": "n1", "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+    )
+
+
+async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_there() -> None:
+    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
+    placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n0"}, {"node": "n1"}]}}
+    other = {"spec": {"job": {"name": "other"}, "workers": [{"node": "n0"}]}}
+    rt.cache.indices = {"decisions_by_job": {KEY: [placed], ("ns", "other"): [other]}}
+    memo = {"runtime": rt}
+    await node_event(type="MODIFIED", name="n1", body=_node("True"), memo=memo)
+    assert len(rt.workers.queue) == 0  # a heartbeat of a healthy node
+    await node_event(type="MODIFIED", name="n1", body=_node("False"), memo=memo)
+    assert len(rt.workers.queue) == 1
+    assert rt.cache.jobs_placed_on("n1") == [KEY]
+    assert sorted(rt.cache.jobs_placed_on("n0")) == [("ns", "other"), KEY]
