@@ -30,11 +30,19 @@ def implementation_env(job: MPIJob) -> list[dict[str, str]]:
     env = template.env_var
     implementation = job.spec.mpi_implementation
     if implementation == keys.IMPL_OPENMPI:
+        # Open MPI 4's mpirun is ORTE's and reads the OMPI_MCA_orte_* names. Open MPI 5's is
+        # PRRTE's, which since 3.0.7 reads only PRTE_MCA_* (it translates the ORTE names only
+        # under --personality ompi): without these it finds no hostfile and runs every rank on
+        # the launcher, and the job still succeeds. Each runtime ignores the other's names.
         return [
             env("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
             env("OMPI_MCA_orte_default_hostfile", HOSTFILE_PATH),
             env("OMPI_MCA_plm_rsh_args", _SSH_RETRIES),
             env("OMPI_MCA_orte_set_default_slots", slots),
+            env("PRTE_MCA_prte_keep_fqdn_hostnames", "true"),
+            env("PRTE_MCA_prte_default_hostfile", HOSTFILE_PATH),
+            env("PRTE_MCA_plm_ssh_args", _SSH_RETRIES),
+            env("PRTE_MCA_prte_set_default_slots", slots),
         ]
     if implementation == keys.IMPL_INTEL:
         return [
