@@ -274,9 +274,8 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
     if seen.pod_group is None:
         return [Create(desired)]
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
-        # Fields the desired spec leaves out are dropped, not kept: a merge patch needs nulls.
-        spec = {**dict.fromkeys(seen.pod_group.get("spec") or {}), **desired["spec"]}
-        return [Patch(desired["apiVersion"], "PodGroup", job.name, {"spec": spec})]
+        patch = podgroup.update_patch(seen.pod_group, desired)
+        return [Patch(desired["apiVersion"], "PodGroup", job.name, patch)]
     return []
 
 
