@@ -36,12 +36,15 @@ def implementation_env(job: MPIJob) -> list[dict[str, str]]:
         # PRRTE's, which since 3.0.7 reads only PRTE_MCA_* (it translates the ORTE names only
         # under --personality ompi): without these it finds no hostfile and runs every rank on
         # the launcher, and the job still succeeds. Each runtime ignores the other's names.
+        # PRRTE keeps FQDNs off: it ssh-es to the hostfile's names either way, but it knows its
+        # own host only by the short name, so a launcher that is also a worker (its FQDN in the
+        # hostfile) would ssh to itself, where no sshd runs.
         return [
             env("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
             env("OMPI_MCA_orte_default_hostfile", HOSTFILE_PATH),
             env("OMPI_MCA_plm_rsh_args", _SSH_RETRIES),
             env("OMPI_MCA_orte_set_default_slots", slots),
-            env("PRTE_MCA_prte_keep_fqdn_hostnames", "true"),
+            env("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
             env("PRTE_MCA_prte_default_hostfile", HOSTFILE_PATH),
             env("PRTE_MCA_plm_ssh_args", _SSH_RETRIES),
             env("PRTE_MCA_prte_set_default_slots", slots),

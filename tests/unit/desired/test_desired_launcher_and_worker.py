@@ -32,7 +32,7 @@ OPENMPI_ENV = [
     {"name": "OMPI_MCA_orte_default_hostfile", "value": "/etc/mpi/hostfile"},
     {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
     {"name": "OMPI_MCA_orte_set_default_slots", "value": "1"},
-    {"name": "PRTE_MCA_prte_keep_fqdn_hostnames", "value": "true"},
+    {"name": "PRTE_MCA_prte_keep_fqdn_hostnames", "value": "false"},
     {"name": "PRTE_MCA_prte_default_hostfile", "value": "/etc/mpi/hostfile"},
     {"name": "PRTE_MCA_plm_ssh_args", "value": "-o ConnectionAttempts=10"},
     {"name": "PRTE_MCA_prte_set_default_slots", "value": "1"},
