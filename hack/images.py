@@ -16,7 +16,9 @@ Each image is one uncompressed layer in an OCI archive under
 it copies in), so it is rebuilt only when the recipe changes. ``import_all`` loads them into the
 real node's containerd (hack/realnode.py).
 
-Usage: hack/images.py build [openmpi|openmpi4|mpich|intel|pause ...]   (default: all)
+``mpijob.local/pytorch-benchmark:openmpi`` is the training image (hack/pytorch_image.py).
+
+Usage: hack/images.py build [openmpi|openmpi4|mpich|intel|pytorch|pause ...]   (default: all)
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def recipe_digest(files: list[Path], extra: str) -> str:
 def archive_path(name: str) -> Path:
     """The image's archive, named after its recipe: what it installs and runs, the files it
     copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
+    if name == "pytorch":
+        return pytorch_image.archive_path()
     if name == "pause":
         digest = recipe_digest([HACK / "pause/pause.go"], "pause")
     else:
@@ -105,6 +109,8 @@ def archive_path(name: str) -> Path:
 
 
 def reference(name: str) -> str:
+    if name == "pytorch":
+        return pytorch_image.REFERENCE
     return PAUSE if name == "pause" else f"{REPO}:{name}"
 
 
@@ -328,6 +334,13 @@ def mpi_recipe(name: str) -> list[str]:
 
 
 def build_mpi(name: str, dest: Path) -> None:
+    build_rootfs(name, mpi_recipe(name), reference(name), image_config(name), dest)
+
+
+def build_rootfs(
+    name: str, recipe: list[str], ref: str, config: dict[str, object], dest: Path
+) -> None:
+    """The image ``ref`` from mmdebstrap's ``recipe`` (its arguments up to the output path)."""
     if not shutil.which("mmdebstrap"):
         raise die(
             "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
@@ -342,14 +355,14 @@ def build_mpi(name: str, dest: Path) -> None:
             tree = Path(tmp) / "intel-mpi"
             intel_mpi_tree(tree)
             env["INTEL_MPI_TREE"] = str(tree)
-        result = subprocess.run([*mpi_recipe(name), str(layer)], env=env, check=False)
+        result = subprocess.run([*recipe, str(layer)], env=env, check=False)
         if result.returncode != 0:
             raise die(
-                f"mmdebstrap failed for {reference(name)} (exit {result.returncode}); it needs "
+                f"mmdebstrap failed for {ref} (exit {result.returncode}); it needs "
                 "Debian's archive (apt's sources) reachable"
             )
         add_dirs(layer, EXTRA_DIRS)
-        write_oci(layer, reference(name), image_config(name), dest)
+        write_oci(layer, ref, config, dest)
 
 
 def build_pause(dest: Path) -> None:
@@ -384,6 +397,8 @@ def ensure(name: str) -> Path:
     say(f"building {reference(name)} (recipe {dest.name})")
     if name == "pause":
         build_pause(dest)
+    elif name == "pytorch":
+        pytorch_image.build(dest)
     else:
         build_mpi(name, dest)
     for old in dest.parent.glob(f"{name}-*.oci.tar"):
@@ -396,7 +411,10 @@ def ensure(name: str) -> Path:
     return dest
 
 
-ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel")
+ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel", "pytorch")
+
+# The training image (hack/pytorch_image.py) builds on this module's recipes; imported last.
+import pytorch_image  # noqa: E402
 
 
 def main() -> int:
