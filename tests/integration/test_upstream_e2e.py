@@ -4,7 +4,9 @@
 module proxy by ``hack/build-bins.sh e2e``, runs its fourteen specs on the local cluster: MPI jobs
 in real containers on the real node, the operator as the Deployment ``mpi-operator/mpi-operator``
 the suite scales and edits, scheduler-plugins' scheduler as its second scheduler and a stand-in
-for Volcano's (tests/support/upstream_e2e.py says how each is made; the README's Tests section why).
+for Volcano's, and a webhook that makes the suite's un-retried updates of that Deployment
+unconditional so the Deployment controller's status writes cannot fail them with 409 Conflict
+(tests/support/upstream_e2e.py says how each is made; the README's Tests section why).
 Each spec is printed with PASS, FAIL or SKIP, then the counts; every spec must pass. A spec whose
 image the real node lacks is skipped rather than left to time out, and fails this test all the
 same.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from support import upstream_e2e as e2e
 from support.kube import ROOT, Cluster
@@ -63,6 +66,7 @@ def test_upstream_e2e_suite_passes(
         e2e.OperatorPods(cluster, tmp_path) as operators,
         e2e.sched_plugins_scheduler(cluster, tmp_path),
         e2e.VolcanoStandIn(cluster, node),
+        e2e.UnconditionalSpecUpdates(cluster, tmp_path) as webhook,
     ):
         e2e.wait_available(cluster)
         results, code, log = e2e.run_suite(
@@ -86,7 +90,8 @@ def test_upstream_e2e_suite_passes(
     with capsys.disabled():
         print(
             f"\nupstream e2e (kubeflow/mpi-operator test/e2e), operator processes started: "
-            f"{operators.started}"
+            f"{operators.started}; the suite's Deployment updates made unconditional: "
+            f"{webhook.unconditional}"
         )
         print("\n".join(lines))
         print(f"{passed} passed, {failed} failed ({wall}; suite log {log})")
@@ -96,6 +101,8 @@ def test_upstream_e2e_suite_passes(
     assert code == 0, log
     # The suite restarted the Deployment's pod for each gang-scheduling and cluster-domain spec.
     assert operators.started >= 4
+    # Each of those set-ups updated the Deployment through the webhook at least once.
+    assert webhook.unconditional >= 4
 
 
 def test_deployment_pods_are_operator_processes_with_their_args(
@@ -132,3 +139,43 @@ def test_deployment_pods_are_operator_processes_with_their_args(
         (second,) = wait_until(restarted, timeout=120, what="the operator with the new flag")
         assert second.proc.poll() is None
         assert len(operators.processes) == 1
+
+
+def test_only_the_suites_updates_of_the_deployment_are_unconditional(
+    operator_deployment: Cluster, tmp_path: Path
+) -> None:
+    """With the harness's webhook, an update of the Deployment carrying a stale resourceVersion
+    is written when the suite's user sends it and is still a 409 Conflict from a ``system:`` user
+    (a controller's writes stay conditional); with the webhook gone, the suite's is a 409 again."""
+    cluster = operator_deployment
+    apps = client.AppsV1Api(cluster.api)
+    controller = client.AppsV1Api(_impersonating(cluster, "system:e2e-controller"))
+
+    def stale_update(api: client.AppsV1Api, replicas: int) -> int:
+        deployment = apps.read_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE)
+        assert deployment.metadata is not None
+        assert deployment.spec is not None
+        deployment.metadata.resource_version = "1"
+        deployment.spec.replicas = replicas
+        try:
+            api.replace_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE, deployment)
+        except ApiException as e:
+            return int(e.status)
+        return 200
+
+    with e2e.UnconditionalSpecUpdates(cluster, tmp_path) as webhook:
+        assert stale_update(controller, 3) == 409
+        assert stale_update(apps, 2) == 200
+        assert webhook.unconditional == 1
+        assert apps.read_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE).spec.replicas == 2
+    assert stale_update(apps, 1) == 409
+    assert not cluster.kubectl(
+        "get", "mutatingwebhookconfiguration", e2e.WEBHOOK, "--ignore-not-found", "-o", "name"
+    )
+
+
+def _impersonating(cluster: Cluster, user: str) -> client.ApiClient:
+    """An admin client acting as ``user`` (in system:masters, so only its name differs)."""
+    api = e2e._new_api(cluster)
+    api.default_headers |= {"Impersonate-User": user, "Impersonate-Group": "system:masters"}
+    return api

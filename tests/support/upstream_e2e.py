@@ -23,6 +23,10 @@ and what stands in for each here:
   :class:`VolcanoStandIn` admits a Volcano PodGroup as Volcano's ``enqueue`` and gang ``allocate``
   do for the one thing the suite's Volcano spec checks, and binds its pods only then: the
   group's ``minResources`` must fit the node's allocatable and ``minMember`` pods must exist.
+- **An update of the Deployment that cannot lose a race**: the suite reads the Deployment and
+  updates it without retrying, right after the previous spec edited it, so the Deployment
+  controller's status writes fail that update with 409 Conflict now and then.
+  :class:`UnconditionalSpecUpdates` makes the suite's updates of it unconditional while it runs.
 - **Real containers**: upstream's pi images on the real node (hack/realnode.py). The suite's pods
   select no node, so while it runs the simulated nodes are cordoned and the real node's taint is
   lifted (:func:`real_node_only`), and put back afterwards.
@@ -32,11 +36,14 @@ Results come from ginkgo's JUnit report (``-ginkgo.reportFile``): one line per s
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
+import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -48,6 +55,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +282,181 @@ def _new_api(cluster: Cluster) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(cluster.kubeconfig))
 
 
+# --- the suite's updates of the Deployment ----------------------------------------------------
+
+WEBHOOK = "mpijob-e2e-unconditional-deployment-update"
+WEBHOOK_PATH = "/unconditional"
+# The Deployment as the webhook's objectSelector sees it: a label only the harness puts there.
+WEBHOOK_LABEL = "mpijob.io/e2e-unconditional-update"
+UNCONDITIONAL_PATCH = [{"op": "remove", "path": "/metadata/resourceVersion"}]
+
+
+def unconditional_patch(request: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The JSONPatch that makes an update of the suite's Deployment unconditional, or None.
+
+    Only the main resource of ``mpi-operator/mpi-operator``, only UPDATE, and only when the user
+    is not one of the cluster's own (``system:``: the Deployment, ReplicaSet and garbage
+    collector controllers), so the suite's spec edits are written whatever the Deployment's
+    resourceVersion is now and every controller write stays conditional. A main-resource update
+    never writes status, so what the suite waits on (``status.availableReplicas``) is still the
+    controllers' alone. Metadata a controller wrote through status meanwhile (the revision
+    annotation) goes back to what the suite read, and the Deployment controller sets it again at
+    its next sync, as after any update without a resourceVersion.
+    """
+    user = (request.get("userInfo") or {}).get("username") or ""
+    metadata = (request.get("object") or {}).get("metadata") or {}
+    if (
+        request.get("operation") == "UPDATE"
+        and (request.get("kind") or {}).get("kind") == "Deployment"
+        and not request.get("subResource")
+        and request.get("namespace") == NAMESPACE
+        and request.get("name") == DEPLOYMENT
+        and not user.startswith("system:")
+        and metadata.get("resourceVersion")
+    ):
+        return UNCONDITIONAL_PATCH
+    return None
+
+
+class _ReviewHandler(BaseHTTPRequestHandler):
+    server: _WebhookServer
+
+    def do_POST(self) -> None:
+        review = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        request = review.get("request") or {}
+        response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+        patch = unconditional_patch(request)
+        if patch is not None:
+            response |= {
+                "patchType": "JSONPatch",
+                "patch": base64.b64encode(json.dumps(patch).encode()).decode("ascii"),
+            }
+            if not request.get("dryRun"):
+                self.server.owner.unconditional += 1
+        body = json.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per request on stderr would bury the test's output
+
+
+class _WebhookServer(ThreadingHTTPServer):
+    owner: UnconditionalSpecUpdates
+
+
+class UnconditionalSpecUpdates:
+    """The suite's own updates of the Deployment, made unconditional by a mutating webhook.
+
+    The gang-scheduling and cluster-domain specs read the Deployment and update it without
+    retrying (upstream's ``setupMPIOperator`` and their ``AfterEach``), right after the previous
+    spec edited its args: the Deployment controller's status writes for that rollout, landing
+    between the read and the update, fail the update with 409 Conflict now and then. Served here
+    over HTTPS on loopback (the local cluster's API server runs on this machine) with a
+    throwaway certificate, registered for UPDATE of that Deployment only, the webhook removes
+    ``metadata.resourceVersion`` from the suite's updates (:func:`unconditional_patch`), which a
+    Deployment allows: the update is then written over whatever the controllers wrote. Nothing
+    about the operator changes. ``failurePolicy: Ignore``, so a configuration left behind by a
+    killed test turns into no webhook at all instead of failing Deployment updates.
+    """
+
+    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.unconditional = 0
+        self.server = _WebhookServer(("127.0.0.1", 0), _ReviewHandler)
+        self.server.owner = self
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="unconditional-updates", daemon=True
+        )
+
+    def __enter__(self) -> UnconditionalSpecUpdates:
+        from mpijob.handlers.fractional import serving_certificate
+
+        cert_dir = self.log_dir / "unconditional-updates-certs"
+        cert_dir.mkdir(exist_ok=True)
+        url = f"https://127.0.0.1:{self.port}{WEBHOOK_PATH}"
+        cert = serving_certificate(NAMESPACE, WEBHOOK, cert_dir, url=url)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert.certfile), str(cert.keyfile))
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self._thread.start()
+        try:
+            self.cluster.kubectl(
+                "label", "deployment", DEPLOYMENT, "-n", NAMESPACE, f"{WEBHOOK_LABEL}=true"
+            )
+            self.cluster.apply(self.configuration(url, cert.ca_bundle))
+            wait_until(self.live, timeout=60, what=f"webhook {WEBHOOK} in the API server's path")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        try:
+            self.cluster.kubectl(
+                "delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found"
+            )
+            self.cluster.kubectl(
+                "label", "deployment", DEPLOYMENT, "-n", NAMESPACE, f"{WEBHOOK_LABEL}-", check=False
+            )
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+
+    @staticmethod
+    def configuration(url: str, ca_bundle: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK},
+            "webhooks": [
+                {
+                    "name": f"{WEBHOOK}.mpijob.io",
+                    "clientConfig": {"url": url, "caBundle": ca_bundle},
+                    "rules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["deployments"],
+                            "scope": "Namespaced",
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+                    },
+                    "objectSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
+                    "failurePolicy": "Ignore",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }
+
+    def live(self) -> bool:
+        """Whether the API server calls the webhook: an update (dry run) of the Deployment with a
+        resourceVersion long gone is a 409 Conflict without it and is accepted with it."""
+        apps = client.AppsV1Api(self.cluster.api)
+        deployment = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE)
+        assert deployment.metadata is not None
+        deployment.metadata.resource_version = "1"
+        try:
+            apps.replace_namespaced_deployment(DEPLOYMENT, NAMESPACE, deployment, dry_run="All")
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+
 # --- scheduler-plugins' scheduler ---------------------------------------------------------------
 
 
@@ -378,12 +561,12 @@ def admitted(spec: dict[str, Any], members: int, allocatable: dict[str, str]) ->
     if members < int(spec.get("minMember") or 0):
         return False
     for resource, wanted in (spec.get("minResources") or {}).items():
-        have = Quantity.parse(allocatable[resource]) if resource in allocatable else None
-        need = Quantity.parse(wanted)
-        if have is None:
-            if need > Quantity.parse(0):
+        # Quantity keeps no order of its own: its exact values are compared.
+        need = Quantity.parse(wanted).value
+        if resource not in allocatable:
+            if need > 0:
                 return False
-        elif need > have:
+        elif need > Quantity.parse(allocatable[resource]).value:
             return False
     return True
 
