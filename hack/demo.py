@@ -10,6 +10,9 @@ line also shows the devices the scheduler allocated to its claim. When a real no
 (hack/realnode.py), it then runs upstream's OpenMPI pi example there for real and prints the
 launcher's log. Running it again replaces the demo jobs.
 
+With ``IN_CLUSTER=1`` the operator runs in-cluster instead: its image on the real node, installed
+by the standalone overlay (hack/incluster.py; ``make undeploy-local`` removes it).
+
 The operator is scoped so that it never reconciles anyone else's jobs on the shared cluster: the
 integration tests run their own operator per test namespace, and refuse to start beside one that
 watches all namespaces (hack/stray_operators.py).
@@ -35,10 +38,14 @@ from mpijob.desired.claims import allocated_devices
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster  # noqa: E402 - hack/cluster.py, beside this file
+import incluster  # noqa: E402 - hack/incluster.py, beside this file
 import realnode  # noqa: E402 - hack/realnode.py, beside this file
 import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
 NAMESPACE = "demo"
+# IN_CLUSTER=1: the operator from its image, installed by the standalone overlay on the real
+# node (hack/incluster.py), instead of a process of this machine.
+IN_CLUSTER = os.environ.get("IN_CLUSTER", "") == "1"
 EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
 REAL_EXAMPLE = ROOT / "examples" / "pi.yaml"
 RUN_SECONDS = "20s"
@@ -89,6 +96,29 @@ def start_operator(kubeconfig: Path) -> int:
         )
     pid_file.write_text(str(proc.pid))
     return proc.pid
+
+
+def run_operator(core: client.CoreV1Api, kubeconfig: Path) -> str:
+    """Starts the operator (a process here, or in-cluster); how to read its metrics."""
+    if not IN_CLUSTER:
+        pid = start_operator(kubeconfig)
+        print(
+            f"{BOLD}Operator{RESET} running (pid {pid}), watching namespace {NAMESPACE} only; "
+            "log: .cluster/logs/operator.log"
+        )
+        return "curl -s localhost:8080/metrics | grep mpi_operator"
+    cluster.stop_demo_operator()
+    install = incluster.deploy("standalone", namespaces=(NAMESPACE,))
+    print(
+        f"{BOLD}Operator{RESET} running in-cluster (deployment/{install.deployment} in "
+        f"namespace {install.namespace}, image {install.image}, on the real node), watching "
+        f"namespace {NAMESPACE} only; log: kubectl logs deployment/{install.deployment} "
+        f"-n {install.namespace}"
+    )
+    pod = core.list_namespaced_pod(
+        install.namespace, label_selector="app.kubernetes.io/component=operator"
+    ).items[0]
+    return f"curl -s {pod.status.pod_ip}:8080/metrics | grep mpi_operator"
 
 
 def demo_job() -> dict[str, Any]:
@@ -162,11 +192,7 @@ def main() -> int:
     except client.ApiException as e:
         if e.status != 409:
             raise
-    pid = start_operator(kubeconfig)
-    print(
-        f"{BOLD}Operator{RESET} running (pid {pid}), watching namespace {NAMESPACE} only; "
-        "log: .cluster/logs/operator.log"
-    )
+    metrics_hint = run_operator(core, kubeconfig)
     job = demo_job()
     name = job["metadata"]["name"]
     args = ("kubeflow.org", "v2beta1", NAMESPACE, "mpijobs")
@@ -206,7 +232,7 @@ def main() -> int:
             return 1
         time.sleep(0.5)
     else:
-        print(f"\n{name} did not finish within {TIMEOUT}s; see .cluster/logs/operator.log")
+        print(f"\n{name} did not finish within {TIMEOUT}s; see the operator's log")
         return 1
 
     if real_node_ready(core):
@@ -222,7 +248,7 @@ Look around:
   {cluster.binaries()["kubectl"]} get mpijobs,pods,jobs -n {NAMESPACE}
   .venv/bin/mpijob get {name} -n {NAMESPACE}
   .venv/bin/mpijob topology gpu-node-0
-  curl -s localhost:8080/metrics | grep mpi_operator
+  {metrics_hint}
 The operator keeps running, for namespace {NAMESPACE} only. Stop everything: make cluster-down""")
     return 0
 
