@@ -27,7 +27,10 @@ ENV PATH=/opt/mpijob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/mpijob /opt/mpijob
-# The distroless "nonroot" uid: no home, no shell login, no write access to the image.
+# The distroless "nonroot" uid: no home, no shell login, no write access to the image. It has a
+# passwd entry because Kopf names the operator after its user (getpass fails without one).
+RUN useradd --system --uid 65532 --user-group --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin nonroot
 USER 65532:65532
 ENTRYPOINT ["mpijob-operator"]
 CMD ["--help"]

@@ -128,6 +128,9 @@ def hooks(wheels: Path) -> list[str]:
     chroot = 'env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PIP_NO_CACHE_DIR=1 chroot "$1"'
     return [
         f'mkdir -p "$1/tmp/wheels" && cp {wheels}/*.whl "$1/tmp/wheels/"',
+        # Kopf names itself after its user (getpass): uid 65532 needs a passwd entry.
+        f"{chroot} useradd --system --uid 65532 --user-group --no-create-home "
+        "--home-dir /nonexistent --shell /usr/sbin/nologin nonroot",
         f"{chroot} python3 -m venv {VENV}",
         f"{chroot} {VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels "
         f"--disable-pip-version-check {NAME}",
