@@ -89,3 +89,10 @@ def test_install_manifest_lives_where_the_readme_says() -> None:
         "kubectl apply --server-side -f deploy/mpi-operator.yaml"
         in (ROOT / "README.md").read_text()
     )
+
+
+def test_both_recipes_give_the_runtime_uid_a_passwd_entry() -> None:
+    """Kopf names the operator after its user (getpass): without an entry it exits at start."""
+    runs = [rest for op, rest in instructions() if op == "RUN"]
+    assert any("useradd" in r and "--uid 65532" in r for r in runs)
+    assert any("useradd" in h and "--uid 65532" in h for h in operator_image.hooks(ROOT))
