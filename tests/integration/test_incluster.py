@@ -292,26 +292,20 @@ def test_incluster_fractional_gpus_webhooks_are_reached_through_their_service(
         },
     }
 
-    # The mutating webhook answers: no core_mem node exists, so the pod waits behind our gate
-    # with the reason (the API server alone would have admitted it ungated).
-    def admitted() -> client.V1Pod | None:
+    # The API server calls our webhook through the Service: no core_mem GPU exists here, so the
+    # placing (mutating) webhook refuses the share with its own reason. Until the Service's
+    # endpoint is known to the API server, the call itself fails instead.
+    def refusal() -> str | None:
         try:
-            return real_cluster.core.create_namespaced_pod(namespace, share)
+            real_cluster.core.create_namespaced_pod(namespace, share, dry_run="All")
         except ApiException as e:
-            if "failed calling webhook" in (e.body or ""):
-                return None  # the endpoint is not yet known to the API server
-            raise
+            body = e.body or ""
+            return body if "denied the request" in body else None
+        raise AssertionError("a share with no GPU to take it was admitted")
 
-    pod = wait_until(admitted, timeout=60, what="the share pod admitted by the webhooks")
-    assert [g.name for g in pod.spec.scheduling_gates or []] == [keys.GPU_SHARE_GATE]
-    assert pod.metadata.annotations[keys.GPU_SHARE_WAITING]
-    # The validating webhook refuses what the share API does not allow.
-    bad = json.loads(json.dumps(share))
-    bad["metadata"]["name"] = "too-much"
-    bad["spec"]["containers"][0]["resources"]["limits"][PERCENTAGE] = "150"
-    with pytest.raises(ApiException) as refused:
-        real_cluster.core.create_namespaced_pod(namespace, bad)
-    assert "mpijob-gpu-share" in refused.value.body or "denied" in refused.value.body
+    message = json.loads(wait_until(refusal, timeout=60, what="the webhook's answer"))["message"]
+    assert 'admission webhook "place.gpu-share.mpijob.io" denied' in message, message
+    assert "no opted-in GPU" in message, message
 
 
 # --- 3. fail-over, 4. upgrade ---------------------------------------------------------------
