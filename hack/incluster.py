@@ -284,14 +284,19 @@ def deploy(
 
 def undeploy() -> None:
     """Removes what runs (the operator under either name, the agents, the webhook
-    configurations the operator applied, its Lease); the CRDs, RBAC and namespace stay, and so
-    does every MPIJob."""
+    configurations the operator applied and their RBAC, its Lease); the CRDs, the base's RBAC
+    and the namespace stay, and so does every MPIJob."""
     kubectl(
         "delete", "deployment,daemonset", "-n", NAMESPACE,
         "-l", "app.kubernetes.io/part-of=mpijob-operator", "--ignore-not-found", "--wait=true",
     )  # fmt: skip
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         kubectl("delete", kind, WEBHOOK_CONFIGURATION, "--ignore-not-found")
+    # The fractional-gpus overlay's grant: the account keeps exactly the base's rights (which
+    # tests/integration/test_install.py compares with the RBAC file).
+    kubectl(
+        "delete", "clusterrolebinding,clusterrole", "mpijob-operator-webhooks", "--ignore-not-found"
+    )
     # The pods carry only their workload's labels; none left is not an error.
     kubectl(
         "wait", "--for=delete", "pod", "-n", NAMESPACE, "--timeout=120s",
