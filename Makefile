@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NODES ?= 4
 TOPOLOGY ?= dgx1-v100
 # Real nodes (kubelet + containerd running real containers) beside the simulated ones; 0 for none.
-REAL_NODES ?= 1
+REAL_NODES ?= 2
 export REAL_NODES
 KUBECONFIG ?= $(CURDIR)/.cluster/kubeconfig
 export KUBECONFIG
@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional kind-e2e clean dashboards
+        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-train kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -36,7 +36,7 @@ install: $(VENV)/.installed ## Create .venv with the project and its test extra
 bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~/.cache)
 	hack/build-bins.sh
 
-cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NODES=1; KUEUE=1 adds Kueue); harmless if running
+cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NODES=2; KUEUE=1 adds Kueue); harmless if running
 	@REAL_NODES=$(REAL_NODES) bash hack/node-deps.sh || echo "[cluster] going on; the real node will say what it lacks"
 	@# Exit status 3: the control plane and the simulated nodes are up, the real node is not (said why).
 	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
@@ -119,6 +119,9 @@ bench-placement: install ## Placement quality and latency benchmark (pure, no cl
 
 bench-fractional: install ## Fractional-GPU admission latency per pod at 1,000 opted-in nodes (pure, no cluster)
 	$(PY) bench/fractional.py
+
+bench-train: cluster crds ## img/s of examples/pytorch-cpu.yaml at 1, 2 and 4 workers on the real nodes (median of 3)
+	$(PY) bench/train.py
 
 kind-e2e: install ## For users with Docker: the integration suite against a kind cluster
 	hack/kind-e2e.sh

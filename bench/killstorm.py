@@ -7,6 +7,7 @@ On its own local cluster (4 simulated DGX-1 V100 nodes, 32 GPUs), in one namespa
 - ``--jobs`` topology-placed MPIJobs (default 56) of mixed shapes (1x8, 2x4, 4x2, 2x2, 1x4, 4x1,
   3x2, 2x8), asking several times the 32 GPUs in all, are created one after another; each
   launcher succeeds 3 s after it runs, and ``cleanPodPolicy: Running`` deletes the workers then;
+  every fourth job has ``ttlSecondsAfterFinished: 0`` (its launcher Job goes once it finished);
 - the operator is SIGKILLed and restarted every 1.5 to 4 s (seeded, so runs repeat) until
   ``--kills`` kills (default 24) have landed; at the middle kill the kube-apiserver is SIGKILLed
   too and started again 5 s later with the same arguments;
@@ -17,11 +18,13 @@ On its own local cluster (4 simulated DGX-1 V100 nodes, 32 GPUs), in one namespa
 
 It passes (exit 0) when every job Succeeded, the most pods ever seen on one GPU is 1, no node
 was ever asked for more than its 8 GPUs, each job has exactly one Service, ConfigMap, Secret,
-launcher Job and launcher pod, no job has two ``MPIJobCreated`` Events (one lost to a SIGKILL
-between the status write and its post is reported, as Events are best effort), and no
-PlacementDecision is left. A benchmark, not a CI test (a few minutes of a 2-core machine):
-``make bench-storm``; writes ``.bench/killstorm-<binding>.json`` (``--gpu-binding``, default
-auto).
+launcher Job and launcher pod (a TTL-0 job none, once finished), every job has exactly one
+``MPIJobCreated`` Event (count 1: none lost to a SIGKILL between a status write and its post,
+none posted twice) and was launched once (one launcher Job ever, by the Job controller's
+Events, which outlive a deleted Job), and no PlacementDecision is left. It reports Events per
+job and relaunches per job (expected: 1 and 0 for every job). A benchmark, not a CI test (a few
+minutes of a 2-core machine): ``make bench-storm``; writes ``.bench/killstorm-<binding>.json``
+(``--gpu-binding``, default auto).
 """
 
 from __future__ import annotations
@@ -54,15 +57,27 @@ SHAPES = [(1, 8), (2, 4), (4, 2), (2, 2), (1, 4), (4, 1), (3, 2), (2, 8)]
 GPUS_PER_NODE = 8
 
 
+#: Every fourth job has ``ttlSecondsAfterFinished: 0``: its launcher Job goes as soon as the
+#: job is recorded finished, and must never be created again.
+TTL_ZERO_EVERY = 4
+
+
+def ttl_zero(index: int) -> bool:
+    return index % TTL_ZERO_EVERY == TTL_ZERO_EVERY - 1
+
+
 def storm_job(index: int) -> dict[str, Any]:
     workers, gpus = SHAPES[index % len(SHAPES)]
+    policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
+    if ttl_zero(index):
+        policy["ttlSecondsAfterFinished"] = 0
     return mpijob(
         f"job-{index:03d}",
         workers=workers,
         gpus=gpus,
         annotations={keys.GPU_TOPOLOGY: "true"},
         launcher_annotations={keys.SIM_SUCCEED_AFTER: "3s"},
-        run_policy={"cleanPodPolicy": "Running"},
+        run_policy=policy,
     )
 
 
@@ -181,10 +196,16 @@ def children(ns: str) -> dict[str, Counter[str]]:
         launchers[p.metadata.labels[keys.LABEL_JOB_NAME]] += 1
     out["launcher Pod"] = launchers
     created: Counter[str] = Counter()
+    launcher_jobs: dict[str, set[str]] = {}
+    suffix = "-launcher"
     for e in core.list_namespaced_event(ns).items:
-        if e.reason == keys.REASON_CREATED and e.involved_object.kind == keys.KIND:
-            created[e.involved_object.name] += e.count or 1
+        involved = e.involved_object
+        if e.reason == keys.REASON_CREATED and involved.kind == keys.KIND:
+            created[involved.name] += e.count or 1
+        if involved.kind == "Job" and involved.name.endswith(suffix):
+            launcher_jobs.setdefault(involved.name[: -len(suffix)], set()).add(involved.uid)
     out["MPIJobCreated Event"] = created
+    out["launcher Job ever"] = Counter({job: len(uids) for job, uids in launcher_jobs.items()})
     return out
 
 
@@ -304,13 +325,21 @@ def main() -> int:
         for kind, counter in owned.items()
         if (dup := {name: n for name, n in counter.items() if n != 1})
     }
-    # Events are best effort (Kubernetes' and upstream's too): one lost with a SIGKILL between the
-    # status write and the post is reported, not counted as a missing child.
-    events = owned.pop("MPIJobCreated Event")
-    duplicates.pop("MPIJobCreated Event", None)
-    if dup_events := {name: n for name, n in events.items() if n > 1}:
-        duplicates["MPIJobCreated Event"] = dup_events
-    missing = {kind: sorted(left) for kind, c in owned.items() if (left := names - set(c))}
+    events = owned["MPIJobCreated Event"]
+    launches = owned.pop("launcher Job ever")
+    events_per_job = Counter(events.get(name, 0) for name in names)
+    relaunches_per_job = Counter(max(launches.get(name, 0) - 1, 0) for name in names)
+    # A TTL-0 job's launcher Job and pod are gone once it finished: it was launched once if
+    # one launcher Job was ever made (the Job controller's Events).
+    expired = {f"job-{i:03d}" for i in range(args.jobs) if ttl_zero(i)}
+    for kind in ("Job", "launcher Pod"):
+        for name in expired:
+            owned[kind].pop(name, None)
+    missing = {
+        kind: sorted(left)
+        for kind, c in owned.items()
+        if (left := names - set(c) - (expired if kind in ("Job", "launcher Pod") else set()))
+    }
     result = {
         "gpu_binding": args.gpu_binding,
         "jobs": args.jobs,
@@ -329,6 +358,10 @@ def main() -> int:
         "duplicate_children": duplicates,
         "missing_children": missing,
         "created_events_lost": sorted(names - set(events)),
+        # How many jobs had each number of MPIJobCreated Events (expected: every job, 1) and of
+        # relaunches, launcher Jobs beyond the first (expected: every job, 0).
+        "created_events_per_job": dict(sorted(events_per_job.items())),
+        "relaunches_per_job": dict(sorted(relaunches_per_job.items())),
         "decisions_left": decisions,
     }
     out = ROOT / ".bench" / f"killstorm-{args.gpu_binding}.json"
@@ -346,6 +379,8 @@ def main() -> int:
         and not duplicates
         and not missing
         and not decisions
+        and set(events_per_job) == {1}
+        and set(relaunches_per_job) == {0}
     )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -15,6 +15,10 @@ built beforehand and timed separately): one 8-GPU node (every 8-GPU shipped topo
 placing a 64x1 and a 16x8 job. Cluster fragmentation, 50% of GPUs used on average, comes in two
 kinds: ``iid`` (each GPU used with probability 0.5) and ``per-node`` (each node has a uniformly
 random number 0-8 of used GPUs, at random positions).
+
+Then the fabric section (:mod:`placement_fabric`, beside this file; ``--no-fabric`` skips it):
+whole jobs over NVL72, rail-optimised HGX H100 and mixed fabrics against the exhaustive optimum,
+an upper bound and Kueue-like and Volcano-like policies, and decisions at 5,000 nodes.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import placement_fabric  # beside this file: the fabric section
 from mpijob.placement import allocator, baselines, topologies
 from mpijob.placement.job import JobRequest, NodeState, Placement, place_job
 from mpijob.placement.model import Topology
@@ -167,6 +172,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer states and rounds")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--besteffort-limit", type=int, default=20_000)
+    parser.add_argument("--no-fabric", action="store_true", help="skip the fabric section")
     args = parser.parse_args()
     began = time.perf_counter()
     rnd = random.Random(args.seed)
@@ -226,6 +232,12 @@ def main() -> None:
     OUT.write_text(json.dumps(report, indent=2) + "\n")
     print_table(per_topology, node8, node16, clustered, summary, tables_ms)
     print(f"\nwrote {OUT} in {report['runtime_s']:.0f} s")
+    if not args.no_fabric:
+        fabric = placement_fabric.run(quick=args.quick, seed=args.seed)
+        placement_fabric.OUT.write_text(json.dumps(fabric, indent=2) + "\n")
+        print("\n--- fabric: whole jobs over the fabric between nodes ---\n")
+        placement_fabric.print_report(fabric)
+        print(f"\nwrote {placement_fabric.OUT} in {fabric['runtime_s']:.0f} s")
 
 
 def print_table(

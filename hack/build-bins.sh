@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator kubelet coredns (default: the
-# control plane, i.e. all but kueue, which runs on request, and mpi-operator, the benchmark peer;
-# kubelet and coredns when REAL_NODES is not 0).
+# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns (default: the
+# control plane, i.e. all but kueue, which runs on request, mpi-operator, the benchmark peer, and
+# e2e, upstream's end-to-end suite; kubelet and coredns when REAL_NODES is not 0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -25,6 +25,7 @@ etcd_dir=$CACHE/bin/etcd-v$ETCD_VERSION
 kwok_dir=$CACHE/bin/kwok-v$KWOK_VERSION
 sp_dir=$CACHE/bin/scheduler-plugins-v$SCHED_PLUGINS_VERSION
 mpi_dir=$CACHE/bin/mpi-operator-v$MPI_OPERATOR_VERSION
+e2e_dir=$CACHE/bin/mpi-operator-e2e-v$MPI_OPERATOR_VERSION
 kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
 kubelet_dir=$CACHE/bin/kubelet-v$KUBE_VERSION
 coredns_dir=$CACHE/bin/coredns-v$COREDNS_VERSION
@@ -195,6 +196,20 @@ build_mpi_operator() {
   rm -rf "$mpi_dir"; mv "$mpi_dir.tmp" "$mpi_dir"
 }
 
+# Upstream's own end-to-end suite (test/e2e), compiled unmodified as a test binary; run against
+# this operator by tests/integration/test_upstream_e2e.py. `go test -c` builds a dependency's
+# package as well as one of the main module's: `go get -t` records its test-only imports.
+build_e2e() {
+  have "$e2e_dir" e2e.test && return
+  say "upstream mpi-operator v$MPI_OPERATOR_VERSION: its end-to-end suite (test/e2e)"
+  local w; w=$(wrapper mpi-operator-e2e); cd "$w"
+  go mod edit -dropgodebug=default  # build the suite as its own go.mod says
+  go get -t "github.com/kubeflow/mpi-operator/test/e2e@v$MPI_OPERATOR_VERSION"
+  mkdir -p "$e2e_dir.tmp"
+  go test -c -ldflags "-s -w" -o "$e2e_dir.tmp/e2e.test" github.com/kubeflow/mpi-operator/test/e2e
+  rm -rf "$e2e_dir"; mv "$e2e_dir.tmp" "$e2e_dir"
+}
+
 components=("$@")
 if [ ${#components[@]} -eq 0 ]; then
   components=(etcd kwok kube sched-plugins)
@@ -206,8 +221,9 @@ for c in "${components[@]}"; do
   case "$c" in
     kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
     sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
+    e2e) build_e2e;;
     kubelet) build_kubelet;; coredns) build_coredns;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator kubelet coredns)";;
+    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns)";;
   esac
   say "$c ready ($((SECONDS - t)) s)"
 done

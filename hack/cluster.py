@@ -4,7 +4,7 @@
 Runs etcd, kube-apiserver, kube-controller-manager, the scheduler-plugins scheduler (Coscheduling
 as the default scheduler), the scheduler-plugins PodGroup controller and the kwok controller as
 plain processes, from binaries that ``hack/build-bins.sh`` builds into a cache outside the repo,
-plus ``--real-nodes`` (env ``REAL_NODES``, default 1) real nodes that run real containers
+plus ``--real-nodes`` (env ``REAL_NODES``, default 2) real nodes that run real containers
 (hack/realnode.py). State lives in ``.cluster/`` (kubeconfig, logs, pids); ``up`` twice is
 harmless, ``down`` leaves no process, mount, veth or cgroup behind.
 
@@ -420,7 +420,7 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
 
 
 def default_real_nodes() -> int:
-    return int(os.environ.get("REAL_NODES") or "1")
+    return int(os.environ.get("REAL_NODES") or "2")
 
 
 def up(
@@ -771,7 +771,7 @@ def main() -> int:
         "--real-nodes",
         type=int,
         default=default_real_nodes(),
-        help="real nodes (kubelet + containerd) beside the simulated ones (default 1, env "
+        help="real nodes (kubelet + containerd) beside the simulated ones (default 2, env "
         "REAL_NODES; 0 for none)",
     )
     p_up.add_argument(

@@ -8,7 +8,9 @@ launcher told to finish after a while (the simulated cluster runs no containers)
 job and its pods as they progress; when the workers' GPUs are pinned by DRA claims, each worker's
 line also shows the devices the scheduler allocated to its claim. When a real node is up
 (hack/realnode.py), it then runs upstream's OpenMPI pi example there for real and prints the
-launcher's log. Running it again replaces the demo jobs.
+launcher's log, and ends with data-parallel PyTorch training (examples/pytorch-cpu.yaml, image
+hack/pytorch_image.py) with its 2 workers on the 2 real nodes, printing the benchmark's img/s lines
+and each rank's parameter checksum. Running it again replaces the demo jobs.
 
 With ``IN_CLUSTER=1`` the operator runs in-cluster instead: its image on the real node, installed
 by the standalone overlay (hack/incluster.py; ``make undeploy-local`` removes it).
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster  # noqa: E402 - hack/cluster.py, beside this file
 import incluster  # noqa: E402 - hack/incluster.py, beside this file
+import pytorch_image  # noqa: E402 - hack/pytorch_image.py, beside this file
 import realnode  # noqa: E402 - hack/realnode.py, beside this file
 import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
@@ -48,6 +51,7 @@ NAMESPACE = "demo"
 IN_CLUSTER = os.environ.get("IN_CLUSTER", "") == "1"
 EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
 REAL_EXAMPLE = ROOT / "examples" / "pi.yaml"
+TRAIN_EXAMPLE = ROOT / "examples" / "pytorch-cpu.yaml"
 RUN_SECONDS = "20s"
 TIMEOUT = 180
 BOLD, DIM, GREEN, RESET = (
@@ -235,11 +239,8 @@ def main() -> int:
         print(f"\n{name} did not finish within {TIMEOUT}s; see the operator's log")
         return 1
 
-    if real_node_ready(core):
-        if run_real_pi(core, mpijobs, args) != 0:
-            return 1
-    else:
-        print(f"\n{DIM}No real node is up (REAL_NODES=0?): no real pi run.{RESET}")
+    if run_on_real_nodes(core, mpijobs, args) != 0:
+        return 1
 
     kc = f"KUBECONFIG={kubeconfig}"
     print(f"""
@@ -253,16 +254,42 @@ The operator keeps running, for namespace {NAMESPACE} only. Stop everything: mak
     return 0
 
 
-def real_node_ready(core: client.CoreV1Api) -> bool:
-    for node in core.list_node(label_selector=f"{realnode.ROLE}=true").items:
-        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
-            return True
-    return False
+def run_on_real_nodes(
+    core: client.CoreV1Api, api: client.CustomObjectsApi, args: tuple[str, ...]
+) -> int:
+    """pi, then the training job, on the real nodes where there are any."""
+    ready = real_nodes_ready(core)
+    if not ready:
+        print(f"\n{DIM}No real node is up (REAL_NODES=0?): no real MPI run.{RESET}")
+        return 0
+    pi = realnode.place_on_real_node(yaml.safe_load(REAL_EXAMPLE.read_text()))
+    if run_real(core, api, args, pi, REAL_EXAMPLE, "mpioperator/mpi-pi:openmpi") != 0:
+        return 1
+    train = pytorch_image.on_real_nodes(yaml.safe_load(TRAIN_EXAMPLE.read_text()))
+    if run_real(core, api, args, train, TRAIN_EXAMPLE, pytorch_image.REFERENCE) != 0:
+        return 1
+    if len(ready) < 2:
+        print(f"{DIM}One real node (REAL_NODES=1): both workers ran on it.{RESET}")
+    return 0
 
 
-def run_real_pi(core: client.CoreV1Api, api: client.CustomObjectsApi, args: tuple[str, ...]) -> int:
-    """Upstream's OpenMPI pi example on the real node: real mpirun, real ranks; its log."""
-    job = realnode.place_on_real_node(yaml.safe_load(REAL_EXAMPLE.read_text()))
+def real_nodes_ready(core: client.CoreV1Api) -> list[str]:
+    return [
+        node.metadata.name
+        for node in core.list_node(label_selector=f"{realnode.ROLE}=true").items
+        if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    ]
+
+
+def run_real(
+    core: client.CoreV1Api,
+    api: client.CustomObjectsApi,
+    args: tuple[str, ...],
+    job: dict[str, Any],
+    example: Path,
+    image: str,
+) -> int:
+    """An example on the real nodes: real mpirun, real ranks; where they ran and the log."""
     name = job["metadata"]["name"]
     with contextlib.suppress(client.ApiException):
         api.delete_namespaced_custom_object(*args, name)
@@ -273,13 +300,19 @@ def run_real_pi(core: client.CoreV1Api, api: client.CustomObjectsApi, args: tupl
         time.sleep(0.5)
     api.create_namespaced_custom_object(*args, job)
     print(
-        f"\n{BOLD}Applied{RESET} {REAL_EXAMPLE.relative_to(ROOT)} on the real node "
-        f"({realnode.NODE_PREFIX}0: kubelet, containerd, runc), image mpioperator/mpi-pi:openmpi"
+        f"\n{BOLD}Applied{RESET} {example.relative_to(ROOT)} on the real nodes "
+        f"(kubelet, containerd, runc), image {image}"
     )
     deadline = time.monotonic() + TIMEOUT
     state = "-"
+    # Where the workers ran, seen while they run (cleanPodPolicy Running deletes them at the end).
+    placed: dict[str, str] = {}
+    selector = f"{keys.LABEL_JOB_NAME}={name},{keys.LABEL_JOB_ROLE}=worker"
     while time.monotonic() < deadline:
         state = conditions(api.get_namespaced_custom_object(*args, name))
+        for p in core.list_namespaced_pod(NAMESPACE, label_selector=selector).items:
+            if p.spec.node_name:
+                placed[p.metadata.name] = p.spec.node_name
         if "Succeeded" in state.split(",") or "Failed" in state.split(","):
             break
         time.sleep(0.5)
@@ -289,6 +322,8 @@ def run_real_pi(core: client.CoreV1Api, api: client.CustomObjectsApi, args: tupl
         ).items,
         key=lambda p: p.metadata.creation_timestamp,
     )
+    for worker, node in sorted(placed.items()):
+        print(f"  {worker:42} on {node}")
     if launchers:
         log = core.read_namespaced_pod_log(launchers[-1].metadata.name, NAMESPACE)
         print(f"{BOLD}Launcher log{RESET} ({launchers[-1].metadata.name}):")

@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """OCI images for the real node, built from Debian packages without a registry or Docker.
 
-``mpioperator/mpi-pi:openmpi`` and ``:mpich`` carry upstream's image names, so upstream's pi
-examples run unchanged (``imagePullPolicy: IfNotPresent``): a minimal Debian rootfs made by
-mmdebstrap, the MPI implementation, OpenSSH (port 2222, no host-key checks, ``mpiuser`` uid 1000
-with its own sshd config) and the pi program (hack/mpi-pi/pi.c) compiled in the image, its
-compiler removed again. ``mpijob.local/pause`` is the pod sandbox image (hack/pause/pause.go).
+``mpioperator/mpi-pi:openmpi``, ``:mpich`` and ``:intel`` carry upstream's image names, so
+upstream's pi examples run unchanged (``imagePullPolicy: IfNotPresent``): a minimal Debian rootfs
+made by mmdebstrap, the MPI implementation, OpenSSH (port 2222, no host-key checks, ``mpiuser``
+uid 1000 with its own sshd config) and the pi program (hack/mpi-pi/pi.c) compiled in the image,
+its compiler removed again. ``:openmpi`` is Open MPI 5 (trixie), as upstream's image has been
+since mpi-operator v0.7.0; ``:openmpi4`` keeps Open MPI 4.1 (bookworm) for the clusters that
+still run it. ``:intel`` is Intel MPI's runtime and compiler wrappers from PyPI (``impi-rt``,
+``impi-devel``; Intel MPI is not in Debian's archive) over a trixie rootfs.
+``mpijob.local/pause`` is the pod sandbox image (hack/pause/pause.go).
 
 Each image is one uncompressed layer in an OCI archive under
 ``~/.cache/mpijob-operator/images/``, named after a digest of its recipe (this file and the files
 it copies in), so it is rebuilt only when the recipe changes. ``import_all`` loads them into the
-real node's containerd (hack/realnode.py). ``:intel`` is not built yet: Intel MPI is not in
-Debian's archive (its runtime is on PyPI as ``impi-rt``, which could make one).
+real node's containerd (hack/realnode.py).
 
-Usage: hack/images.py build [openmpi|mpich|pause ...]   (default: all)
+``mpijob.local/pytorch-benchmark:openmpi`` is the training image (hack/pytorch_image.py).
+
+Usage: hack/images.py build [openmpi|openmpi4|mpich|intel|pytorch|pause ...]   (default: all)
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ HACK = Path(__file__).resolve().parent
 # Debian release per flavour. MPICH comes from trixie (4.2): bookworm's 4.0 on UCX now and then
 # hung in MPI_Finalize when ranks sat in two pods of one node (one rank spun waiting for a reply
 # that the other, already blocked in the process manager's barrier, never read).
-SUITES = {"openmpi": "bookworm", "mpich": "trixie"}
+SUITES = {"openmpi": "trixie", "openmpi4": "bookworm", "mpich": "trixie", "intel": "trixie"}
 REPO = "docker.io/mpioperator/mpi-pi"
 PAUSE = "mpijob.local/pause:1"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -44,8 +49,18 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # compiled.
 FLAVOURS: dict[str, dict[str, list[str]]] = {
     "openmpi": {"runtime": ["openmpi-bin"], "build": ["libopenmpi-dev"]},
+    "openmpi4": {"runtime": ["openmpi-bin"], "build": ["libopenmpi-dev"]},
     "mpich": {"runtime": ["mpich"], "build": ["libmpich-dev"]},
+    # Intel MPI comes from PyPI's wheels (intel_mpi_tree), copied in by a hook.
+    "intel": {"runtime": [], "build": []},
 }
+# Intel MPI's PyPI release (hack/versions.env: INTEL_MPI_VERSION) and where the image has it.
+INTEL_MPI_ROOT = "/opt/intel/mpi"
+# What pi and Hydra use of the wheels: the launcher, its proxies, the MPI and libfabric libraries
+# with their providers, the compiler wrappers and headers. Not the benchmarks (IMB-*), Java,
+# Fortran modules, conda scripts or GPU kernels, which only make the image larger.
+INTEL_MPI_KEEP = ("bin/", "lib/", "include/")
+INTEL_MPI_DROP = ("bin/IMB-", "bin/libfabric/", "bin/mpitune", "lib/libmpijava", "include/mpi/")
 COMMON_RUNTIME = ["openssh-server", "openssh-client", "ca-certificates"]
 COMMON_BUILD = ["gcc", "libc6-dev"]
 RECIPE_FILES = [
@@ -80,15 +95,22 @@ def recipe_digest(files: list[Path], extra: str) -> str:
 def archive_path(name: str) -> Path:
     """The image's archive, named after its recipe: what it installs and runs, the files it
     copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
+    if name == "pytorch":
+        return pytorch_image.archive_path()
     if name == "pause":
         digest = recipe_digest([HACK / "pause/pause.go"], "pause")
     else:
         recipe = [a.replace(str(HACK), "hack") for a in mpi_recipe(name)]
-        digest = recipe_digest(RECIPE_FILES, json.dumps([recipe, EXTRA_DIRS, MPI_CONFIG]))
+        extra = [recipe, EXTRA_DIRS, image_config(name)]
+        if name == "intel":
+            extra.append(versions()["INTEL_MPI_VERSION"])
+        digest = recipe_digest(RECIPE_FILES, json.dumps(extra))
     return cache_dir() / f"{name}-{digest}.oci.tar"
 
 
 def reference(name: str) -> str:
+    if name == "pytorch":
+        return pytorch_image.REFERENCE
     return PAUSE if name == "pause" else f"{REPO}:{name}"
 
 
@@ -193,6 +215,70 @@ MPI_CONFIG = {
     "Cmd": ["/bin/bash"],
     "WorkingDir": "/home/mpiuser",
 }
+# Intel MPI's environment, as its own mpivars script sets it, with libfabric's TCP provider:
+# ranks in separate pods share no memory or fabric device, only the pod network. Hydra hands the
+# launcher's environment to every rank; the workers' sshd only needs to find the proxies, which
+# are linked into /usr/local/bin.
+INTEL_ENV = [
+    f"I_MPI_ROOT={INTEL_MPI_ROOT}",
+    f"FI_PROVIDER_PATH={INTEL_MPI_ROOT}/lib",
+    "FI_PROVIDER=tcp",
+]
+
+
+def versions() -> dict[str, str]:
+    """hack/versions.env's pins."""
+    pins = {}
+    for line in (HACK / "versions.env").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            pins[key.strip()] = value.strip()
+    return pins
+
+
+def image_config(name: str) -> dict[str, object]:
+    if name != "intel":
+        return MPI_CONFIG
+    env = [f"PATH={INTEL_MPI_ROOT}/bin:{PATH_ENV.removeprefix('PATH=')}", *INTEL_ENV]
+    return {**MPI_CONFIG, "Env": env}
+
+
+def intel_mpi_tree(dest: Path) -> None:
+    """Intel MPI's runtime and development wheels from PyPI, unpacked into ``dest`` as the
+    prefix they install to. Wheels cannot hold symlinks, so each library comes as several
+    identical files (libmpi.so, .so.12, .so.12.0, ...); the copies become links to one."""
+    import zipfile
+
+    version = versions()["INTEL_MPI_VERSION"]
+    with tempfile.TemporaryDirectory(prefix="impi-wheels-") as wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--dest", wheels,
+             f"impi-rt=={version}", f"impi-devel=={version}"],
+            check=True,
+        )  # fmt: skip
+        for wheel in sorted(Path(wheels).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as z:
+                for info in z.infolist():
+                    _, sep, rel = info.filename.partition(".data/data/")
+                    if not sep or info.is_dir() or not rel.startswith(INTEL_MPI_KEEP):
+                        continue
+                    if rel.startswith(INTEL_MPI_DROP):
+                        continue
+                    target = dest / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(info))
+                    # The wheel keeps the Unix mode in the upper half of external_attr.
+                    target.chmod((info.external_attr >> 16) & 0o777 or 0o644)
+    by_content: dict[bytes, list[Path]] = {}
+    for f in sorted((dest / "lib").rglob("*.so*")):
+        by_content.setdefault(hashlib.sha256(f.read_bytes()).digest(), []).append(f)
+    for same in by_content.values():
+        keep = max(same, key=lambda f: len(f.name))
+        for f in same:
+            if f != keep and f.parent == keep.parent:
+                f.unlink()
+                f.symlink_to(keep.name)
 
 
 def mpi_recipe(name: str) -> list[str]:
@@ -207,6 +293,19 @@ def mpi_recipe(name: str) -> list[str]:
         '    Port 2222\\n\' >> "$1/etc/ssh/ssh_config"'
     )
     sshd = "printf 'Port 2222\\nStrictModes no\\n' > \"$1/etc/ssh/sshd_config.d/mpi.conf\""
+    mpicc = 'chroot "$1" mpicc'
+    intel = []
+    if name == "intel":
+        root = INTEL_MPI_ROOT
+        # The tree comes from intel_mpi_tree through the environment, so the recipe (and the
+        # archive's name) does not depend on where the cache is.
+        intel = [
+            f'mkdir -p "$1{root}" && cp -a "$INTEL_MPI_TREE"/. "$1{root}/"',
+            f'echo {root}/lib > "$1/etc/ld.so.conf.d/intel-mpi.conf" && chroot "$1" ldconfig',
+            f'for b in "$1{root}"/bin/*; do '
+            f'ln -s "{root}/bin/${{b##*/}}" "$1/usr/local/bin/"; done',
+        ]
+        mpicc = f'chroot "$1" env I_MPI_ROOT={root} {root}/bin/mpicc'
     hooks = [
         f'mkdir -p "$1/tmp/recipe" && cp {files} "$1/tmp/recipe/"',
         'chroot "$1" useradd --create-home --uid 1000 --shell /bin/bash mpiuser',
@@ -215,7 +314,8 @@ def mpi_recipe(name: str) -> list[str]:
         'install -m 0644 -o 1000 -g 1000 "$1/tmp/recipe/sshd_config" '
         '"$1/home/mpiuser/.sshd_config"',
         'install -m 0755 "$1/tmp/recipe/entrypoint.sh" "$1/entrypoint.sh"',
-        'chroot "$1" mpicc -O2 -o /home/mpiuser/pi /tmp/recipe/pi.c',
+        *intel,
+        f"{mpicc} -O2 -o /home/mpiuser/pi /tmp/recipe/pi.c",
         'chown 1000:1000 "$1/home/mpiuser/pi"',
         f'chroot "$1" apt-get purge -y -qq --auto-remove {" ".join(build)} >/dev/null',
         'rm -rf "$1/tmp/recipe" "$1/var/cache/apt/archives"/*.deb "$1/usr/share/doc" '
@@ -234,6 +334,13 @@ def mpi_recipe(name: str) -> list[str]:
 
 
 def build_mpi(name: str, dest: Path) -> None:
+    build_rootfs(name, mpi_recipe(name), reference(name), image_config(name), dest)
+
+
+def build_rootfs(
+    name: str, recipe: list[str], ref: str, config: dict[str, object], dest: Path
+) -> None:
+    """The image ``ref`` from mmdebstrap's ``recipe`` (its arguments up to the output path)."""
     if not shutil.which("mmdebstrap"):
         raise die(
             "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
@@ -243,14 +350,19 @@ def build_mpi(name: str, dest: Path) -> None:
         raise die("building the MPI images needs root (mmdebstrap --mode=root)")
     with tempfile.TemporaryDirectory(prefix="mpi-pi-", dir=dest.parent) as tmp:
         layer = Path(tmp) / "rootfs.tar"
-        result = subprocess.run([*mpi_recipe(name), str(layer)], check=False)
+        env = dict(os.environ)
+        if name == "intel":
+            tree = Path(tmp) / "intel-mpi"
+            intel_mpi_tree(tree)
+            env["INTEL_MPI_TREE"] = str(tree)
+        result = subprocess.run([*recipe, str(layer)], env=env, check=False)
         if result.returncode != 0:
             raise die(
-                f"mmdebstrap failed for {reference(name)} (exit {result.returncode}); it needs "
+                f"mmdebstrap failed for {ref} (exit {result.returncode}); it needs "
                 "Debian's archive (apt's sources) reachable"
             )
         add_dirs(layer, EXTRA_DIRS)
-        write_oci(layer, reference(name), MPI_CONFIG, dest)
+        write_oci(layer, ref, config, dest)
 
 
 def build_pause(dest: Path) -> None:
@@ -285,6 +397,8 @@ def ensure(name: str) -> Path:
     say(f"building {reference(name)} (recipe {dest.name})")
     if name == "pause":
         build_pause(dest)
+    elif name == "pytorch":
+        pytorch_image.build(dest)
     else:
         build_mpi(name, dest)
     for old in dest.parent.glob(f"{name}-*.oci.tar"):
@@ -297,7 +411,10 @@ def ensure(name: str) -> Path:
     return dest
 
 
-ALL = ("pause", "openmpi", "mpich")
+ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel", "pytorch")
+
+# The training image (hack/pytorch_image.py) builds on this module's recipes; imported last.
+import pytorch_image  # noqa: E402
 
 
 def main() -> int:

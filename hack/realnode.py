@@ -1,6 +1,6 @@
 """Real nodes of the local cluster: a kubelet, containerd and runc running real containers.
 
-Beside the kwok GPU nodes, ``hack/cluster.py up --real-nodes N`` (env ``REAL_NODES``, default 1,
+Beside the kwok GPU nodes, ``hack/cluster.py up --real-nodes N`` (env ``REAL_NODES``, default 2,
 0 for none) starts N nodes ``real-node-<i>``, each a kubelet (the control plane's Kubernetes
 version, built by hack/build-bins.sh) over its own containerd (Debian's 1.6 package, which serves
 the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of them:

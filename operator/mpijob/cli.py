@@ -155,6 +155,17 @@ def main(ctx: click.Context) -> None:
     "bounds the ring of a job spread over nodes.",
 )
 @click.option(
+    "--fabric",
+    default=DEFAULTS.fabric,
+    metavar="NAME|FILE",
+    help="The fabric between nodes, read from node labels: a shipped one (nvl72, "
+    "hgx-h100-rail, dgx1-v100) or a YAML/JSON file of levels {levels: [{name, nodeLabel, "
+    "gbps}], outsideGbps}. Jobs are then placed for their ring across NVLink cliques, leaves "
+    f"and blocks, honour {keys.FABRIC_REQUIRED_LEVEL} / {keys.FABRIC_PREFERRED_LEVEL}, and a "
+    "job on several nodes of one NVLink clique gets a ComputeDomain. Empty: one "
+    "--inter-node-bandwidth.",
+)
+@click.option(
     "--fractional-gpus/--no-fractional-gpus",
     default=DEFAULTS.fractional_gpus,
     show_default=True,

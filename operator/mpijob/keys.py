@@ -112,6 +112,25 @@ GPU_IDS: Final = PREFIX + "gpu-ids"
 GPU_UUIDS: Final = PREFIX + "gpu-uuids"
 #: On a placed worker pod: the job's ring bottleneck bandwidth, GB/s per direction.
 RING_BANDWIDTH: Final = PREFIX + "ring-bandwidth"
+#: On an MPIJob: a fabric level (``clique``, ``leaf``, ... or ``node``) one domain of which must
+#: hold all the job's workers; the job waits, saying why, until one has room.
+FABRIC_REQUIRED_LEVEL: Final = PREFIX + "fabric-required-level"
+#: On an MPIJob: a fabric level one domain of which should hold the job; when none has room the
+#: job spans domains and its placement says which level it could not keep.
+FABRIC_PREFERRED_LEVEL: Final = PREFIX + "fabric-preferred-level"
+# --- Multi-node NVLink: ComputeDomains of NVIDIA's DRA driver ------------------------------
+#: A job placed on several nodes of one NVLink clique gets a ComputeDomain (IMEX daemons and
+#: channels, run by the driver), owned by the MPIJob; its workers claim a channel through the
+#: ResourceClaimTemplate the driver creates for it.
+COMPUTE_DOMAIN_API_VERSION: Final = "resource.nvidia.com/v1beta1"
+COMPUTE_DOMAIN_KIND: Final = "ComputeDomain"
+COMPUTE_DOMAIN_PLURAL: Final = "computedomains"
+#: ``<job>-compute-domain``; its channel ResourceClaimTemplate ``<job>-compute-domain-channel``.
+COMPUTE_DOMAIN_SUFFIX: Final = "-compute-domain"
+CHANNEL_TEMPLATE_SUFFIX: Final = "-channel"
+#: The channel's entry in a worker's ``spec.resourceClaims`` and its containers' claims.
+CHANNEL_CLAIM: Final = "mpijob-imex-channel"
+
 # --- Placement decisions: the operator's own record (crds/mpijob.io_placementdecisions.yaml) ---
 #: A PlacementDecision lives in its MPIJob's namespace under the job's name. Only the operator
 #: writes it (the user roles grant no write), so placement believes it; annotations a user can
@@ -161,9 +180,16 @@ REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"
 #: took one between the decision and the binding); the job's pods, claims and decision are
 #: removed and it is placed anew.
 REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
+#: Warning Event and ``GangAdmitted=False`` reason: a node of the job's placement was deleted, or
+#: a worker on a node that is not Ready or was cordoned is gone; the job's workers and decision
+#: are removed and it is placed anew on healthy GPUs.
+REASON_NODE_LOST: Final = "PlacementNodeLost"
 #: Normal Event once per admission (annotations binding): the operator chose the GPUs, but the
 #: device plugin picks the ones each container gets.
 REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"
+#: ``GangAdmitted=False`` and a Warning Event: the job's GPUs would take its namespace past a
+#: ResourceQuota (the message names it); it waits, holding nothing and blocking no one else.
+REASON_GPU_QUOTA_EXCEEDED: Final = "GPUQuotaExceeded"
 
 # --- Binding placed GPUs to the pod (DRA) ----------------------------------------------------
 #: The DRA API group version that can pin exact devices (GA and served by default since 1.34).
@@ -185,6 +211,13 @@ GPU_ACTUAL: Final = PREFIX + "gpu-actual"
 REASON_PLACEMENT_NOT_HONOURED: Final = "PlacementNotHonoured"
 #: Event source component of the node agent.
 AGENT_COMPONENT: Final = "mpijob-agent"
+
+# --- Namespaces' GPU quotas (ResourceQuota resource names) -----------------------------------
+#: What the API server charges for a pod's ``nvidia.com/gpu`` requests (an extended resource is
+#: quota'd only under the ``requests.`` prefix).
+QUOTA_GPU_REQUESTS: Final = "requests." + GPU_RESOURCE
+#: What it charges for the devices a ResourceClaim asks of NVIDIA's GPU DeviceClass.
+QUOTA_GPU_CLAIM_DEVICES: Final = NVIDIA_GPU_DRIVER + ".deviceclass.resource.k8s.io/devices"
 
 # --- Fractional GPUs (shares of one GPU, limited by CUDA MPS) --------------------------------
 #: Extended resources a pod asks for in a container's limits, and a node advertises (kept as

@@ -60,6 +60,11 @@ class OperatorSettings:
     inter_node_gbps: float = 12.5
     """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
 
+    fabric: str = ""
+    """The fabric between nodes: a shipped one by name (``nvl72``, ``hgx-h100-rail``,
+    ``dgx1-v100``) or a YAML/JSON file of levels (docs/placement-fabric.md); empty: none, every
+    inter-node hop at ``inter_node_gbps``."""
+
     fractional_gpus: bool = False
     """Place and limit GPU shares (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-core.percentage``)
     of any pod at creation, through admission webhooks this process serves."""

@@ -364,7 +364,8 @@ def test_active_deadline_fails_the_job_with_deadline_exceeded(
 def test_ttl_after_finished_deletes_the_launcher_job_only(
     crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
 ) -> None:
-    """ttlSecondsAfterFinished applies to the launcher Job (upstream #644): the MPIJob stays."""
+    """ttlSecondsAfterFinished applies to the launcher Job (upstream #644): the MPIJob stays.
+    The operator deletes the Job itself, once the status records the end."""
     mpijobs.create(
         mpijob(
             "ttl",
@@ -377,7 +378,7 @@ def test_ttl_after_finished_deletes_the_launcher_job_only(
     wait_until(
         lambda: not crds.batch.list_namespaced_job(namespace).items,
         timeout=90,
-        what="the TTL controller deleting the launcher Job",
+        what="the operator deleting the launcher Job after its TTL",
     )
     assert mpijobs.condition("ttl", "Succeeded")["status"] == "True"
 

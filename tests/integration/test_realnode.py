@@ -20,7 +20,14 @@ from mpijob import keys
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
-from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
+from support.realnode import (
+    ROLE,
+    exit_codes,
+    launcher_log,
+    on_real_node,
+    pods,
+    ready_real_node,
+)
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
@@ -79,6 +86,47 @@ def test_pi_with_openmpi_as_non_root(
     log = run_to_success(crds, mpijobs, namespace, on_real_node(example("pi.yaml")))
     assert_pi_ran_on_all_hosts(log, ["pi-worker-0", "pi-worker-1"])
     assert mpijob_logs(crds, namespace, "pi") == log
+
+
+def with_image(body: dict[str, Any], image: str, name: str) -> dict[str, Any]:
+    """``body`` under another name, every container on ``image``, and the launcher printing its
+    MPI's version before it runs its command (so the log proves which MPI ran)."""
+    body["metadata"]["name"] = name
+    for spec in body["spec"]["mpiReplicaSpecs"].values():
+        for c in spec["template"]["spec"]["containers"]:
+            c["image"] = image
+    launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    argv = [*(launcher.pop("command", None) or []), *(launcher.pop("args", None) or [])]
+    launcher["args"] = ["sh", "-c", 'mpirun --version && exec "$@"', "sh", *argv]
+    return body
+
+
+# One rank on each worker, never on the launcher: Open MPI 5's mpirun (PRRTE) ignores the
+# ORTE-era variables and would run both ranks on the launcher, and the job would still succeed.
+@pytest.mark.parametrize(
+    ("example_file", "image", "version"),
+    [
+        ("pi.yaml", "mpioperator/mpi-pi:openmpi", "mpirun (Open MPI) 5."),
+        ("pi.yaml", "mpioperator/mpi-pi:openmpi4", "mpirun (Open MPI) 4.1."),
+        ("pi-intel.yaml", "mpioperator/mpi-pi:intel", "Intel(R) MPI Library"),
+    ],
+    ids=["openmpi5", "openmpi4", "intel"],
+)
+@pytest.mark.usefixtures("real_node")
+def test_pi_runs_one_rank_on_each_worker(
+    crds: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    mpijobs: MPIJobs,
+    example_file: str,
+    image: str,
+    version: str,
+) -> None:
+    name = "pi-" + image.rsplit(":", 1)[1]
+    body = with_image(example(example_file), image, name)
+    log = run_to_success(crds, mpijobs, namespace, on_real_node(body))
+    assert version in log, log
+    assert_pi_ran_on_all_hosts(log, [f"{name}-worker-0", f"{name}-worker-1"])
 
 
 @pytest.mark.usefixtures("real_node")
@@ -265,7 +313,10 @@ def test_a_plain_pod_from_a_locally_built_image_runs_and_its_log_is_readable(
         what="the pod to finish",
     )
     assert pod.status.phase == "Succeeded", pod.status
-    assert pod.spec.node_name == real_node
+    # With more than one real node (REAL_NODES=2, the default) the scheduler picks any of them.
+    real_nodes = {n.metadata.name for n in crds.core.list_node(label_selector=f"{ROLE}=true").items}
+    assert real_node in real_nodes
+    assert pod.spec.node_name in real_nodes, pod.spec.node_name
     assert exit_codes(pod) == [0]
     log = crds.kubectl("logs", "hello", "-n", namespace)
     assert "hello from hello" in log, log

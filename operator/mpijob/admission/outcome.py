@@ -9,6 +9,9 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
   A Normal Event ``GangAdmitted`` says so once.
 * ``GangAdmitted=False``, reason ``PlacementNotRecorded``, and a Warning Event: the job fits but
   the API server refused its decision (the message quotes it, naming the field and limit).
+* ``GangAdmitted=False``, reason ``GPUQuotaExceeded``, and a Warning Event: the job's GPUs would
+  take its namespace past a ResourceQuota (the message names the quota, its limit, what is in
+  use and what the job needs); see :mod:`mpijob.admission.quota`.
 * On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).
@@ -41,6 +44,12 @@ def outcome(decision: Decision[Any], *, now: datetime) -> AdmissionOutcome:
         )
     if isinstance(decision, Wait) and decision.refused:
         reason = keys.REASON_DECISION_REFUSED
+        return AdmissionOutcome(
+            [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
+            events.warning(reason, decision.message),
+        )
+    if isinstance(decision, Wait) and decision.over_quota:
+        reason = keys.REASON_GPU_QUOTA_EXCEEDED
         return AdmissionOutcome(
             [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
             events.warning(reason, decision.message),

@@ -16,10 +16,12 @@ that running jobs release therefore accumulates for the first job in line until 
 big job cannot be overtaken forever by a stream of small ones: it is overtaken only by jobs of
 higher priority (which is what priority means), never by later or equal-priority ones. Pools
 (``WaitingJob.pool``) let jobs that can never compete for the same nodes, such as jobs with
-disjoint node selectors, proceed independently; when in doubt a caller uses one pool. Two
+disjoint node selectors, proceed independently; when in doubt a caller uses one pool. Three
 exceptions keep a blocked head from holding a pool forever: a job that would not fit even on an
-empty pool (``fits_when_empty=False``) waits without blocking anyone, and a job past its
-deadline times out and leaves the line. We chose this over backfilling small jobs around the
+empty pool (``fits_when_empty=False``) waits without blocking anyone, so does a job its
+namespace's ResourceQuota has no room for (``try_place`` returns :class:`OverQuota`: one
+namespace's quota never stalls another's jobs), and a job past its deadline times out and
+leaves the line. We chose this over backfilling small jobs around the
 head, because backfilling without knowing when running jobs end cannot promise the head a start.
 
 **Placement stays outside.** The caller passes ``try_place(job, granted)``, which returns a
@@ -96,6 +98,9 @@ class Wait:
     """The job ahead of it in its pool that does not fit yet, when that is the reason."""
     refused: bool = False
     """It fits, but its decision could not be recorded: only its owner can fix that."""
+    over_quota: bool = False
+    """Its GPUs would take its namespace past a ResourceQuota: only its namespace's own jobs
+    finishing (or an admin) can change that, so it holds no pool."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,14 @@ class TimedOut:
 
 
 Decision = Admit[P] | Wait | TimedOut
+
+
+@dataclass(frozen=True)
+class OverQuota:
+    """What ``try_place`` returns for a job its namespace's quota has no room for: it waits
+    without blocking its pool, since the GPUs it cannot use may serve another namespace."""
+
+    reason: str
 
 
 def waiting_job(
@@ -143,7 +156,7 @@ def admission_order(waiting: Iterable[WaitingJob]) -> list[WaitingJob]:
 
 def decide(
     waiting: Iterable[WaitingJob],
-    try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit],
+    try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit | OverQuota],
     *,
     now: datetime,
 ) -> list[Decision[P]]:
@@ -158,6 +171,9 @@ def decide(
             decisions.append(_unplaced(job, message, now, behind=head))
             continue
         result = try_place(job, tuple(granted))
+        if isinstance(result, OverQuota):
+            decisions.append(_unplaced(job, result.reason, now, over_quota=True))
+            continue
         if isinstance(result, NoFit):
             decision = _unplaced(job, result.reason, now)
             if isinstance(decision, Wait) and job.fits_when_empty:
@@ -170,7 +186,12 @@ def decide(
 
 
 def _unplaced(
-    job: WaitingJob, message: str, now: datetime, behind: WaitingJob | None = None
+    job: WaitingJob,
+    message: str,
+    now: datetime,
+    behind: WaitingJob | None = None,
+    *,
+    over_quota: bool = False,
 ) -> Wait | TimedOut:
     if job.deadline is not None and now >= job.deadline:
         seconds = int((job.deadline - job.created).total_seconds())
@@ -179,4 +200,4 @@ def _unplaced(
             f"MPIJob {job.key} was not admitted within scheduleTimeoutSeconds={seconds} "
             f"of its creation: {message}",
         )
-    return Wait(job, message, behind)
+    return Wait(job, message, behind, over_quota=over_quota)

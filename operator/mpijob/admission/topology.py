@@ -12,7 +12,10 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 - which opted-in nodes exist and which of their GPUs are taken (:func:`holdings`,
   :func:`node_states`): by decisions, and by the GPU requests of bound, unfinished pods that
   no decision placed (terminating ones included), never by annotations a pod carries;
-- the per-pod annotations and node of each worker (:func:`pod_placements`).
+- the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
+  of its ComputeDomain when the job spans nodes of one NVLink clique;
+- each node's place in the fabric, from its labels (:func:`locations`);
+- whether a node under a placed job was lost (:func:`lost_nodes`).
 
 Called by :mod:`mpijob.handlers.admission` and the reconciler.
 """
@@ -28,9 +31,10 @@ from mpijob import keys
 from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
-from mpijob.desired import names
+from mpijob.desired import compute_domain, names
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
+from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -144,9 +148,11 @@ class Decision:
     assignments: tuple[WorkerAssignment, ...]
     ring_gbps: float
     summary: str = ""
+    compute_domain: str = ""
+    """The job's ComputeDomain, when it spans nodes of one NVLink clique; empty otherwise."""
 
 
-def decision_object(job: MPIJob, placement: Placement) -> JSON:
+def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = "") -> JSON:
     """The PlacementDecision recording ``placement`` for ``job``: in the job's namespace, under
     its name. No owner reference: the operator deletes it itself, once the job's pods are gone
     (garbage collection would delete it while they still hold their GPUs)."""
@@ -163,6 +169,7 @@ def decision_object(job: MPIJob, placement: Placement) -> JSON:
             "ringGBps": placement.ring_gbps,
             "summary": placement.summary,
             "workers": [{"node": a.node, "gpus": list(a.gpus)} for a in placement.assignments],
+            **({"computeDomain": compute_domain} if compute_domain else {}),
         },
     }
 
@@ -183,6 +190,7 @@ def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
             assignments,
             float(spec.get("ringGBps") or 0.0),
             str(spec.get("summary") or ""),
+            str(spec.get("computeDomain") or ""),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -202,6 +210,11 @@ def load_decision(job: MPIJob, body: Mapping[str, Any] | None) -> Decision | Non
 def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[PodPlacement]:
     """Per worker: its node, and the annotations that tell the device layer its GPUs."""
     out = []
+    channel = (
+        compute_domain.channel_template(decision.compute_domain)
+        if decision.compute_domain
+        else None
+    )
     for assignment in decision.assignments:
         annotations = {
             keys.GPU_IDS: ",".join(str(g) for g in assignment.gpus),
@@ -211,7 +224,16 @@ def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[P
         uuids = node.topology.uuids_of(assignment.gpus) if node is not None else None
         if uuids:
             annotations[keys.GPU_UUIDS] = ",".join(uuids)
-        out.append(PodPlacement(assignment.node, annotations))
+        out.append(PodPlacement(assignment.node, annotations, channel))
+    return out
+
+
+def locations(nodes: Iterable[Mapping[str, Any]], fabric: Fabric) -> dict[str, Location]:
+    """Each node's domains in the fabric, read from its labels."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        out[str(meta.get("name"))] = fabric.location(meta.get("labels") or {})
     return out
 
 
@@ -223,6 +245,54 @@ def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str
     if running and job is not None and job.metadata.uid == decision_uid:
         return False
     return not any(names.is_controlled_by(p, decision_uid) and not _finished(p) for p in pods)
+
+
+def lost_nodes(
+    decision: Decision,
+    job: MPIJob,
+    nodes: Mapping[str, Mapping[str, Any] | None],
+    pods: Iterable[Mapping[str, Any]],
+) -> str:
+    """Why a placed job must be placed anew because of its nodes; empty while it need not.
+
+    ``nodes`` maps each node of the decision to the Node, or None once it was deleted. A deleted
+    node has lost its workers: nothing runs there any more, and its GPUs must not stay reserved.
+    A node that is not Ready, was cordoned (drained) or left the topology pool keeps the job's
+    worker while that worker lives (the node may come back; the cluster decides evictions), and
+    loses it once the worker is gone, terminating or failed: a worker recreated there would
+    wait for good, pinned to a node placement no longer offers.
+    """
+    workers = {
+        str((p.get("metadata") or {}).get("name")): p
+        for p in pods
+        if names.is_controlled_by(p, job.metadata.uid)
+    }
+    found = []
+    for index, assignment in enumerate(decision.assignments):
+        node = nodes.get(assignment.node)
+        worker = workers.get(names.worker_name(job, index))
+        alive = worker is not None and not _finished(worker) and not _terminating(worker)
+        if node is not None and (opted_in(node) or alive):
+            continue
+        found.append(f"node {assignment.node} {_unusable(node)}")
+    if not found:
+        return ""
+    return f"{'; '.join(sorted(set(found)))}: its workers are removed and the job placed anew"
+
+
+def _unusable(node: Mapping[str, Any] | None) -> str:
+    if node is None:
+        return "was deleted"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "was cordoned and its worker is gone"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
+        return "left the topology pool and its worker is gone"
+    return "is not Ready and its worker is gone"
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 #: How long a placed worker's pod may stay unschedulable with its claim unallocated before the
@@ -308,6 +378,12 @@ class Snapshot:
     """Node -> NVIDIA GPU devices (``gpu-<minor>``) allocated to any ResourceClaim (dra mode)."""
     slices: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node -> device name -> GPU UUID, from the NVIDIA driver's ResourceSlices (dra mode)."""
+    quotas: dict[str, list[JSON]] = field(default_factory=dict)
+    """Namespace -> its ResourceQuotas that limit GPUs (:mod:`mpijob.admission.quota`)."""
+    claims: dict[JobKey, list[JSON]] = field(default_factory=dict)
+    """Job key -> the ResourceClaims a job of that name controls (dra mode)."""
+    claims_as_gpus: bool = False
+    """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
 
 
 @dataclass

@@ -146,10 +146,14 @@ def submit_command(
 ) -> None:
     """Create an MPIJob running COMMAND under mpirun, one rank per GPU (or per worker).
 
+    A COMMAND that is already mpirun (quoted as one argument or not) is run as it is. Arena's
+    form `submit mpijob ...` (or `submit mpi ...`) is accepted: the job type comes first.
+
     \b
     mpijob submit --name vgg16 --workers 4 --gpus 1 --gang --gputopology \\
         --image horovod/horovod -- python pytorch_synthetic_benchmark.py --model vgg16
     """
+    command = submit.without_job_type(command)
 
     def action() -> None:
         try:
@@ -161,6 +165,8 @@ def submit_command(
         )
         manifest = submit.build_mpijob(options)
         out = make_console()
+        if note := submit.gang_note(options):
+            make_console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False)
         if dry_run:
             out.out(submit.to_yaml(manifest), end="", highlight=False)
             return
@@ -194,8 +200,15 @@ def wait_for_job(api: Api, name: str, timeout: float, out: Console) -> None:
 
 @main.command()
 @click.argument("name")
+@click.option(
+    "--type",
+    "-T",
+    "job_type",
+    metavar="TYPE",
+    help="Arena's job type; only mpijob (or mpi) is known here.",
+)
 @cluster_options
-def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
+def get(name: str, namespace: str | None, kubeconfig: str | None, job_type: str | None) -> None:
     """Show one MPIJob and its instances (pods, GPUs, nodes).
 
     GPUs is what the job's spec requests, so a finished job whose pods are gone still shows it;
@@ -204,6 +217,10 @@ def get(name: str, namespace: str | None, kubeconfig: str | None) -> None:
     containers hold, when that differs) appear when some worker has them; a set that is not
     the chosen GPU(IDs) ends in "!".
     """
+    if job_type is not None and job_type.lower() not in submit.JOB_TYPES:
+        raise click.BadParameter(
+            f"{job_type!r}: this command knows MPIJobs only (mpijob or mpi)", param_hint="--type"
+        )
 
     def action() -> None:
         api = Api(kubeconfig, namespace)

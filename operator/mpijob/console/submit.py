@@ -6,6 +6,7 @@ applies unchanged to upstream's CRD; only ``--gputopology`` adds our annotation.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,15 +61,31 @@ def slots_per_worker(options: SubmitOptions) -> int:
     return max(options.gpus, 1)
 
 
+#: Characters that make a quoted command the shell's to read: it runs through ``sh -c`` as typed.
+SHELL_SYNTAX = frozenset("$`\\|&;<>()*?[]{}~!#\n")
+
+
 def launcher_command(options: SubmitOptions) -> list[str]:
-    """The launcher's command: the user's, under ``mpirun`` with one rank per slot."""
+    """The launcher's command: the user's, under ``mpirun`` with one rank per slot. A command
+    that is already ``mpirun ...`` (as words, or quoted as one string as arena's users type it)
+    is the launcher's command as it is: wrapping it would start mpirun under mpirun."""
     command = list(options.command)
-    if command and command[0] == "mpirun":
-        return command
     if len(command) == 1 and " " in command[0]:
+        try:
+            words = shlex.split(command[0])
+        except ValueError:  # unbalanced quotes: the shell says what is wrong
+            words = []
+        if _is_mpirun(words[:1]):
+            return words if SHELL_SYNTAX.isdisjoint(command[0]) else ["sh", "-c", command[0]]
         command = ["sh", "-c", command[0]]
+    if _is_mpirun(command[:1]):
+        return command
     ranks = options.workers * slots_per_worker(options)
     return ["mpirun", "-np", str(ranks), *MPIRUN_OPTIONS[options.implementation], *command]
+
+
+def _is_mpirun(first: list[str]) -> bool:
+    return bool(first) and first[0].rsplit("/", 1)[-1] in ("mpirun", "mpiexec")
 
 
 def build_mpijob(options: SubmitOptions) -> dict[str, Any]:
@@ -113,6 +130,29 @@ def _replica(replicas: int, container: dict[str, Any], annotations: Mapping[str,
     if annotations:
         template["metadata"] = {"annotations": dict(annotations)}
     return {"replicas": replicas, "template": template}
+
+
+#: Arena's names of the MPIJob type (``arena submit mpijob``, ``arena get --type mpi``).
+JOB_TYPES = ("mpijob", "mpi")
+
+
+def without_job_type(command: Sequence[str]) -> tuple[str, ...]:
+    """The command without arena's job type in front (``submit mpijob --name ... CMD``)."""
+    if len(command) > 1 and command[0].lower() in JOB_TYPES:
+        return tuple(command[1:])
+    return tuple(command)
+
+
+def gang_note(options: SubmitOptions) -> str | None:
+    """What ``--gang`` does for this job where that may be nothing."""
+    if not options.gang or options.gputopology:
+        return None
+    return (
+        f"--gang sets schedulingPolicy.minAvailable={options.workers + 1}; it takes effect "
+        "only where the operator runs a gang scheduler (--gang-scheduling: Volcano or "
+        "scheduler-plugins). Without one, all-or-nothing admission is the operator's own and "
+        "applies to --gputopology jobs; this job's pods are scheduled one by one"
+    )
 
 
 def parse_pairs(values: Sequence[str]) -> dict[str, str]:

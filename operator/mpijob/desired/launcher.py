@@ -1,8 +1,10 @@
 """The launcher: a batch/v1 Job ``<job>-launcher`` whose pod runs ``mpirun``.
 
-Retries, deadline and TTL are the Job controller's, copied from ``runPolicy``. Called by the
-reconcile loop when the launcher is missing; :func:`sync_scheduling_directives` serves the
-resume path, where Kueue may have changed where the launcher may run.
+Retries and deadline are the Job controller's, copied from ``runPolicy``; the TTL is not: the
+operator deletes a finished job's launcher Job itself once the MPIJob's status records the end
+(:mod:`mpijob.desired.sync`), so the Job controller never deletes it before its outcome is read.
+Called by the reconcile loop when the launcher is missing; :func:`sync_scheduling_directives`
+serves the resume path, where Kueue may have changed where the launcher may run.
 """
 
 from __future__ import annotations
@@ -30,11 +32,22 @@ def implementation_env(job: MPIJob) -> list[dict[str, str]]:
     env = template.env_var
     implementation = job.spec.mpi_implementation
     if implementation == keys.IMPL_OPENMPI:
+        # Open MPI 4's mpirun is ORTE's and reads the OMPI_MCA_orte_* names. Open MPI 5's is
+        # PRRTE's, which since 3.0.7 reads only PRTE_MCA_* (it translates the ORTE names only
+        # under --personality ompi): without these it finds no hostfile and runs every rank on
+        # the launcher, and the job still succeeds. Each runtime ignores the other's names.
+        # PRRTE keeps FQDNs off: it ssh-es to the hostfile's names either way, but it knows its
+        # own host only by the short name, so a launcher that is also a worker (its FQDN in the
+        # hostfile) would ssh to itself, where no sshd runs.
         return [
             env("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
             env("OMPI_MCA_orte_default_hostfile", HOSTFILE_PATH),
             env("OMPI_MCA_plm_rsh_args", _SSH_RETRIES),
             env("OMPI_MCA_orte_set_default_slots", slots),
+            env("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
+            env("PRTE_MCA_prte_default_hostfile", HOSTFILE_PATH),
+            env("PRTE_MCA_plm_ssh_args", _SSH_RETRIES),
+            env("PRTE_MCA_prte_set_default_slots", slots),
         ]
     if implementation == keys.IMPL_INTEL:
         return [
@@ -91,7 +104,6 @@ def build_launcher_job(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
     policy = job.spec.run_policy
     spec: dict[str, Any] = {}
     for field, value in (
-        ("ttlSecondsAfterFinished", policy.ttl_seconds_after_finished),
         ("activeDeadlineSeconds", policy.active_deadline_seconds),
         ("backoffLimit", policy.backoff_limit),
     ):

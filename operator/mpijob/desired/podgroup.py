@@ -174,6 +174,23 @@ def pod_group_needs_update(existing: Mapping[str, Any], desired: Mapping[str, An
     )
 
 
+def update_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that makes the existing PodGroup's spec the desired one.
+
+    As upstream's Update replaces the whole spec, a field the desired spec leaves out is dropped,
+    and so is a resource the desired ``minResources`` no longer names: in a merge patch an
+    object merges into the existing one, so only a null removes a key. Without the inner nulls,
+    a ``schedulingPolicy.minResources`` removed from the MPIJob (recomputed as ``{}`` from
+    pods that request nothing) would leave the old, perhaps unschedulable, minimum in place.
+    """
+    old_spec = existing.get("spec") or {}
+    spec: dict[str, Any] = {**dict.fromkeys(old_spec), **desired.get("spec", {})}
+    old_resources = old_spec.get("minResources")
+    if isinstance(old_resources, Mapping) and isinstance(spec.get("minResources"), Mapping):
+        spec["minResources"] = {**dict.fromkeys(old_resources), **spec["minResources"]}
+    return {"spec": spec}
+
+
 def decorate_pod(pod: Mapping[str, Any], job_name: str, mode: GangMode) -> dict[str, Any]:
     """A copy of a pod or pod template made a member of the job's PodGroup.
 

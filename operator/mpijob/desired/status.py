@@ -155,7 +155,7 @@ def _apply_admission(status: MPIJobStatus, outcome: AdmissionOutcome, now: datet
             continue
         current = status.condition(change.type)
         if (
-            change.reason == keys.REASON_GANG_WAITING
+            change.reason in (keys.REASON_GANG_WAITING, keys.REASON_GPU_QUOTA_EXCEEDED)
             and current is not None
             and current.message != change.message
         ):

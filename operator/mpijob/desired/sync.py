@@ -14,7 +14,12 @@ Differences from upstream, on purpose (see the README's compatibility section):
   ``replica-index`` label, so ``runLauncherAsWorker`` no longer deletes and recreates the last
   worker, and a pod missing the label no longer stops the scan;
 - workers are not created until the job is admitted when our own gang admission is on;
-- in the DRA GPU binding mode, a placed worker's ResourceClaim is created just before it.
+- in the DRA GPU binding mode, a placed worker's ResourceClaim is created just before it;
+- ``runPolicy.ttlSecondsAfterFinished`` is applied here, not by the Job controller: the launcher
+  Job is deleted once the job's status records its end and the TTL has passed since
+  ``completionTime`` (upstream copies it onto the Job, whose TTL controller may delete a finished
+  launcher before its outcome is read; the next sync then finds no launcher and runs the job
+  again), and a job whose status says it finished never gets a launcher again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from datetime import datetime
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
     claims,
+    compute_domain,
     config_map,
     launcher,
     names,
@@ -61,6 +67,8 @@ class PodPlacement:
 
     node: str
     annotations: Mapping[str, str]
+    channel_template: str | None = None
+    """The job's ComputeDomain channel template, when it spans nodes of one NVLink clique."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,9 @@ class Plan:
     projected: Observed = field(default_factory=Observed)
     """The children as they will be once the actions succeed: what the status is computed
     from, as upstream computes it from the objects its creates return."""
+    requeue_after: float | None = None
+    """Seconds until the job needs another sync though nothing it watches changes (its
+    launcher Job's TTL runs out then)."""
 
 
 # --- the sync ----------------------------------------------------------------------------------
@@ -147,6 +158,8 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             out.actions += _delete_workers(job, workers)
             out.actions += _delete_claims(seen, keep=_kept(job, workers))
             out.actions += _delete_pod_group(job, seen, options)
+        expire, out.requeue_after = _launcher_ttl(job, seen.launcher_job, now)
+        out.actions += expire
         return out
 
     launcher_job = seen.launcher_job
@@ -167,7 +180,12 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             ]
             out.projected = replace(out.projected, pods=[*seen.pods, *new])
             workers = created_workers
-        if launcher_job is None and options.admitted and status.launcher_may_start(job, workers):
+        if (
+            launcher_job is None
+            and not job.status.finished  # its launcher ran; a missing one was not lost, but done
+            and options.admitted
+            and status.launcher_may_start(job, workers)
+        ):
             built, template_events = launcher.build_launcher_job(job)
             out.events += template_events
             built["spec"]["template"] = podgroup.decorate_pod(
@@ -178,12 +196,33 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
 
     if launcher_job is not None:
         out.actions += _suspend_or_resume(job, launcher_job, options)
+        if (launcher_job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None:
+            # Made by an operator that copied the TTL: the Job controller must not delete it
+            # before this job's status records its end.
+            ttl_off = {"spec": {"ttlSecondsAfterFinished": None}}
+            out.actions.append(Patch("batch/v1", "Job", observed.name_of(launcher_job), ttl_off))
 
     if suspended:
         out.actions += _delete_workers(job, workers)
         out.actions += _delete_claims(seen, keep=_kept(job, workers))
         out.actions += _delete_pod_group(job, seen, options)
     return out
+
+
+def _launcher_ttl(
+    job: MPIJob, launcher_job: JSON | None, now: datetime
+) -> tuple[list[Action], float | None]:
+    """A finished job's launcher Job goes ``ttlSecondsAfterFinished`` after ``completionTime``
+    (with its pods: the deletion propagates); before then, the seconds left."""
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    finished_at = job.status.completion_time
+    if ttl is None or launcher_job is None or finished_at is None:
+        return [], None
+    left = (finished_at - now).total_seconds() + ttl
+    if left > 0:
+        return [], left
+    uid = (launcher_job.get("metadata") or {}).get("uid")
+    return [Delete("batch/v1", "Job", observed.name_of(launcher_job), uid)], None
 
 
 def _kept(job: MPIJob, workers: list[JSON]) -> set[str]:
@@ -235,9 +274,8 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
     if seen.pod_group is None:
         return [Create(desired)]
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
-        # Fields the desired spec leaves out are dropped, not kept: a merge patch needs nulls.
-        spec = {**dict.fromkeys(seen.pod_group.get("spec") or {}), **desired["spec"]}
-        return [Patch(desired["apiVersion"], "PodGroup", job.name, {"spec": spec})]
+        patch = podgroup.update_patch(seen.pod_group, desired)
+        return [Patch(desired["apiVersion"], "PodGroup", job.name, patch)]
     return []
 
 
@@ -282,6 +320,8 @@ def _workers(
 
 
 def _place(pod: JSON, where: PodPlacement) -> None:
+    if where.channel_template is not None:
+        compute_domain.with_channel(pod, where.channel_template)
     meta = pod.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), **where.annotations}
     spec = pod.setdefault("spec", {})

@@ -3,13 +3,20 @@
 Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
 one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
 the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
-fairly, places each with the placement engine against the GPUs that decisions and pods hold
+fairly, checks each against its namespace's GPU quotas (:mod:`mpijob.admission.quota`: a job
+they have no room for waits, naming the quota, and blocks no one), places each with the
+placement engine against the GPUs that decisions and pods hold
 (see :func:`mpijob.admission.topology.holdings`; decisions this process wrote that the watch
 has not delivered yet included), and then, per job: records an admission as a
 PlacementDecision (written before any pod exists, so a restarted operator still knows it), or
 remembers why it waits (naming pods that hold GPUs outside our placement), or that it timed
 out. Each decided job is re-queued, and its reconcile turns the outcome
-into pods and status. Passes run when a job starts waiting, and every few seconds while any job
+into pods and status.
+
+With a fabric (``--fabric``), jobs are placed over it (:mod:`mpijob.placement.span`), each node
+located by its labels, each job at the level its ``mpijob.io/fabric-*-level`` annotation names;
+a job placed on several nodes of one NVLink clique gets its ComputeDomain, created before its
+decision. Passes run when a job starts waiting, and every few seconds while any job
 waits, which is when running jobs release GPUs.
 """
 
@@ -19,16 +26,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from mpijob import api, metrics
-from mpijob.admission import queue, topology
-from mpijob.api import JobKey
+from mpijob import api, keys, metrics
+from mpijob.admission import queue, quota, topology
+from mpijob.api import JSON, JobKey
+from mpijob.api.errors import aggregate
+from mpijob.api.fabric import fabric_level
+from mpijob.desired import compute_domain
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
-from mpijob.placement.job import NoFit, Placement, claim, place_job
+from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
+from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +112,14 @@ class Admission:
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
     inter_node_gbps: float
+    binding: GpuBinding = GpuBinding.ANNOTATIONS
+    """How placed workers get their GPUs: what the namespaces' GPU quotas see of them."""
+    fabric: Fabric | None = None
+    """Levels of domains between nodes; None: one inter-node bandwidth (``inter_node_gbps``)."""
+    create_object: Callable[[dict[str, Any]], Any] | None = None
+    """Coroutine function creating an object (a job's ComputeDomain); raises :class:`ApiError`."""
+    get_object: Callable[[str, str, str, str], Any] | None = None
+    """Coroutine function reading an object (apiVersion, kind, namespace, name), None if absent."""
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     granted: dict[JobKey, Grant] = field(default_factory=dict)
@@ -107,6 +127,8 @@ class Admission:
     on the cache alone would hand the same GPUs out again."""
     warned: dict[str, str] = field(default_factory=dict)
     """Nodes skipped for a slice/topology conflict, and the warning logged (once each)."""
+    domains: dict[str, str] = field(default_factory=dict)
+    """Job uid -> its ComputeDomain's name, for the jobs placed in the pass under way."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -161,6 +183,8 @@ class Admission:
             held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
             nodes = topology.node_states(nodes_raw, held)
             empty = topology.node_states(nodes_raw)
+            where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+            self.domains = {}
             values = self.priority_values()
             by_uid = {}
             waiting = []
@@ -175,17 +199,19 @@ class Admission:
                     if topology.eligible(job, n)
                 }
                 own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
-                fits_empty = isinstance(
-                    place_job(
-                        topology.request_of(job), own_empty, inter_node_gbps=self.inter_node_gbps
-                    ),
-                    Placement,
-                )
+                fits_empty = isinstance(self._place(job, own_empty, where), Placement)
                 w = queue.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
                 waiting.append(w)
                 by_uid[w.uid] = job
 
+            admitted: dict[JobKey, Placement] = {}
+            """Admitted earlier in this pass: their GPUs count against their quotas."""
+            held_in = self._held_in(snap, decisions)
+
             def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
+                job = by_uid[w.uid]
+                if over := self._over_quota(job, snap, decisions, admitted, held_in):
+                    return queue.OverQuota(over)
                 free = nodes
                 for g in granted:
                     free = list(claim(free, g))
@@ -193,17 +219,147 @@ class Admission:
                     return NoFit(NO_ELIGIBLE_NODE)
                 free = [n for n in free if n.name in allowed[w.uid]]
                 started = time.perf_counter()
-                result = place_job(
-                    topology.request_of(by_uid[w.uid]), free, inter_node_gbps=self.inter_node_gbps
-                )
+                result = self._place(by_uid[w.uid], free, where, record=True)
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
                 if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
                     return NoFit(f"{result.reason}; {note}")
+                if isinstance(result, Placement):
+                    admitted[(job.namespace, job.name)] = result
                 return result
 
             for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
                 await self._apply(decision)
             self._gauges()
+
+    def _over_quota(
+        self,
+        job: api.MPIJob,
+        snap: topology.Snapshot,
+        decisions: Mapping[JobKey, topology.Decision],
+        admitted: Mapping[JobKey, Placement],
+        held_in: Mapping[str, list[tuple[str, quota.Held]]],
+    ) -> str:
+        """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
+
+        What the namespace's admitted jobs hold comes from their decisions (the cache's, those
+        written but not seen yet, and those of this pass), never from what their pods say.
+        """
+        ns = job.namespace
+        limits = [limit for body in snap.quotas.get(ns) or () for limit in quota.limits_of(body)]
+        if not limits:
+            return ""
+        # Its own stale decision (it was scaled since) is the one this admission replaces.
+        held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
+        for key, placement in admitted.items():
+            if key[0] == ns:
+                gpus = sum(len(a.gpus) for a in placement.assignments)
+                held.append(quota.Held(gpus, worker_spec=self._worker_spec(key, None)))
+        return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
+
+    def _held_in(
+        self, snap: topology.Snapshot, decisions: Mapping[JobKey, topology.Decision]
+    ) -> dict[str, list[tuple[str, quota.Held]]]:
+        """Namespace -> (job uid, what its decision holds), for the namespaces with waiting jobs
+        and GPU quotas: once per pass, one look at every GPU pod and decision."""
+        wanted = {j.namespace for j in self.waiting.values()} & set(snap.quotas)
+        if not wanted:
+            return {}
+        pods: dict[str, list[JSON]] = {}  # by controller uid
+        for pod in snap.pods:
+            meta = pod.get("metadata") or {}
+            if meta.get("namespace") in wanted:
+                for ref in meta.get("ownerReferences") or ():
+                    if ref.get("controller"):
+                        pods.setdefault(str(ref.get("uid")), []).append(pod)
+        out: dict[str, list[tuple[str, quota.Held]]] = {}
+        for key, decision in decisions.items():
+            if key[0] not in wanted:
+                continue
+            gpus = sum(len(a.gpus) for a in decision.assignments)
+            spec = self._worker_spec(key, decision.uid)
+            claims = snap.claims.get(key) or ()
+            held = quota.held_by(decision.uid, gpus, pods.get(decision.uid) or (), claims, spec)
+            out.setdefault(key[0], []).append((decision.uid, held))
+        return out
+
+    def _worker_spec(self, key: JobKey, uid: str | None) -> dict[str, Any] | None:
+        """The worker pod spec of the live job ``key`` (of ``uid``, when given); None unknown."""
+        job = self.live(key)
+        if job is None or (uid is not None and job.metadata.uid != uid) or not job.spec.worker:
+            return None
+        return dict(job.spec.worker.template.get("spec") or {})
+
+    def _place(
+        self,
+        job: api.MPIJob,
+        nodes: Sequence[NodeState],
+        where: Mapping[str, Location],
+        *,
+        record: bool = False,
+    ) -> Placement | NoFit:
+        """The job placed on ``nodes``: over the fabric when there is one. ``record`` notes the
+        ComputeDomain a placement on several nodes of one NVLink clique needs."""
+        request = topology.request_of(job)
+        if self.fabric is None:
+            return place_job(request, nodes, inter_node_gbps=self.inter_node_gbps)
+        # Here, not at import: the fabric search needs numpy, which an operator without a fabric
+        # never loads.
+        from mpijob.placement.span import place_on_fabric
+
+        level, errors = fabric_level(job.metadata.annotations or {}, self.fabric.level_names)
+        if errors:
+            return NoFit(aggregate(errors))
+        required = level.level if level is not None and level.required else None
+        preferred = level.level if level is not None and not level.required else None
+        result = place_on_fabric(
+            request, nodes, self.fabric, where, required=required, preferred=preferred
+        )
+        if isinstance(result, NoFit):
+            return result
+        placement = replace(result.placement, summary=result.summary)
+        if record:
+            self.domains.pop(job.metadata.uid, None)
+            if len(placement.nodes) > 1 and self._clique_level() == result.level:
+                self.domains[job.metadata.uid] = compute_domain.domain_name(job.name)
+        return placement
+
+    def _clique_level(self) -> str | None:
+        """The fabric level of NVLink cliques (labelled by GFD), if it has one."""
+        levels = self.fabric.levels if self.fabric else ()
+        return next((lv.name for lv in levels if lv.label == CLIQUE_LABEL), None)
+
+    async def _ensure_domain(self, job: api.MPIJob) -> str:
+        """Create the job's ComputeDomain (or find its own); its name. Raises ApiError."""
+        if self.create_object is None:
+            raise ApiError(422, "Invalid", "this operator cannot create ComputeDomains")
+        body = compute_domain.compute_domain(job.name, job.namespace, job.metadata.uid)
+        name = body["metadata"]["name"]
+        try:
+            await self.create_object(body)
+            return str(name)
+        except ApiError as e:
+            if e.status == 404:
+                raise ApiError(
+                    422,
+                    "NotServed",
+                    f"{keys.COMPUTE_DOMAIN_API_VERSION} {keys.COMPUTE_DOMAIN_KIND} is not "
+                    "served: the job spans nodes of one NVLink clique and needs NVIDIA's DRA "
+                    "driver (ComputeDomains) installed",
+                ) from e
+            if not e.conflict:
+                raise
+        live = None
+        if self.get_object is not None:
+            live = await self.get_object(
+                keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
+            )
+        if live is None or not compute_domain.owned_by(live, job.metadata.uid):
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f"ComputeDomain {name} exists and belongs to something else than this job",
+            )
+        return str(name)
 
     def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
         """The job as it is now, if it is still the same job and still without a decision in
@@ -251,7 +407,14 @@ class Admission:
             try:
                 if live is None:
                     raise ApiError(404, "NotFound", "the job is gone")
-                await self.write_decision(topology.decision_object(live, decision.placement))
+                domain = ""
+                if live.metadata.uid in self.domains:
+                    # Before the decision: the workers it lets the reconcile create claim the
+                    # domain's channel.
+                    domain = await self._ensure_domain(live)
+                await self.write_decision(
+                    topology.decision_object(live, decision.placement, compute_domain=domain)
+                )
             except ApiError as e:
                 if e.not_found:  # deleted meanwhile
                     self.drop(key)

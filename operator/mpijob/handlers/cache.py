@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import api
-from mpijob.admission import topology
+from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
@@ -51,6 +51,9 @@ class Cache:
     """Per job: (kind, name) -> (when created, the object the API returned)."""
     written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
     """Per job: (the resourceVersion our last status write replaced, the body it returned)."""
+    server_minor: int | None = None
+    """The API server's Kubernetes minor version (read at startup): whether its quotas charge
+    claims to ``requests.nvidia.com/gpu`` depends on it."""
     parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
     """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
     for every waiting job every few seconds, and most have not changed since."""
@@ -192,9 +195,20 @@ class Cache:
         """The PlacementDecision named after the job, whichever job it was written for."""
         return next(iter(self._all("decisions_by_job", key)), None)
 
+    def jobs_placed_on(self, node: str) -> list[JobKey]:
+        """The jobs whose PlacementDecision names ``node``."""
+        out = []
+        for key, store in self.indices.get("decisions_by_job", {}).items():
+            for body in store:
+                workers = (body.get("spec") or {}).get("workers") or []
+                if any(isinstance(w, Mapping) and w.get("node") == node for w in workers):
+                    out.append(key)
+        return out
+
     def placement_snapshot(self) -> topology.Snapshot:
         """What placement reads: opted-in nodes, pods that request GPUs, every decision (by job
-        key), every claim's allocated NVIDIA GPUs and the driver's devices, by node."""
+        key), every claim's allocated NVIDIA GPUs and the driver's devices, by node; and what
+        the quota check reads: GPU quotas by namespace, our claims by job, the class mapping."""
         pods = [
             dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
         ]
@@ -211,7 +225,26 @@ class Cache:
         for node, store in self.indices.get("slices_by_node", {}).items():
             for devices in store:
                 slices.setdefault(node, {}).update(devices)
-        return topology.Snapshot(list(self.nodes().values()), pods, decisions, allocated, slices)
+        quotas = {
+            namespace: [dict(q) for q in store]
+            for namespace, store in self.indices.get("quotas_by_namespace", {}).items()
+        }
+        claims = {
+            key: [dict(c) for c in store]
+            for key, store in self.indices.get("claims_by_job", {}).items()
+        }
+        classes = self.indices.get("gpu_classes_by_name", {})
+        mapped = next((str(v) for store in classes.values() for v in store), None)
+        return topology.Snapshot(
+            list(self.nodes().values()),
+            pods,
+            decisions,
+            allocated,
+            slices,
+            quotas,
+            claims,
+            claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
+        )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:
         return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]

@@ -71,6 +71,9 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"): Kind(
+        "/apis/resource.nvidia.com/v1beta1", "computedomains"
+    ),
 }
 
 
@@ -288,11 +291,30 @@ class Kube:
             raise
 
     async def list(
-        self, api_version: str, kind: str, namespace: str | None, *, labels: str = ""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        labels: str = "",
+        fields: str = "",
+        urgent: bool = True,
     ) -> list[JSON]:
-        query = {"labelSelector": labels} if labels else None
-        result = await self.request("GET", path(api_version, kind, namespace), query=query)
-        return list(result.get("items", []))
+        """Every object, page by page (500 a page)."""
+        items: list[JSON] = []
+        query = {"limit": "500"}
+        if labels:
+            query["labelSelector"] = labels
+        if fields:
+            query["fieldSelector"] = fields
+        while True:
+            url = path(api_version, kind, namespace)
+            result = await self.request("GET", url, query=query, urgent=urgent)
+            items += result.get("items", [])
+            more = (result.get("metadata") or {}).get("continue")
+            if not more:
+                return items
+            query = {**query, "continue": more}
 
     async def create(self, obj: JSON, *, urgent: bool = True) -> JSON:
         meta = obj["metadata"]
@@ -334,11 +356,15 @@ class Kube:
         *,
         uid: str | None = None,
         propagation: str = "Background",
+        grace_seconds: int | None = None,
     ) -> bool:
-        """Delete by name (and uid, when given, so a same-named successor is safe)."""
+        """Delete by name (and uid, when given, so a same-named successor is safe).
+        ``grace_seconds=0`` removes a pod at once (one on a deleted node: no kubelet confirms)."""
         body: JSON = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             await self.request("DELETE", path(api_version, kind, namespace, name), body)
         except ApiError as e:

@@ -17,6 +17,7 @@ is written last, only when it changed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -26,6 +27,7 @@ from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
+from mpijob.desired.conditions import set_condition
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.status import AdmissionOutcome, Counter
@@ -60,14 +62,21 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return
 
+    # Events a kill or an outage lost before this process: posted again, once per job.
+    rt.recorder.ensure(body, lambda: events.implied_by(job))
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
+    if gate.decision is not None:
+        lost, gone = await _lost_nodes(rt, key, job, gate.decision)
+        if lost:
+            await _place_anew(rt, key, job, body, seen, lost, keys.REASON_NODE_LOST, gone)
+            return
     if gate.placement is not None and rt.gpu_binding is GpuBinding.DRA:
         taken = topology.gpus_taken(seen.pods, seen.claims, now)
         if taken.message:
-            await _place_anew(rt, key, job, body, seen, taken.message)
+            await _place_anew(rt, key, job, body, seen, taken.message, keys.REASON_GPUS_TAKEN)
             return
         if taken.recheck is not None:
             rt.workers.enqueue_after(key, taken.recheck + 0.5)
@@ -91,6 +100,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     versions: dict[tuple[str, str], str] = {}
     for action in plan.actions:
         await _apply(rt, key, job, body, action, versions)
+    if plan.requeue_after is not None:
+        rt.workers.enqueue_after(key, plan.requeue_after)
     if result.changed:
         await _write_status(rt, key, body, result.status.to_body())
         if result.status.finished != job.status.finished:
@@ -194,6 +205,8 @@ class Gate:
 
     admitted: bool = True
     placement: list[sync.PodPlacement] | None = None
+    decision: topology.Decision | None = None
+    """The job's decision, while it holds one."""
     outcome: AdmissionOutcome | None = None
     release: sync.Delete | None = None
     """Deleting the decision the job no longer needs (it finished or was suspended, and its
@@ -243,18 +256,25 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
         states = {n.name: n for n in topology.node_states(nodes.values())}
         return Gate(
             placement=topology.pod_placements(decision, states),
+            decision=decision,
             outcome=outcome.outcome(queue.Admit(waiting, decision), now=now),
         )
+    # A decision under this name that is not this job's (an earlier job of the name, deleted
+    # and created again however fast) goes as soon as that job's pods are gone, or this job
+    # would wait on it for good: only a deleted job's own sync released it.
+    release = _release(rt, key, job)
     if rt.admission.pending(key):
-        return Gate(admitted=False)  # admitted; the watch event with the decision is on its way
+        # Admitted; the watch event with the decision is on its way.
+        return Gate(admitted=False, release=release)
     last = rt.admission.decision(key)
     if isinstance(last, queue.TimedOut):
-        return Gate(admitted=False, outcome=outcome.outcome(last, now=now))
+        return Gate(admitted=False, outcome=outcome.outcome(last, now=now), release=release)
     rt.admission.want(key, job)
     if last is None:
         waiting = queue.waiting_job(job, priority_values={})
         last = queue.Wait(waiting, "waiting for the next admission pass")
-    return Gate(admitted=False, outcome=outcome.outcome(kueue.explain(job, last), now=now))
+    explained = outcome.outcome(kueue.explain(job, last), now=now)
+    return Gate(admitted=False, outcome=explained, release=release)
 
 
 DEVICE_PLUGIN_PICKS = (
@@ -274,28 +294,68 @@ def _binding_events(rt: Runtime, gate: Gate, posted: list[events.Event]) -> list
     return [events.normal(keys.REASON_DEVICE_PLUGIN_PICKS, DEVICE_PLUGIN_PICKS)]
 
 
+async def _lost_nodes(
+    rt: Runtime, key: JobKey, job: api.MPIJob, decision: topology.Decision
+) -> tuple[str, set[str]]:
+    """Why the job's nodes make it be placed anew (see :func:`topology.lost_nodes`), and which
+    of them were deleted. A node absent from the watched pool is read: deleted, or only no
+    longer opted in (one GET, only while a placed job names such a node)."""
+    wanted = {a.node for a in decision.assignments}
+    nodes: dict[str, JSON | None] = dict(rt.cache.nodes(wanted))
+    for name in sorted(wanted - nodes.keys()):
+        nodes[name] = await rt.kube.get("v1", "Node", None, name)
+    why = topology.lost_nodes(decision, job, nodes, rt.cache.pods(key))
+    return why, {name for name, node in nodes.items() if node is None}
+
+
 async def _place_anew(
-    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, seen: sync.Observed, why: str
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    body: JSON,
+    seen: sync.Observed,
+    why: str,
+    reason: str,
+    gone: Collection[str] = (),
 ) -> None:
-    """A pinned GPU was taken before its claim was allocated: remove the job's workers, their
-    claims and its decision (no pod of it runs on GPUs other than those recorded), and let our
-    admission place it again. Said once, as a Warning."""
-    log.warning("MPIJob %s/%s: %s", *key, why)
-    rt.recorder.post(body, events.warning(keys.REASON_GPUS_TAKEN, why))
-    metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
+    """The placement no longer holds (a pinned GPU was taken before its claim was allocated, or
+    a node under the job was lost): remove the job's workers, their claims and its decision (no
+    pod of it runs on GPUs other than those recorded), and let our admission place it again.
+    Workers on a deleted node go at once (no kubelet will confirm their end). Said once, as a
+    Warning, and as ``GangAdmitted=False`` with the same reason until the job is admitted
+    again; the launcher is left to its Job's restart policy and backoff, as upstream leaves it.
+    """
     for pod in seen.pods:
         meta = pod.get("metadata") or {}
         if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) == keys.ROLE_WORKER:
-            await rt.kube.delete("v1", "Pod", job.namespace, str(meta["name"]), uid=meta.get("uid"))
+            grace = 0 if (pod.get("spec") or {}).get("nodeName") in gone else None
+            await rt.kube.delete(
+                "v1",
+                "Pod",
+                job.namespace,
+                str(meta["name"]),
+                uid=meta.get("uid"),
+                grace_seconds=grace,
+            )
     for name, claim in seen.claims.items():
         uid = (claim.get("metadata") or {}).get("uid")
         await rt.kube.delete(keys.DRA_API_VERSION, "ResourceClaim", job.namespace, name, uid=uid)
     decision = rt.cache.decision(key)
-    if decision is not None:
-        uid = (decision.get("metadata") or {}).get("uid")
-        await rt.kube.delete(
-            keys.DECISION_API_VERSION, keys.DECISION_KIND, job.namespace, job.name, uid=uid
-        )
+    if decision is None:
+        return
+    # The condition first: a conflict retries the whole sync while the decision still says why.
+    after = job.status.model_copy(deep=True)
+    if set_condition(after, keys.COND_GANG_ADMITTED, "False", reason, why, datetime.now(UTC)):
+        await _write_status(rt, key, body, after.to_body())
+    uid = (decision.get("metadata") or {}).get("uid")
+    if not await rt.kube.delete(
+        keys.DECISION_API_VERSION, keys.DECISION_KIND, job.namespace, job.name, uid=uid
+    ):
+        return  # placed anew already: the cache had not seen the decision go
+    log.warning("MPIJob %s/%s: %s", *key, why)
+    if reason == keys.REASON_GPUS_TAKEN:
+        metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
+    rt.recorder.post(body, events.warning(reason, why))
 
 
 def _observe(

@@ -68,6 +68,6 @@ class Runtime:
 
     async def stop(self) -> None:
         await self.workers.stop()
-        await self.recorder.drain()
+        await self.recorder.close()
         await self.deferred.drain()
         await self.kube.aclose()

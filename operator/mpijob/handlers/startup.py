@@ -19,13 +19,16 @@ import logging
 import os
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kopf
 import orjson
 import uvloop
+import yaml
 
 from mpijob import keys, metrics
+from mpijob.admission import quota
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import fractional, reconcile, watches
@@ -36,6 +39,9 @@ from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import Workers
+from mpijob.placement import fabric as fabric_module
+from mpijob.placement import fabric_labels
+from mpijob.placement.fabric import Fabric
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -106,12 +112,13 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         settings=ours,
         gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
         kube=kube,
-        recorder=Recorder(kube, instance=instance),
+        recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
         deferred=DeferredPatches(kube),
         workers=Workers(ours.threadiness, leader=leader),
     )
     # Indices are live mappings: empty now, complete when the workers open (see watches).
     rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    rt.cache.server_minor = await server_minor(kube)
     memo["runtime"] = rt
     rt.admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
@@ -121,6 +128,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         decision_of=rt.cache.decision,
         priority_values=rt.cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
+        binding=rt.gpu_binding,
+        fabric=memo.get("fabric"),
+        create_object=kube.create,
+        get_object=kube.get,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
     if ours.fractional_gpus:
@@ -199,6 +210,16 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
         choice.reason,
     )
     return choice
+
+
+async def server_minor(kube: Kube) -> int | None:
+    """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
+    check then counts the operator's claims itself, see :mod:`mpijob.admission.quota`)."""
+    try:
+        return quota.server_minor(await kube.request("GET", "/version"))
+    except (ApiError, OSError) as error:
+        log.warning("Could not read the API server's version: %s", error)
+        return None
 
 
 async def cleanup(memo: Any, **_: Any) -> None:
@@ -383,6 +404,28 @@ def _view_property(view: type, name: str) -> property:
     return property(view)
 
 
+def load_fabric(value: str) -> Fabric | None:
+    """The ``--fabric``: a shipped one by name, or read from a YAML/JSON file; None if empty.
+    ValueError (naming the flag) when it cannot be read."""
+    if not value:
+        return None
+    if value in fabric_module.NAMES:
+        return fabric_module.load(value)
+    try:
+        spec = yaml.safe_load(Path(value).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(
+            f"--fabric {value!r}: neither a shipped fabric "
+            f"({', '.join(fabric_module.NAMES)}) nor a readable YAML/JSON file: {e}"
+        ) from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"--fabric {value!r}: the file must hold a mapping with 'levels'")
+    try:
+        return fabric_labels.fabric_from_spec(spec, name=Path(value).name)
+    except ValueError as e:
+        raise ValueError(f"--fabric {value!r}: {e}") from None
+
+
 def tune_garbage_collector() -> None:
     """Before the loop: what the imports made lives for the process (frozen: never scanned
     again), and the youngest generation is collected less often (:data:`GC_YOUNG_THRESHOLD`)."""
@@ -397,8 +440,9 @@ def run(ours: OperatorSettings) -> None:
         os.environ["KUBECONFIG"] = ours.kubeconfig
     decode_watch_events_with_orjson()
     views_without_cycles()
+    fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    memo = kopf.Memo(settings=ours, gpu_binding=binding)
+    memo = kopf.Memo(settings=ours, gpu_binding=binding, fabric=fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(

@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 
 from mpijob import keys, metrics
+from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
 from mpijob.handlers.runtime import Runtime
@@ -208,8 +209,12 @@ async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]
     }
 
 
-async def node_event(memo: Any, **_: Any) -> None:
+async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     rt = _runtime(memo)
+    if type == "DELETED" or not topology.opted_in(body):
+        # Jobs placed there may have lost workers (deleted, NotReady and evicted, drained).
+        for key in rt.cache.jobs_placed_on(name):
+            rt.workers.enqueue(key)
     if rt.admission is not None:
         rt.admission.wake()  # capacity may have appeared
 
@@ -352,6 +357,47 @@ async def slices_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
     return {str(body.spec["nodeName"]): devices}
 
 
+async def gpu_classes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, str]:
+    """NVIDIA's GPU DeviceClass, and the extended resource it maps its devices to (empty for
+    none): an API server with the DRAExtendedResource gate then charges a claim's devices to
+    that resource's quota too."""
+    if name != keys.NVIDIA_GPU_DRIVER:
+        return {}
+    return {name: str(body.spec.get("extendedResourceName") or "")}
+
+
+# --- ResourceQuotas -----------------------------------------------------------------------------
+
+
+async def quotas_by_namespace(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[str, JSON]:
+    """ResourceQuotas that limit GPUs, by namespace: only their GPU resources and scopes."""
+    if not limits_gpus(body.spec):
+        return {}
+    hard = body.spec.get("hard") or {}
+    used = body.status.get("used") or {}
+    spec = {
+        "hard": {r: hard[r] for r in quota.GPU_RESOURCES if r in hard},
+        "scopes": list(body.spec.get("scopes") or []),
+        "scopeSelector": dict(body.spec.get("scopeSelector") or {}),
+    }
+    status = {"used": {r: used[r] for r in quota.GPU_RESOURCES if r in used}}
+    meta = {"name": name, "namespace": namespace}
+    return {namespace or "": {"metadata": meta, "spec": spec, "status": status}}
+
+
+def limits_gpus(spec: kopf.Spec, **_: Any) -> bool:
+    """Filter of the quota events: the quota limits GPUs."""
+    return any(r in (spec.get("hard") or {}) for r in quota.GPU_RESOURCES)
+
+
+async def gpu_quota_event(memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    if rt.admission is not None:
+        rt.admission.wake()  # room may have appeared (a pod finished, the limit was raised)
+
+
 # --- PriorityClasses ----------------------------------------------------------------------------
 
 
@@ -376,14 +422,17 @@ INDICES = (
     "claims_by_job",
     "allocations_by_node",
     "slices_by_node",
+    "gpu_classes_by_name",
+    "quotas_by_namespace",
 )
 
 
 def register(
     registry: kopf.OperatorRegistry, *, gang_api_version: str | None, dra: bool = False
 ) -> None:
-    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims and
-    ResourceSlices only in the dra binding mode (the API may not be served otherwise)."""
+    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
+    ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
+    otherwise)."""
     mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
     kopf.index(*mpijobs, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
@@ -411,9 +460,12 @@ def register(
         kopf.on.event(*resource, when=deleted, registry=registry)(child_deleted)
     priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
     kopf.index(*priorities, registry=registry)(priorities_by_name)
+    kopf.index("v1", "resourcequotas", registry=registry)(quotas_by_namespace)
+    kopf.on.event("v1", "resourcequotas", when=limits_gpus, registry=registry)(gpu_quota_event)
     if dra:
         group, version = keys.DRA_API_VERSION.split("/")
         kopf.index(group, version, "resourceclaims", registry=registry)(claims_by_job)
         kopf.index(group, version, "resourceclaims", registry=registry)(allocations_by_node)
         kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
         kopf.index(group, version, "resourceslices", registry=registry)(slices_by_node)
+        kopf.index(group, version, "deviceclasses", registry=registry)(gpu_classes_by_name)

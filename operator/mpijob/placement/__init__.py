@@ -11,6 +11,11 @@
   :mod:`~mpijob.placement.spread` (workers per node over several nodes),
   :mod:`~mpijob.placement.job` (a whole job: :func:`~mpijob.placement.job.place_job`).
 * :mod:`~mpijob.placement.baselines`: brute force, first-fit and BestEffort, for tests and bench.
+* Between nodes: :mod:`~mpijob.placement.fabric` (levels of domains, a bandwidth each, shipped
+  fabrics), :mod:`~mpijob.placement.fabric_labels` (levels from settings, HyperNodes),
+  :mod:`~mpijob.placement.span` (a whole job over the fabric:
+  :func:`~mpijob.placement.span.place_on_fabric`), :mod:`~mpijob.placement.fabric_baselines`
+  (optimum, upper bound, Kueue-like and Volcano-like policies, for tests and bench).
 
 The handlers call :func:`~mpijob.placement.job.place_job` with the opted-in nodes and the GPUs
 live pods hold; nothing here imports the builders or the handlers.

@@ -17,10 +17,10 @@ benchmark.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from mpijob.placement.bandwidth import DEFAULT_INTER_NODE_GBPS
 from mpijob.placement.model import Topology
@@ -132,15 +132,15 @@ def place_job(
         NodeView(i, node.name, tables_for(node.topology), node.free_mask, node.free_count)
         for i, node in enumerate(nodes)
     ]
-    single = _best_single_node(views, request.total_gpus)
+    single = best_single_node(views, request.total_gpus)
     if single is not None:
-        return _placement(request, nodes, {single.position: request.workers}, math.inf)
+        return assemble(request, nodes, {single.position: request.workers}, math.inf)
     if fewest_nodes(views, request.workers, request.gpus_per_worker) is None:
-        return NoFit(_reason(request, views))
+        return NoFit(reason(request, views))
     shares = spread(views, request.workers, request.gpus_per_worker, inter_node_gbps)
     if shares is None:  # pragma: no cover - fewest_nodes said the job fits
-        return NoFit(_reason(request, views))
-    return _placement(request, nodes, shares, inter_node_gbps)
+        return NoFit(reason(request, views))
+    return assemble(request, nodes, shares, inter_node_gbps)
 
 
 def claim(nodes: Sequence[NodeState], placement: Placement) -> tuple[NodeState, ...]:
@@ -162,7 +162,7 @@ def claim(nodes: Sequence[NodeState], placement: Placement) -> tuple[NodeState, 
     )
 
 
-def _best_single_node(views: Sequence[NodeView], size: int) -> NodeView | None:
+def best_single_node(views: Sequence[NodeView], size: int) -> NodeView | None:
     """The node whose best ``size`` GPUs are best; then fewest free GPUs, then name."""
     from mpijob.placement import allocator
 
@@ -187,10 +187,16 @@ def _name(view: NodeView) -> str:
     return view.name
 
 
-def _placement(
-    request: JobRequest, nodes: Sequence[NodeState], shares: dict[int, int], bound: float
+def assemble(
+    request: JobRequest,
+    nodes: Sequence[NodeState],
+    shares: dict[int, int],
+    bound: float,
+    *,
+    layout: Callable[[int], Any] | None = None,
 ) -> Placement:
-    """Workers laid along each node's best ring, nodes in name order."""
+    """Workers laid along each node's best ring; nodes in name order, or by ``layout`` (a key
+    on node positions) where the caller lays them out otherwise."""
     from mpijob.placement import allocator, scoring
     from mpijob.placement.tables import tables_for
 
@@ -198,7 +204,8 @@ def _placement(
     parts = []
     ring = bound
     per_worker = request.gpus_per_worker
-    for position in sorted(shares, key=lambda p: nodes[p].name):
+    rings: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+    for position in sorted(shares, key=layout or (lambda p: nodes[p].name)):
         node = nodes[position]
         choice = allocator.choose(
             tables_for(node.topology), node.free_mask, shares[position] * per_worker
@@ -206,7 +213,11 @@ def _placement(
         if choice is None:  # pragma: no cover - shares come from the same tables
             raise AssertionError(f"node {node.name} lost room while placing")
         ring = min(ring, choice.ring_gbps)
-        order = scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
+        # The ring depends on the hardware alone: nodes of one model with one set share it.
+        key = (node.topology.fingerprint, choice.gpus)
+        order = rings.get(key) or rings.setdefault(
+            key, scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
+        )
         for start in range(0, len(order), per_worker):
             gpus = tuple(sorted(order[start : start + per_worker]))
             assignments.append(WorkerAssignment(node.name, gpus))
@@ -224,7 +235,7 @@ def _listed(parts: list[str]) -> str:
     return f"{shown} +{more} more" if more > 0 else shown
 
 
-def _reason(request: JobRequest, views: Sequence[NodeView]) -> str:
+def reason(request: JobRequest, views: Sequence[NodeView]) -> str:
     """What is missing, in words for a condition message."""
     if not views:
         return "no opted-in node with a GPU topology"

@@ -15,8 +15,7 @@ Called by :func:`mpijob.placement.job.place_job`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from mpijob.placement.tables import Tables
 
@@ -24,9 +23,9 @@ from mpijob.placement.tables import Tables
 _EXACT_BUDGET: Final = 20_000
 
 
-@dataclass(frozen=True)
-class NodeView:
-    """A node as placement sees it: its tables and free GPUs."""
+class NodeView(NamedTuple):
+    """A node as placement sees it: its tables and free GPUs (a tuple: thousands are built per
+    decision)."""
 
     position: int
     """Position in the caller's node list."""
@@ -64,6 +63,15 @@ def spread(
         if chosen is not None:
             return {ordered[i].position: count for i, count in chosen.items()}
     return None  # pragma: no cover - the lowest bound allows every count
+
+
+def exact_counts(allowed: list[int], workers: int, m: int) -> dict[int, int] | None:
+    """Worker counts for exactly ``m`` of the nodes, summing to ``workers``, each count one the
+    node allows (bit ``w`` of ``allowed[i]``); later nodes are preferred. None if there are none.
+
+    Also used by :mod:`~mpijob.placement.span` inside one fabric domain.
+    """
+    return _exact(allowed, workers, m) or _greedy(allowed, workers, m)
 
 
 def _share_rings(view: NodeView, gpus_per_worker: int, inter_node_gbps: float) -> list[float]:

@@ -128,6 +128,22 @@ def dgx_h100() -> Topology:
     )
 
 
+def gb200_tray() -> Topology:
+    """A GB200 NVL72 compute tray: 4 GPUs, two per Grace CPU, 18 NVLink 5 each through the
+    rack's NVLink switches (the same switches join the rack's 18 trays into one clique)."""
+    return Topology(
+        "gb200-tray",
+        _gpus((0, 0, 1, 1)),
+        links_from(
+            4,
+            nvswitch_links=18,
+            pcie=_pcie_tree(4, sockets=((0, 1), (2, 3)), socket_level=PcieLevel.NODE),
+        ),
+        nvlink_gen=5,
+        pcie_gen=5,
+    )
+
+
 def pcie_8gpu_2socket() -> Topology:
     """A PCIe-only box: 8 GPUs in pairs under PCIe switches, two sockets."""
     pcie = _pcie_tree(8, switches=_PAIRS_8, sockets=_TWO_SOCKETS_8, socket_level=PcieLevel.NODE)
@@ -172,6 +188,7 @@ _BUILDERS: Final[dict[str, Callable[[], Topology]]] = {
     "dgx2": dgx2,
     "dgx-a100": dgx_a100,
     "dgx-h100": dgx_h100,
+    "gb200-tray": gb200_tray,
     "pcie-8gpu-2socket": pcie_8gpu_2socket,
     "pcie-nvlink-bridge": pcie_nvlink_bridge,
     "rtx8000-4x": rtx8000_4x,

@@ -67,3 +67,11 @@ def test_the_waiting_condition_follows_upstreams_rules_and_leaves_upstreams_type
         ("GangAdmitted", "False", "GangScheduleTimeout", "too late"),
         ("Failed", "True", "GangScheduleTimeout", "too late"),
     ]
+
+
+def test_a_job_over_its_namespaces_gpu_quota_names_it_with_a_warning() -> None:
+    message = "ResourceQuota gpus in namespace default allows requests.nvidia.com/gpu: 0; ..."
+    got = outcome(Wait(JOB, message, over_quota=True), now=T0)
+    assert got.conditions == [ConditionChange("GangAdmitted", "False", "GPUQuotaExceeded", message)]
+    assert got.event == Event("Warning", "GPUQuotaExceeded", message)
+    assert not got.failed

@@ -198,3 +198,22 @@ def test_waiting_job_reads_priority_creation_and_deadline_from_the_mpijob() -> N
 def test_waiting_job_needs_a_stored_job() -> None:
     with pytest.raises(ValueError, match="creationTimestamp"):
         admission_queue.waiting_job(job(workers=1), priority_values={})
+
+
+def test_a_job_over_its_quota_waits_without_holding_the_pool() -> None:
+    """Its namespace's quota, not the pool's GPUs, stops it: the jobs behind it go on."""
+    pool = Pool(free=8)
+    capped, small = waiting("capped-8", at=1), waiting("small-4", at=2)
+
+    def try_place(
+        job: WaitingJob, granted: Sequence[Gpus]
+    ) -> Gpus | NoRoom | admission_queue.OverQuota:
+        if job.name == "capped-8":
+            return admission_queue.OverQuota("ResourceQuota gpus allows 0")
+        return pool.try_place(job, granted)
+
+    decisions = admission_queue.decide([capped, small], try_place, now=T0)
+    assert decisions == [
+        Wait(capped, "ResourceQuota gpus allows 0", over_quota=True),
+        Admit(small, Gpus(4)),
+    ]

@@ -359,3 +359,60 @@ def test_an_allocated_claim_or_a_bound_worker_is_no_theft() -> None:
     assert topology.gpus_taken([unschedulable_worker(60)], allocated, T0) == topology.Taken()
     bound = unschedulable_worker(60, bound=True)
     assert topology.gpus_taken([bound], UNALLOCATED, T0) == topology.Taken()
+
+
+# --- a node lost under a placed job ------------------------------------------------------------
+
+
+def pool_node(name: str, *, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+        },
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+    }
+
+
+def placed_job() -> Any:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    return job
+
+
+TWO_NODES = decision(("n0", (0, 1)), ("n1", (0, 1)))
+BOTH_RUNNING = [worker(0, "n0", "0,1"), worker(1, "n1", "0,1")]
+
+
+def test_healthy_nodes_lose_nothing_and_a_missing_worker_there_is_only_recreated() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1")}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[:1]) == ""
+
+
+def test_a_deleted_node_loses_its_workers_at_once() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": None}
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING)
+    assert why == "node n1 was deleted: its workers are removed and the job placed anew"
+
+
+def test_a_not_ready_node_keeps_its_worker_while_that_worker_lives() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    evicted = [BOTH_RUNNING[0], worker(1, "n1", "0,1", terminating=True)]
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, evicted)
+    assert why.startswith("node n1 is not Ready and its worker is gone")
+
+
+def test_a_drained_node_loses_the_worker_it_evicted() -> None:
+    nodes = {"n0": pool_node("n0", cordoned=True), "n1": pool_node("n1")}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[1:])
+    assert why.startswith("node n0 was cordoned and its worker is gone")
+
+
+def test_a_worker_of_an_earlier_job_of_the_name_is_not_this_job_s() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    earlier = [worker(0, "n0", "0,1"), pod("n1", "0,1", name="j-worker-1", job="j", owner="old")]
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, earlier) != ""

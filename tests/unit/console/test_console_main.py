@@ -74,6 +74,58 @@ def test_gputopology_alone_means_true(flag: str, expected: bool) -> None:
     assert (annotations.get(keys.GPU_TOPOLOGY) == "true") is expected
 
 
+#: Seed 000's submit, as its user types it (arena's `submit mpijob` form, the command quoted).
+SEED_000 = [
+    "submit",
+    "mpijob",
+    "--name=pytorch-topo-4-vgg16",
+    "--gpus=1",
+    "--workers=4",
+    "--gang",
+    "--gputopology=true",
+    "--image=mpijob.local/pytorch-benchmark:openmpi",
+    "mpirun --allow-run-as-root -np 4 -bind-to none -map-by slot -x NCCL_DEBUG=INFO python "
+    "/examples/pytorch_synthetic_benchmark.py --model=vgg16 --batch-size=64",
+]
+
+
+@pytest.mark.parametrize("job_type", ["mpijob", "mpi"])
+def test_seed_000s_submit_runs_its_quoted_mpirun_command_as_the_launcher(job_type: str) -> None:
+    code, out, err = run(*[job_type if a == "mpijob" else a for a in SEED_000], "--dry-run")
+    assert code == 0, err
+    job = yaml.safe_load(out)
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] == SEED_000[-1].split()
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 5}
+    assert "note:" not in err  # --gputopology: the operator's own admission honours --gang
+
+
+def test_gang_without_topology_or_a_gang_scheduler_is_explained() -> None:
+    code, out, err = run("submit", "--name=a", "--image=i", "--gang", "--dry-run", "--", "ls")
+    assert code == 0
+    assert yaml.safe_load(out)["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2}
+    assert "--gang sets schedulingPolicy.minAvailable=2" in err
+    assert "--gang-scheduling" in err
+
+
+@pytest.mark.parametrize("flag", ["--type", "-T"])
+def test_get_accepts_arenas_type_mpijob(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, _, err = run("get", "x", flag, "mpijob", "--kubeconfig", str(tmp_path / "missing"))
+    # Past the option parsing, to the cluster, which this test has none of.
+    assert code == 1
+    assert err.startswith("error: no cluster configured")
+
+
+def test_get_refuses_a_type_other_than_mpijob() -> None:
+    code, _, err = run("get", "x", "--type", "tfjob")
+    assert code == 2
+    assert "MPIJobs only" in err
+
+
 def test_annotations_must_be_key_value() -> None:
     code, _, err = run("submit", "--name=a", "--image=i", "--annotation=x", "--dry-run", "--", "ls")
     assert code == 2

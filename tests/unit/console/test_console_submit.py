@@ -96,3 +96,52 @@ def test_parse_pairs() -> None:
     assert submit.parse_pairs(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     with pytest.raises(ValueError, match="'nokey' is not KEY=VALUE"):
         submit.parse_pairs(["nokey"])
+
+
+#: Seed 000's command, quoted as one argument as arena's users type it.
+SEED_COMMAND = (
+    "mpirun --allow-run-as-root -np 4 -bind-to none -map-by slot -x NCCL_DEBUG=INFO python "
+    "/examples/pytorch_synthetic_benchmark.py --model=vgg16 --batch-size=64"
+)
+
+
+def test_a_quoted_mpirun_command_is_the_launchers_command_not_nested() -> None:
+    command = submit.launcher_command(options(command=(SEED_COMMAND,)))
+    assert command == SEED_COMMAND.split()
+    assert command.count("mpirun") == 1
+
+
+def test_a_quoted_mpirun_command_with_shell_syntax_runs_through_a_shell_once() -> None:
+    given = "mpirun -np 2 python train.py --out $HOME/out"
+    assert submit.launcher_command(options(command=(given,))) == ["sh", "-c", given]
+
+
+def test_mpirun_by_its_path_or_as_mpiexec_is_kept() -> None:
+    for given in (("/usr/bin/mpirun", "-n", "2", "pi"), ("mpiexec -n 2 pi",)):
+        command = submit.launcher_command(options(command=given))
+        assert command[0] in ("/usr/bin/mpirun", "mpiexec"), command
+        assert "-np" not in command, command
+
+
+def test_a_quoted_command_with_unbalanced_quotes_goes_to_the_shell() -> None:
+    given = "python train.py --name 'x"
+    assert submit.launcher_command(options(command=(given,)))[-3:] == ["sh", "-c", given]
+
+
+@pytest.mark.parametrize("job_type", ["mpijob", "mpi", "MPIJob"])
+def test_arenas_job_type_in_front_of_the_command_is_dropped(job_type: str) -> None:
+    assert submit.without_job_type((job_type, SEED_COMMAND)) == (SEED_COMMAND,)
+
+
+def test_a_command_named_like_a_job_type_alone_is_kept() -> None:
+    assert submit.without_job_type(("mpi",)) == ("mpi",)
+    assert submit.without_job_type(("python", "mpi")) == ("python", "mpi")
+
+
+def test_gang_without_topology_says_what_it_depends_on() -> None:
+    note = submit.gang_note(options(gang=True))
+    assert note is not None
+    assert "minAvailable=5" in note
+    assert "--gang-scheduling" in note
+    assert submit.gang_note(options(gang=True, gputopology=True)) is None
+    assert submit.gang_note(options()) is None

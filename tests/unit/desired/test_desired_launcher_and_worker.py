@@ -32,6 +32,10 @@ OPENMPI_ENV = [
     {"name": "OMPI_MCA_orte_default_hostfile", "value": "/etc/mpi/hostfile"},
     {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
     {"name": "OMPI_MCA_orte_set_default_slots", "value": "1"},
+    {"name": "PRTE_MCA_prte_keep_fqdn_hostnames", "value": "false"},
+    {"name": "PRTE_MCA_prte_default_hostfile", "value": "/etc/mpi/hostfile"},
+    {"name": "PRTE_MCA_plm_ssh_args", "value": "-o ConnectionAttempts=10"},
+    {"name": "PRTE_MCA_prte_set_default_slots", "value": "1"},
 ]
 NO_GPU_ENV = [
     {"name": "NVIDIA_VISIBLE_DEVICES", "value": ""},
@@ -185,8 +189,8 @@ def test_new_launcher_and_worker_overrides() -> None:
     )
     launcher, launcher_events = build_launcher_job(job)
     ssh_volume = {"name": "ssh-auth", "secret": {"secretName": "foo-ssh", "items": SSH_ITEMS}}
+    # No ttlSecondsAfterFinished: the operator applies the TTL once the status records the end.
     assert launcher["spec"] == {
-        "ttlSecondsAfterFinished": 1,
         "activeDeadlineSeconds": 2,
         "backoffLimit": 3,
         "template": {

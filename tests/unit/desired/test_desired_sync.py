@@ -371,3 +371,65 @@ def test_a_secret_with_the_wrong_keys_is_replaced_with_a_new_pair() -> None:
     assert isinstance(replace, sync.Replace)
     assert replace.obj["metadata"]["resourceVersion"] == "7", "a concurrent change conflicts"
     assert set(replace.obj["data"]) == {"ssh-privatekey", "ssh-publickey"}
+
+
+# --- a finished job stays finished -----------------------------------------------------------
+
+
+def finished(ttl: int | None, at: datetime = NOW) -> api.MPIJob:
+    policy = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+    job = created(make_job(name="test", namespace="default", workers=1, run_policy=policy))
+    rules.set_condition(job.status, "Succeeded", "True", "MPIJobSucceeded", "done", at)
+    job.status.completion_time = at
+    return job
+
+
+def test_the_launcher_job_carries_no_ttl_the_operator_applies_it() -> None:
+    job = make_job(name="test", namespace="default", run_policy={"ttlSecondsAfterFinished": 0})
+    plan = sync.plan(job, sync.Observed(), NOW)
+    built = next(a.obj for a in creates(plan) if a.obj["kind"] == "Job")
+    assert "ttlSecondsAfterFinished" not in built["spec"]
+
+
+def test_a_finished_job_s_launcher_goes_once_its_ttl_has_passed() -> None:
+    job = finished(ttl=0)
+    plan = sync.plan(job, sync.Observed(launcher_job=launcher_job(job)), NOW)
+    assert plan.actions == [sync.Delete("batch/v1", "Job", "test-launcher", "uid-launcher")]
+    assert plan.requeue_after is None
+
+
+def test_before_its_ttl_has_passed_the_launcher_stays_and_the_sync_comes_back() -> None:
+    job = finished(ttl=60)
+    later = NOW.replace(second=20)
+    plan = sync.plan(job, sync.Observed(launcher_job=launcher_job(job)), later)
+    assert plan.actions == []
+    assert plan.requeue_after == 40
+
+
+def test_without_a_ttl_a_finished_job_s_launcher_stays() -> None:
+    job = finished(ttl=None)
+    plan = sync.plan(job, sync.Observed(launcher_job=launcher_job(job)), NOW)
+    assert plan.actions == []
+    assert plan.requeue_after is None
+
+
+def test_a_job_whose_status_says_it_finished_never_gets_a_launcher_again() -> None:
+    # Failed without completionTime (eviction, as upstream) is not short-circuited, but its
+    # launcher ran: one that is missing now was not lost before it started.
+    job = created(make_job(name="test", namespace="default", workers=1))
+    rules.set_condition(job.status, "Failed", "True", "MPIJobEvicted", "evicted", NOW)
+    plan = sync.plan(job, sync.Observed(), NOW)
+    assert not [a for a in creates(plan) if a.obj["kind"] == "Job"]
+    gone = sync.plan(finished(ttl=0), sync.Observed(), NOW)
+    assert gone.actions == []
+
+
+def test_a_launcher_job_made_with_a_ttl_loses_it_while_the_job_runs() -> None:
+    job = created(make_job(name="test", namespace="default", workers=1))
+    live = launcher_job(job)
+    live["spec"]["ttlSecondsAfterFinished"] = 0
+    plan = sync.plan(job, sync.Observed(launcher_job=live), NOW)
+    assert (
+        sync.Patch("batch/v1", "Job", "test-launcher", {"spec": {"ttlSecondsAfterFinished": None}})
+        in plan.actions
+    )

@@ -9,6 +9,7 @@ import pytest
 
 from mpijob import api, keys
 from mpijob.admission import outcome, queue, topology
+from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.kube import ApiError
@@ -299,3 +300,66 @@ async def test_a_squatting_pod_blocks_no_one_and_a_real_holder_is_named() -> Non
     waiting = h2.admission.decision(("ns", "other"))
     assert isinstance(waiting, queue.Wait)
     assert "held by pods this operator did not place: dgx-0: t/squatter (2)" in waiting.message
+
+
+def gpu_quota(namespace: str, hard: int, used: int = 0) -> dict[str, Any]:
+    """A ResourceQuota on requests.nvidia.com/gpu as the quota index holds it."""
+    return {
+        "metadata": {"name": "gpus", "namespace": namespace},
+        "spec": {"hard": {keys.QUOTA_GPU_REQUESTS: str(hard)}},
+        "status": {"used": {keys.QUOTA_GPU_REQUESTS: str(used)}},
+    }
+
+
+def with_quotas(h: Harness, binding: GpuBinding, **quotas: dict[str, Any]) -> None:
+    h.admission.binding = binding
+    h.admission.snapshot = lambda: topology.Snapshot(
+        [NODE], [], h.parsed(), quotas={ns: [q] for ns, q in quotas.items()}
+    )
+
+
+@pytest.mark.parametrize("binding", [GpuBinding.DRA, GpuBinding.ANNOTATIONS])
+async def test_a_job_over_its_quota_waits_naming_it_and_blocks_no_other_namespace(
+    binding: GpuBinding,
+) -> None:
+    capped = topology_job("capped", "2026-01-01T00:00:00Z", 4)
+    other = topology_job("other", "2026-01-01T00:01:00Z", 4)
+    other.metadata.namespace = "free"
+    h = Harness(capped, other)
+    with_quotas(h, binding, ns=gpu_quota("ns", 0))
+    h.admission.want(("ns", "capped"), capped)
+    h.admission.want(("free", "other"), other)
+    await h.admission.run_pass()
+    last = h.admission.decision(("ns", "capped"))
+    assert isinstance(last, queue.Wait)
+    assert last.over_quota
+    assert "ResourceQuota gpus in namespace ns allows requests.nvidia.com/gpu: 0" in last.message
+    assert h.written == [("free", "other")], "a namespace's quota holds up no one else"
+
+
+async def test_a_quota_admits_one_job_and_the_second_waits_until_the_first_is_gone() -> None:
+    """dra binding: Kubernetes' used stays 0 while claims hold the GPUs; the decisions count.
+    Each job asks 8 GPUs for its worker and 8 for its launcher (which keeps nvidia.com/gpu)."""
+    first = topology_job("first", "2026-01-01T00:01:00Z", 8)
+    second = topology_job("second", "2026-01-01T00:02:00Z", 8)
+    h = Harness(first, second)
+    with_quotas(h, GpuBinding.DRA, ns=gpu_quota("ns", 16))
+    h.admission.want(("ns", "first"), first)
+    h.admission.want(("ns", "second"), second)
+    await h.admission.run_pass()  # both in one pass: the first's grant counts at once
+    assert h.written == [("ns", "first")]
+    last = h.admission.decision(("ns", "second"))
+    assert isinstance(last, queue.Wait)
+    assert last.over_quota
+    assert "8 held by this operator's placements" in last.message
+
+    await h.admission.run_pass()  # the first's decision written, not seen yet
+    assert h.written == [("ns", "first")]
+    h.decisions[("ns", "first")] = decision_body(first, "dgx-0", list(range(8)))
+    await h.admission.run_pass()  # seen in the cache
+    assert h.written == [("ns", "first")]
+
+    h.jobs.remove(first)
+    del h.decisions[("ns", "first")]  # finished: its pods are gone and its decision released
+    await h.admission.run_pass()
+    assert h.written == [("ns", "first"), ("ns", "second")]

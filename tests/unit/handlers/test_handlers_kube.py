@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,22 @@ async def test_a_late_wake_costs_no_rate() -> None:
         await bucket.take()
     # Crediting tokens from each wake-up rather than from the clock would take 100 x 15 ms.
     assert bucket.clock == pytest.approx(1.0 + 0.005)
+
+
+async def test_a_list_reads_every_page_with_its_selectors() -> None:
+    class Pages:
+        def __init__(self) -> None:
+            self.queries: list[dict[str, str]] = []
+
+        async def request(self, method: str, url: str, **kw: Any) -> dict[str, Any]:
+            self.queries.append(dict(kw["query"]))
+            more = {"continue": "next"} if len(self.queries) == 1 else {}
+            return {"metadata": more, "items": [{"page": len(self.queries)}]}
+
+    api = Pages()
+    items = await kube.Kube.list(api, "v1", "Event", "ns", fields="source=x")  # type: ignore[arg-type]
+    assert items == [{"page": 1}, {"page": 2}]
+    assert api.queries == [
+        {"limit": "500", "fieldSelector": "source=x"},
+        {"limit": "500", "fieldSelector": "source=x", "continue": "next"},
+    ]

@@ -15,6 +15,7 @@ import pytest
 from mpijob import keys
 from mpijob.desired.events import Event
 from mpijob.handlers import reconcile
+from mpijob.handlers.admission import Admission
 from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import Workers
@@ -28,10 +29,16 @@ class RecordingKube:
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, Any]] = []
+        self.calls: list[tuple[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []
 
     def __getattr__(self, verb: str) -> Any:
-        async def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        async def call(*args: Any, **kwargs: Any) -> Any:
             self.requests.append((verb, args))
+            self.calls.append((verb, (args, kwargs)))
+            if verb == "get":
+                return None
+            if verb == "delete":
+                return True
             if verb == "create":
                 return {**args[0], "metadata": {**args[0]["metadata"], "uid": "new"}}
             if verb == "replace_status":  # the API returns the object as written
@@ -52,6 +59,9 @@ class RecordingRecorder:
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
         self.events.append(event)
+
+    def ensure(self, obj: dict[str, Any], implied: Any) -> None:
+        pass
 
 
 def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
@@ -264,3 +274,102 @@ async def test_only_a_sync_that_finishes_the_job_asks_for_the_next_one() -> None
     written = [args[0]["status"] for verb, args in kube.requests if verb == "replace_status"]
     assert ("Succeeded", "True") in {(c["type"], c["status"]) for c in written[-1]["conditions"]}
     assert len(rt.workers.queue) == 1
+
+
+# --- topology jobs: a same-named successor, a lost node ----------------------------------------
+
+
+def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
+    rt, kube, recorder = runtime(body)
+    rt.admission = Admission(
+        write_decision=kube.create,
+        enqueue=rt.workers.enqueue,
+        snapshot=rt.cache.placement_snapshot,
+        live=rt.cache.job,
+        decision_of=rt.cache.decision,
+        priority_values=dict,
+        inter_node_gbps=25.0,
+    )
+    return rt, kube, recorder
+
+
+def gpu_job() -> dict[str, Any]:
+    template = {"spec": {"containers": [{"name": "c", "image": "mpi", "resources": GPU_LIMITS}]}}
+    body = job(
+        mpiReplicaSpecs={
+            "Launcher": {"replicas": 1, "template": {"spec": {"containers": [{"name": "l"}]}}},
+            "Worker": {"replicas": 2, "template": template},
+        }
+    )
+    body["metadata"]["annotations"] = {keys.GPU_TOPOLOGY: "true"}
+    return body
+
+
+GPU_LIMITS = {"limits": {keys.GPU_RESOURCE: "8"}}
+
+
+def decision_body(uid: str, *nodes: str) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {"name": "foo", "namespace": "bar", "uid": f"decision-{uid}"},
+        "spec": {
+            "job": {"name": "foo", "uid": uid},
+            "workers": [{"node": n, "gpus": list(range(8))} for n in nodes],
+        },
+    }
+
+
+def worker_pod(index: int, node: str, owner: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"foo-worker-{index}",
+            "namespace": "bar",
+            "uid": f"pod-{index}",
+            "labels": {keys.LABEL_JOB_ROLE: keys.ROLE_WORKER, keys.LABEL_JOB_NAME: "foo"},
+            "ownerReferences": [{"kind": keys.KIND, "uid": owner, "controller": True}],
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running", **status},
+    }
+
+
+def deletes(kube: RecordingKube) -> list[str]:
+    return [f"{a[1]}/{a[3]}" for verb, a in kube.requests if verb == "delete"]
+
+
+async def test_a_recreated_job_releases_its_predecessor_s_decision_once_its_pods_are_gone() -> None:
+    """Deleted and created again at once: the earlier job's decision is never released by a
+    sync of the deleted job (there is none), so the successor's sync releases it."""
+    rt, kube, _ = topology_runtime(gpu_job())
+    rt.cache.indices["decisions_by_job"] = {("bar", "foo"): [decision_body("uid-old", "n0")]}
+    rt.cache.indices["pods_by_job"] = {("bar", "foo"): [worker_pod(0, "n0", "uid-old")]}
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert "PlacementDecision/foo" not in deletes(kube)  # its pod still holds the GPUs
+    rt.cache.indices["pods_by_job"] = {("bar", "foo"): []}
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert deletes(kube) == ["PlacementDecision/foo"]
+    assert not kube.created()  # it waits for its own admission
+
+
+async def test_a_deleted_node_under_a_placed_job_releases_it_and_says_why() -> None:
+    rt, kube, recorder = topology_runtime(gpu_job())
+    rt.cache.indices["decisions_by_job"] = {("bar", "foo"): [decision_body("uid-foo", "n0", "n1")]}
+    rt.cache.indices["pods_by_job"] = {
+        ("bar", "foo"): [worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo")]
+    }
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    rt.cache.indices["nodes_by_name"] = {
+        "n0": [{"metadata": {"name": "n0", "labels": labels}, "spec": {}, **ready}]
+    }
+    await reconcile.reconcile(rt, ("bar", "foo"))  # n1: the RecordingKube's GET finds nothing
+    assert deletes(kube) == ["Pod/foo-worker-0", "Pod/foo-worker-1", "PlacementDecision/foo"]
+    graces = [a[1].get("grace_seconds") for verb, a in kube.calls if verb == "delete"]
+    assert graces[:2] == [None, 0]  # the worker on the deleted node goes at once
+    [written] = [a[0]["status"] for verb, a in kube.requests if verb == "replace_status"]
+    [admitted] = [c for c in written["conditions"] if c["type"] == keys.COND_GANG_ADMITTED]
+    assert (admitted["status"], admitted["reason"]) == ("False", keys.REASON_NODE_LOST)
+    assert "node n1 was deleted" in admitted["message"]
+    assert [(e.type, e.reason) for e in recorder.events] == [("Warning", keys.REASON_NODE_LOST)]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from mpijob.desired.events import normal
+from mpijob.desired.events import Event, Implied, normal
+from mpijob.handlers import recorder as recorder_module
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.recorder import Recorder
 
@@ -113,3 +115,96 @@ async def test_an_event_that_could_not_be_created_is_created_anew_by_its_next_re
     await recorder.drain()
     assert len(api.created) == 1
     assert api.counts == [2]
+
+
+# --- at least once: through an outage, and across a restart -----------------------------------
+
+
+class FlakyEvents(SlowEvents):
+    """An API that does not answer the first ``down`` requests, and lists ``stored`` Events."""
+
+    def __init__(self, *, down: int = 0, stored: list[dict[str, Any]] | None = None) -> None:
+        super().__init__()
+        self.down = down
+        self.stored = stored or []
+        self.lists: list[tuple[Any, ...]] = []
+
+    async def create(self, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if self.down:
+            self.down -= 1
+            raise ApiError(503, "ServiceUnavailable", "the API server is restarting")
+        return await super().create(obj, **kw)
+
+    async def list(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:
+        self.lists.append((*args, kw.get("fields")))
+        return self.stored
+
+
+async def test_an_event_the_api_did_not_answer_is_sent_again_until_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recorder_module, "RETRY_FIRST_SECONDS", 0.001)
+    api = FlakyEvents(down=3)
+    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    recorder.post(JOB, CREATED)
+    await recorder.drain()
+    assert [e["reason"] for e in api.created] == ["MPIJobCreated"]
+
+
+async def test_a_refused_event_is_not_retried() -> None:
+    api = SlowEvents(refuse=1)
+    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    recorder.post(JOB, CREATED)
+    await recorder.drain()
+    assert api.created == []
+    assert api.refuse == 0
+
+
+NOW = datetime.now(UTC)
+CREATED = normal("MPIJobCreated", "MPIJob ns/pi is created.")
+
+
+def stored(event: Event, count: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "pi.0123", "namespace": "ns"},
+        "involvedObject": {"uid": "u1", "kind": "MPIJob"},
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+        "count": count,
+    }
+
+
+async def test_after_a_restart_the_events_the_api_lacks_are_posted_once() -> None:
+    succeeded = normal("MPIJobSucceeded", "MPIJob ns/pi successfully completed.")
+    old = normal("GangAdmitted", "MPIJob ns/pi is admitted.")
+    api = FlakyEvents(stored=[stored(CREATED)])
+    recorder = Recorder(api, instance="test", namespaces=["ns"])  # type: ignore[arg-type]
+    implied = [
+        Implied(CREATED, NOW),  # the API has it
+        Implied(succeeded, NOW - timedelta(seconds=5)),  # lost to a kill
+        Implied(old, NOW - timedelta(hours=2)),  # may have expired: says nothing
+    ]
+    recorder.ensure(JOB, lambda: implied)
+    recorder.ensure(JOB, lambda: implied)  # once per job and process
+    await recorder.drain()
+    assert [(e["reason"], e["firstTimestamp"]) for e in api.created] == [
+        ("MPIJobSucceeded", (NOW - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ]
+    assert api.lists == [
+        ("v1", "Event", "ns", "source=mpi-job-controller,involvedObject.kind=MPIJob")
+    ]
+
+
+async def test_a_repeat_after_a_restart_counts_up_the_event_the_last_process_made() -> None:
+    api = FlakyEvents(stored=[stored(RUNNING, count=4)])
+    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    recorder.ensure(JOB, lambda: [Implied(RUNNING, NOW)])
+    await recorder.drain()
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert api.created == []
+    assert api.counts == [5]
+    assert api.lists == [
+        ("v1", "Event", None, "source=mpi-job-controller,involvedObject.kind=MPIJob")
+    ]

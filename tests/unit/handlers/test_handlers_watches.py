@@ -1,4 +1,4 @@
-"""What an MPIJob's watch event asks of the work queue."""
+"""What an MPIJob's watch event asks of the work queue; what the GPU quota index keeps."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from types import SimpleNamespace
 import kopf
 import pytest
 
+from mpijob import keys
+from mpijob.admission import quota
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.watches import mpijob_event
+from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
 from mpijob.handlers.workers import Workers
 
 pytestmark = pytest.mark.unit
@@ -36,3 +38,57 @@ async def test_the_echo_of_our_own_status_write_asks_for_no_sync() -> None:
 async def test_any_other_version_of_the_job_asks_for_its_sync() -> None:
     assert await _queued_after("MODIFIED", "3") == 1
     assert await _queued_after(None, "2") == 1  # listed at start: always synced
+
+
+async def test_the_quota_index_keeps_only_gpu_limits_and_scopes_of_gpu_quotas() -> None:
+    body = kopf.Body(
+        {
+            "metadata": {"namespace": "team", "name": "gpus"},
+            "spec": {
+                "hard": {keys.QUOTA_GPU_REQUESTS: "8", "requests.cpu": "64"},
+                "scopes": ["NotTerminating"],
+            },
+            "status": {"used": {keys.QUOTA_GPU_REQUESTS: "4", "requests.cpu": "3"}},
+        }
+    )
+    got = await quotas_by_namespace(body=body, namespace="team", name="gpus")
+    assert got == {
+        "team": {
+            "metadata": {"name": "gpus", "namespace": "team"},
+            "spec": {
+                "hard": {keys.QUOTA_GPU_REQUESTS: "8"},
+                "scopes": ["NotTerminating"],
+                "scopeSelector": {},
+            },
+            "status": {"used": {keys.QUOTA_GPU_REQUESTS: "4"}},
+        }
+    }
+    [limit] = quota.limits_of(got["team"])
+    assert (limit.hard, limit.used) == (8, 4)
+    cpu_only = kopf.Body({"metadata": {"namespace": "team"}, "spec": {"hard": {"pods": "9"}}})
+    assert await quotas_by_namespace(body=cpu_only, namespace="team", name="pods") == {}
+    assert not limits_gpus(cpu_only.spec)
+
+
+def _node(ready: str) -> kopf.Body:
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    return kopf.Body(
+        {
+            "metadata": {"name": "n1", "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }
+    )
+
+
+async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_there() -> None:
+    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
+    placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n0"}, {"node": "n1"}]}}
+    other = {"spec": {"job": {"name": "other"}, "workers": [{"node": "n0"}]}}
+    rt.cache.indices = {"decisions_by_job": {KEY: [placed], ("ns", "other"): [other]}}
+    memo = {"runtime": rt}
+    await node_event(type="MODIFIED", name="n1", body=_node("True"), memo=memo)
+    assert len(rt.workers.queue) == 0  # a heartbeat of a healthy node
+    await node_event(type="MODIFIED", name="n1", body=_node("False"), memo=memo)
+    assert len(rt.workers.queue) == 1
+    assert rt.cache.jobs_placed_on("n1") == [KEY]
+    assert sorted(rt.cache.jobs_placed_on("n0")) == [("ns", "other"), KEY]

@@ -1,0 +1,505 @@
+"""Upstream's own end-to-end suite (kubeflow/mpi-operator ``test/e2e``) run against this operator.
+
+The suite is compiled unmodified from the Go module proxy (``hack/build-bins.sh e2e``) and run
+with ``USE_EXISTING_CLUSTER``, ``USE_EXISTING_OPERATOR``, ``USE_EXISTING_SCHEDULER_PLUGINS`` and
+``USE_EXISTING_VOLCANO_SCHEDULER`` set, so it installs nothing itself. What it expects to find,
+and what stands in for each here:
+
+- **The operator as the Deployment ``mpi-operator/mpi-operator``**, which the gang-scheduling and
+  cluster-domain specs scale to 0 and back to 1 with a flag appended to the container's args,
+  waiting on ``status.availableReplicas``. The local cluster runs no operator image, so
+  :class:`OperatorPods` makes each pod of that Deployment an operator process on this machine:
+  the Deployment is ours (``manifests/base/deployment.yaml``, renamed), its pods name a scheduler
+  nobody runs, so they stay unbound, and for every such pod one ``python -m mpijob`` runs with
+  exactly that pod's args, as the install's ServiceAccount (a token bound to the pod, so it dies
+  with it); once its ``/healthz`` answers, the pod is marked Ready, and the ReplicaSet and
+  Deployment controllers count it available as they would a kubelet's. A deleted pod stops its
+  process; a process that exits is restarted and its pod marked unready meanwhile. The only change
+  to the args is the metrics port: a pod's port is its own, a host process needs a free one.
+- **scheduler-plugins' scheduler**, installed by upstream's suite as a second scheduler named
+  ``scheduler-plugins-scheduler``: the same scheduler-plugins build the local cluster runs, started
+  under that name with the Coscheduling profile of ``hack/cluster.py``.
+- **Volcano's scheduler**, which cannot be built here (README, Tests):
+  :class:`VolcanoStandIn` admits a Volcano PodGroup as Volcano's ``enqueue`` and gang ``allocate``
+  do for the one thing the suite's Volcano spec checks, and binds its pods only then: the
+  group's ``minResources`` must fit the node's allocatable and ``minMember`` pods must exist.
+- **Real containers**: upstream's pi images on the real node (hack/realnode.py). The suite's pods
+  select no node, so while it runs the simulated nodes are cordoned and the real node's taint is
+  lifted (:func:`real_node_only`), and put back afterwards.
+
+Results come from ginkgo's JUnit report (``-ginkgo.reportFile``): one line per spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from mpijob import keys
+from mpijob.desired.quantity import Quantity
+from support.kube import ROOT, Cluster, kubectl_binary
+from support.operator import free_port
+from support.wait import wait_until
+
+NAMESPACE = "mpi-operator"
+DEPLOYMENT = "mpi-operator"
+SERVICE_ACCOUNT = "mpijob-operator"
+# No scheduler serves this name: the Deployment's pods stay unbound and are our host processes.
+HOST_PROCESS_SCHEDULER = "mpijob-host-process"
+SCHED_PLUGINS_SCHEDULER = "scheduler-plugins-scheduler"
+VOLCANO_SCHEDULER = "volcano"
+REAL_NODE_ROLE = "mpijob.io/real-node"
+IMAGE_REPO = "docker.io/mpioperator/mpi-pi"
+# The images the suite's specs run (its defaults), by the words of the spec names that use them.
+SPEC_IMAGES = {"Intel": "intel", "MPICH": "mpich"}
+DEFAULT_IMAGE = "openmpi"
+
+
+def _hack() -> Any:
+    sys.path.insert(0, str(ROOT / "hack"))
+    import cluster as local  # hack/cluster.py
+
+    return local
+
+
+def suite_binary() -> Path:
+    """The compiled suite, built by ``hack/build-bins.sh e2e`` when missing."""
+    local = _hack()
+    version = local.versions()["MPI_OPERATOR_VERSION"]
+    path = local.cache_dir() / "bin" / f"mpi-operator-e2e-v{version}" / "e2e.test"
+    if not path.exists():
+        subprocess.run([str(ROOT / "hack" / "build-bins.sh"), "e2e"], check=True)
+    return path
+
+
+# --- the operator Deployment -------------------------------------------------------------------
+
+
+def operator_deployment() -> dict[str, Any]:
+    """The install's Deployment as the suite names it, its pods left to :class:`OperatorPods`."""
+    out = subprocess.run(
+        [kubectl_binary(), "kustomize", str(ROOT / "manifests" / "overlays" / "standalone")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (ours,) = [
+        d
+        for d in yaml.safe_load_all(out.stdout)
+        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "mpijob-operator"
+    ]
+    deployment = copy.deepcopy(ours)
+    labels = {"app.kubernetes.io/name": DEPLOYMENT, "app.kubernetes.io/component": "operator"}
+    deployment["metadata"] = {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels}
+    deployment["spec"]["selector"] = {"matchLabels": labels}
+    template = deployment["spec"]["template"]
+    template["metadata"]["labels"] = labels
+    template["spec"]["schedulerName"] = HOST_PROCESS_SCHEDULER
+    return deployment
+
+
+def _args_for_host(args: list[str], port: int) -> list[str]:
+    """The pod's args with the metrics port replaced by a free one of this machine."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg == "--monitoring-port":
+            skip = True
+            continue
+        if not arg.startswith("--monitoring-port="):
+            out.append(arg)
+    return [*out, f"--monitoring-port={port}"]
+
+
+@dataclass
+class HostProcess:
+    pod_uid: str
+    pod_name: str
+    args: list[str]
+    port: int
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+
+
+class OperatorPods:
+    """Runs one operator process per pod of the Deployment (see the module's docstring)."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.core = client.CoreV1Api(_new_api(cluster))
+        self.processes: dict[str, HostProcess] = {}
+        self.started = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="operator-pods", daemon=True)
+        self._admin = yaml.safe_load(cluster.kubeconfig.read_text())
+
+    def __enter__(self) -> OperatorPods:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for uid in list(self.processes):
+            self._end(uid)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self._pass()
+            except Exception as exc:  # a transient API error: the next pass sees the state anew
+                print(f"[operator-pods] {exc!r}", file=sys.stderr)
+
+    def _pass(self) -> None:
+        selector = f"app.kubernetes.io/name={DEPLOYMENT}"
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+        live = {p.metadata.uid: p for p in pods if not p.metadata.deletion_timestamp}
+        for uid in [u for u in self.processes if u not in live]:
+            self._end(uid)
+        for uid, pod in live.items():
+            running = self.processes.get(uid)
+            if running is None or running.proc.poll() is not None:
+                if running is not None:
+                    self._set_ready(pod, False)
+                self._start(pod)
+                continue
+            if not running.ready and _healthy(running.port):
+                self._set_ready(pod, True)
+                running.ready = True
+
+    def _start(self, pod: client.V1Pod) -> None:
+        container = pod.spec.containers[0]
+        port = free_port()
+        args = _args_for_host(list(container.args or []), port)
+        kubeconfig = self._token_kubeconfig(pod)
+        log = (self.log_dir / f"operator-{pod.metadata.name}.log").open("ab")
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod.metadata.name}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mpijob", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        log.close()
+        self.processes[pod.metadata.uid] = HostProcess(
+            pod.metadata.uid, pod.metadata.name, args, port, proc
+        )
+        self.started += 1
+
+    def _end(self, uid: str) -> None:
+        running = self.processes.pop(uid)
+        if running.proc.poll() is None:
+            running.proc.send_signal(signal.SIGTERM)
+            try:
+                running.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                running.proc.kill()
+                running.proc.wait()
+
+    def _token_kubeconfig(self, pod: client.V1Pod) -> Path:
+        token = self.cluster.kubectl(
+            "create",
+            "token",
+            pod.spec.service_account_name or SERVICE_ACCOUNT,
+            "-n",
+            NAMESPACE,
+            "--bound-object-kind=Pod",
+            f"--bound-object-name={pod.metadata.name}",
+            f"--bound-object-uid={pod.metadata.uid}",
+            "--duration=2h",
+        ).strip()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": self._admin["clusters"][0]["cluster"]}],
+            "users": [{"name": "pod", "user": {"token": token}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "local", "user": "pod"}}],
+            "current-context": "pod",
+        }
+        path = self.log_dir / f"{pod.metadata.name}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _set_ready(self, pod: client.V1Pod, ready: bool) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        value = "True" if ready else "False"
+        conditions = [
+            {"type": t, "status": value, "lastTransitionTime": now}
+            for t in ("Initialized", "ContainersReady", "Ready")
+        ]
+        status: dict[str, Any] = {"conditions": conditions}
+        if ready:
+            status |= {"phase": "Running", "startTime": now}
+        try:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, NAMESPACE, {"status": status})
+        except ApiException as e:
+            if e.status != 404:  # the pod went meanwhile: the next pass ends its process
+                raise
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _new_api(cluster: Cluster) -> client.ApiClient:
+    """An API client of the thread's own (the suite's shared one is not made for threads)."""
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(cluster.kubeconfig))
+
+
+# --- scheduler-plugins' scheduler ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sched_plugins_scheduler(cluster: Cluster, log_dir: Path) -> Iterator[None]:
+    """The local cluster's scheduler-plugins build, as the second scheduler upstream's suite
+    installs (``scheduler-plugins-scheduler``), with the cluster's Coscheduling profile."""
+    local = _hack()
+    config = yaml.safe_load(local.scheduler_config(cluster.kubeconfig))
+    config["profiles"][0]["schedulerName"] = SCHED_PLUGINS_SCHEDULER
+    path = log_dir / "scheduler-plugins-scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [
+        str(local.binaries()["kube-scheduler"]),
+        f"--config={path}",
+        f"--authentication-kubeconfig={cluster.kubeconfig}",
+        f"--authorization-kubeconfig={cluster.kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={free_port()}",
+        "--pod-max-in-unschedulable-pods-duration=10s",
+    ]
+    with (log_dir / "scheduler-plugins-scheduler.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# --- Volcano ------------------------------------------------------------------------------------
+
+
+class VolcanoStandIn:
+    """Binds the pods of a Volcano PodGroup once the group could be admitted (module docstring)."""
+
+    def __init__(self, cluster: Cluster, node: str) -> None:
+        api = _new_api(cluster)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.node = node
+        self.bound = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="volcano-stand-in", daemon=True)
+
+    def __enter__(self) -> VolcanoStandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self._pass()
+            except Exception as exc:  # a transient API error: the next pass sees the state anew
+                print(f"[volcano-stand-in] {exc!r}", file=sys.stderr)
+
+    def _pass(self) -> None:
+        pods = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.schedulerName={VOLCANO_SCHEDULER}"
+        ).items
+        groups: dict[tuple[str, str], list[client.V1Pod]] = defaultdict(list)
+        for p in pods:
+            group = (p.metadata.annotations or {}).get(keys.VOLCANO_GROUP_NAME_ANNOTATION)
+            if group and not p.metadata.deletion_timestamp:
+                groups[(p.metadata.namespace, group)].append(p)
+        if not groups:
+            return
+        allocatable = self.core.read_node(self.node).status.allocatable or {}
+        for (namespace, name), members in groups.items():
+            pending = [p for p in members if not p.spec.node_name]
+            if not pending:
+                continue
+            try:
+                group = self.custom.get_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", name
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            if admitted(group.get("spec") or {}, len(members), allocatable):
+                for p in pending:
+                    self._bind(p)
+
+    def _bind(self, pod: client.V1Pod) -> None:
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.metadata.name),
+            target=client.V1ObjectReference(kind="Node", name=self.node),
+        )
+        # The generated client cannot read a Binding's (empty) reply: take it raw.
+        self.core.create_namespaced_binding(pod.metadata.namespace, body, _preload_content=False)
+        self.bound += 1
+
+
+def admitted(spec: dict[str, Any], members: int, allocatable: dict[str, str]) -> bool:
+    """Whether Volcano would admit the group: ``minMember`` pods exist and ``minResources`` fits
+    the node's allocatable (a resource the node lacks fits only when nothing of it is asked)."""
+    if members < int(spec.get("minMember") or 0):
+        return False
+    for resource, wanted in (spec.get("minResources") or {}).items():
+        have = Quantity.parse(allocatable[resource]) if resource in allocatable else None
+        need = Quantity.parse(wanted)
+        if have is None:
+            if need > Quantity.parse(0):
+                return False
+        elif need > have:
+            return False
+    return True
+
+
+# --- the real node ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def real_node_only(cluster: Cluster, node: str) -> Iterator[None]:
+    """While the suite runs, its pods (which select no node) can only land on the real node."""
+    cluster.kubectl("cordon", "-l", "type=kwok")
+    cluster.kubectl("taint", "node", node, f"{REAL_NODE_ROLE}:NoSchedule-")
+    try:
+        yield
+    finally:
+        cluster.kubectl("taint", "node", node, f"{REAL_NODE_ROLE}=true:NoSchedule", "--overwrite")
+        cluster.kubectl("uncordon", "-l", "type=kwok")
+
+
+def node_images(cluster: Cluster, node: str) -> set[str]:
+    found = set()
+    for image in cluster.core.read_node(node).status.images or []:
+        found.update(image.names or [])
+    return found
+
+
+def missing_image(spec: str, images: set[str]) -> str | None:
+    """The image a spec runs that the real node does not hold, if any."""
+    flavour = next((f for word, f in SPEC_IMAGES.items() if f"with {word} " in spec), DEFAULT_IMAGE)
+    image = f"{IMAGE_REPO}:{flavour}"
+    return None if image in images else image
+
+
+# --- running the suite and reading its report ----------------------------------------------------
+
+
+@dataclass
+class Spec:
+    name: str
+    outcome: str  # PASS, FAIL or SKIP
+    seconds: float
+    message: str = ""
+
+
+def specs(binary: Path) -> list[str]:
+    """The suite's spec names, from a dry run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        subprocess.run(
+            [str(binary), "-ginkgo.dryRun", f"-ginkgo.reportFile={report}", "-ginkgo.noColor"],
+            capture_output=True,
+            check=False,
+            cwd=tmp,
+        )
+        return [s.name for s in read_report(report)]
+
+
+def run_suite(
+    binary: Path, cluster: Cluster, log_dir: Path, skip: list[str], timeout: float
+) -> tuple[list[Spec], int, str]:
+    """Run the suite; its specs from the JUnit report, its exit status and its log's path."""
+    report = log_dir / "upstream-e2e.xml"
+    log_path = log_dir / "upstream-e2e.log"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "USE_EXISTING_CLUSTER": "true",
+        "USE_EXISTING_OPERATOR": "true",
+        "USE_EXISTING_SCHEDULER_PLUGINS": "true",
+        "USE_EXISTING_VOLCANO_SCHEDULER": "true",
+    }
+    argv = [str(binary), "-test.v", "-ginkgo.v", "-ginkgo.noColor", f"-ginkgo.reportFile={report}"]
+    if skip:
+        argv.append("-ginkgo.skip=" + "|".join(re.escape(s) for s in skip))
+    with log_path.open("wb") as log:
+        result = subprocess.run(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_dir,
+            timeout=timeout,
+            check=False,
+        )
+    return read_report(report), result.returncode, str(log_path)
+
+
+def read_report(path: Path) -> list[Spec]:
+    if not path.exists():
+        return []
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name") or ""
+        seconds = float(case.get("time") or 0)
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        if failure is not None:
+            text = (failure.get("message") or "") + "\n" + (failure.text or "")
+            out.append(Spec(name, "FAIL", seconds, text.strip()))
+        elif case.find("skipped") is not None:
+            out.append(Spec(name, "SKIP", seconds))
+        else:
+            out.append(Spec(name, "PASS", seconds))
+    return out  # a failed BeforeSuite or AfterSuite is a case of that name
+
+
+def wait_available(cluster: Cluster, timeout: float = 120) -> None:
+    apps = client.AppsV1Api(cluster.api)
+
+    def available() -> bool:
+        d = apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE)
+        return bool(d.status.available_replicas)
+
+    wait_until(available, timeout=timeout, what=f"Deployment {NAMESPACE}/{DEPLOYMENT} available")
+
+
+def elapsed(t0: float) -> str:
+    return f"{time.monotonic() - t0:.0f}s"
