@@ -14,7 +14,7 @@ def bind_tenant(cluster: Cluster, namespace: str, user: str) -> str:
         binding = cluster.kubectl(
             "create",
             "rolebinding",
-            f"{user.split('@')[0]}-{role}",
+            f"{user.split('@', maxsplit=1)[0]}-{role}",
             f"--clusterrole={role}",
             f"--user={user}",
             "-n",
