@@ -236,3 +236,37 @@ def test_the_node_agent_may_change_only_its_own_node_and_its_pods(
     labels = crds.core.read_node("gpu-node-1").metadata.labels or {}
     assert labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != "core_mem"
     crds.core.patch_node("gpu-node-0", {"metadata": {"annotations": {"mpijob.io/probe": None}}})
+
+
+def test_a_tenant_may_not_write_the_agents_gpu_actual_report(
+    crds: Cluster, namespace: str, tenant: str, agent_policy: None
+) -> None:
+    """The operator counts mpijob.io/gpu-actual as a placement not honoured: a tenant writing it
+    on their own pod would move mpi_operator_placements_not_honoured_total."""
+    as_tenant = crds.as_user(tenant)
+    spec = client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])
+    liar = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="liar", annotations={keys.GPU_ACTUAL: "GPU-x"}),
+        spec=spec,
+    )
+
+    def refused() -> bool:  # the policy came with the agent's; it may be synced a moment later
+        try:
+            as_tenant.create_namespaced_pod(namespace, liar, dry_run="All")
+        except ApiException as e:
+            return e.status == 403 and "mpijob-gpu-actual" in str(e.body)
+        return False
+
+    wait_until(refused, timeout=30, what="a pod created with mpijob.io/gpu-actual refused")
+    as_tenant.create_namespaced_pod(
+        namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="mine"), spec=spec)
+    )
+    with pytest.raises(ApiException) as caught:
+        as_tenant.patch_namespaced_pod(
+            "mine", namespace, {"metadata": {"annotations": {keys.GPU_ACTUAL: "GPU-x"}}}
+        )
+    assert caught.value.status == 403, caught.value.body
+    as_tenant.patch_namespaced_pod("mine", namespace, {"metadata": {"labels": {"mine": "yes"}}})
+    assert keys.GPU_ACTUAL not in (
+        crds.core.read_namespaced_pod("mine", namespace).metadata.annotations or {}
+    )
