@@ -3,22 +3,34 @@
 #   docker build -t mpijob-operator:0.1.0 .
 # Two stages: the project is installed into a virtualenv in the first, and only that virtualenv
 # is copied onto a fresh slim base, so no pip cache, build tree or source checkout ships.
-FROM python:3.11-slim-bookworm AS build
+# Debian's own python3 (bookworm: 3.11) in both stages, the same interpreter at the same path, so
+# the virtualenv's links hold. `make image` (hack/operator_image.py) builds the same image without
+# Docker, for the local cluster's real nodes: README "The operator's image".
+FROM debian:bookworm-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/mpijob
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/mpijob
 COPY pyproject.toml README.md /src/
 COPY operator /src/operator
 # A regular (not editable) install of the project and its runtime dependencies only: the test
 # extra stays out of the image.
 RUN /opt/mpijob/bin/pip install /src
 
-FROM python:3.11-slim-bookworm
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 \
+ && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/mpijob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/mpijob /opt/mpijob
-# The distroless "nonroot" uid: no home, no shell login, no write access to the image.
+# The distroless "nonroot" uid: no home, no shell login, no write access to the image. It has a
+# passwd entry because Kopf names the operator after its user (getpass fails without one).
+RUN useradd --system --uid 65532 --user-group --no-create-home --home-dir /nonexistent \
+    --shell /usr/sbin/nologin nonroot
 USER 65532:65532
 ENTRYPOINT ["mpijob-operator"]
 CMD ["--help"]

@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-train kind-e2e clean dashboards
+        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-train kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -70,6 +70,7 @@ lint: install ## ruff, mypy, the import-layer contracts, generated dashboards up
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) dashboards/generate.py --check
+	$(PY) hack/gen-install.py --check
 
 dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
 	$(PY) dashboards/generate.py
@@ -77,11 +78,26 @@ dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (da
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/
 
+image: install ## Build the operator image for the real nodes (Dockerfile's recipe, no Docker; cached by recipe)
+	$(PY) hack/operator_image.py build
+
+install-manifest: install ## Regenerate deploy/mpi-operator.yaml (the standalone overlay in one file)
+	$(PY) hack/gen-install.py
+
+# OVERLAY=standalone|monitoring|fractional-gpus|..., REPLICAS=n, UPSTREAM_NAMES=1 (Deployment
+# mpi-operator/mpi-operator, as upstream's install names it).
+deploy-local: cluster crds ## Install the operator in the local cluster from its image, on the real node
+	$(PY) hack/incluster.py deploy --overlay $(or $(OVERLAY),standalone) \
+	  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(filter 1,$(UPSTREAM_NAMES)),--upstream-names)
+
+undeploy-local: install ## Remove the in-cluster operator (CRDs, RBAC and MPIJobs stay)
+	$(PY) hack/incluster.py undeploy
+
 run: install ## Run the operator in the foreground against KUBECONFIG (default .cluster/kubeconfig)
 	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
-demo: cluster crds ## Local cluster + operator (namespace demo, left running) + a sample MPIJob to Succeeded
-	$(PY) hack/demo.py
+demo: cluster crds ## Local cluster + operator (namespace demo, left running) + a sample MPIJob to Succeeded; IN_CLUSTER=1: the operator's image on the real node
+	IN_CLUSTER=$(IN_CLUSTER) $(PY) hack/demo.py
 
 bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream Go mpi-operator
 	$(PY) bench/reconcile.py

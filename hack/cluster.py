@@ -567,6 +567,11 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--enable-priority-and-fairness=false",
             # Loopback cannot be a Service endpoint; nothing here reaches it through a Service.
             "--endpoint-reconciler-type=none",
+            # No kube-proxy routes Service IPs here: the API server calls a webhook (or an
+            # aggregated API) behind a Service at one of its endpoints' pod addresses instead,
+            # which the real nodes' bridge makes reachable (the GPU-share webhooks installed
+            # in-cluster, hack/incluster.py).
+            "--enable-aggregator-routing=true",
             # A real node's name resolves nowhere; its address is where its kubelet listens.
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",

@@ -12,6 +12,9 @@ launcher's log, and ends with data-parallel PyTorch training (examples/pytorch-c
 hack/pytorch_image.py) with its 2 workers on the 2 real nodes, printing the benchmark's img/s lines
 and each rank's parameter checksum. Running it again replaces the demo jobs.
 
+With ``IN_CLUSTER=1`` the operator runs in-cluster instead: its image on the real node, installed
+by the standalone overlay (hack/incluster.py; ``make undeploy-local`` removes it).
+
 The operator is scoped so that it never reconciles anyone else's jobs on the shared cluster: the
 integration tests run their own operator per test namespace, and refuse to start beside one that
 watches all namespaces (hack/stray_operators.py).
@@ -37,11 +40,15 @@ from mpijob.desired.claims import allocated_devices
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster  # noqa: E402 - hack/cluster.py, beside this file
+import incluster  # noqa: E402 - hack/incluster.py, beside this file
 import pytorch_image  # noqa: E402 - hack/pytorch_image.py, beside this file
 import realnode  # noqa: E402 - hack/realnode.py, beside this file
 import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
 NAMESPACE = "demo"
+# IN_CLUSTER=1: the operator from its image, installed by the standalone overlay on the real
+# node (hack/incluster.py), instead of a process of this machine.
+IN_CLUSTER = os.environ.get("IN_CLUSTER", "") == "1"
 EXAMPLE = ROOT / "examples" / "pytorch-vgg16-topology.yaml"
 REAL_EXAMPLE = ROOT / "examples" / "pi.yaml"
 TRAIN_EXAMPLE = ROOT / "examples" / "pytorch-cpu.yaml"
@@ -93,6 +100,29 @@ def start_operator(kubeconfig: Path) -> int:
         )
     pid_file.write_text(str(proc.pid))
     return proc.pid
+
+
+def run_operator(core: client.CoreV1Api, kubeconfig: Path) -> str:
+    """Starts the operator (a process here, or in-cluster); how to read its metrics."""
+    if not IN_CLUSTER:
+        pid = start_operator(kubeconfig)
+        print(
+            f"{BOLD}Operator{RESET} running (pid {pid}), watching namespace {NAMESPACE} only; "
+            "log: .cluster/logs/operator.log"
+        )
+        return "curl -s localhost:8080/metrics | grep mpi_operator"
+    cluster.stop_demo_operator()
+    install = incluster.deploy("standalone", namespaces=(NAMESPACE,))
+    print(
+        f"{BOLD}Operator{RESET} running in-cluster (deployment/{install.deployment} in "
+        f"namespace {install.namespace}, image {install.image}, on the real node), watching "
+        f"namespace {NAMESPACE} only; log: kubectl logs deployment/{install.deployment} "
+        f"-n {install.namespace}"
+    )
+    pod = core.list_namespaced_pod(
+        install.namespace, label_selector="app.kubernetes.io/component=operator"
+    ).items[0]
+    return f"curl -s {pod.status.pod_ip}:8080/metrics | grep mpi_operator"
 
 
 def demo_job() -> dict[str, Any]:
@@ -166,11 +196,7 @@ def main() -> int:
     except client.ApiException as e:
         if e.status != 409:
             raise
-    pid = start_operator(kubeconfig)
-    print(
-        f"{BOLD}Operator{RESET} running (pid {pid}), watching namespace {NAMESPACE} only; "
-        "log: .cluster/logs/operator.log"
-    )
+    metrics_hint = run_operator(core, kubeconfig)
     job = demo_job()
     name = job["metadata"]["name"]
     args = ("kubeflow.org", "v2beta1", NAMESPACE, "mpijobs")
@@ -210,7 +236,7 @@ def main() -> int:
             return 1
         time.sleep(0.5)
     else:
-        print(f"\n{name} did not finish within {TIMEOUT}s; see .cluster/logs/operator.log")
+        print(f"\n{name} did not finish within {TIMEOUT}s; see the operator's log")
         return 1
 
     if run_on_real_nodes(core, mpijobs, args) != 0:
@@ -223,7 +249,7 @@ Look around:
   {cluster.binaries()["kubectl"]} get mpijobs,pods,jobs -n {NAMESPACE}
   .venv/bin/mpijob get {name} -n {NAMESPACE}
   .venv/bin/mpijob topology gpu-node-0
-  curl -s localhost:8080/metrics | grep mpi_operator
+  {metrics_hint}
 The operator keeps running, for namespace {NAMESPACE} only. Stop everything: make cluster-down""")
     return 0
 

@@ -11,6 +11,10 @@ the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of
   no IP forwarding: pods only talk to each other and to that address.
 - CoreDNS on that address, serving ``cluster.local`` from the API (so a headless Service's
   ``<pod>.<subdomain>.<ns>.svc`` names resolve), built from the Go module proxy.
+- a TCP relay (hack/relay.py) from port 443 of that address to the API server, which listens on
+  loopback only: pods that talk to the API (the operator installed as users install it, see
+  hack/incluster.py) map ``kubernetes.default.svc`` to the bridge's address with a host alias.
+  The API server's own certificate names ``kubernetes.default.svc``, so TLS verifies unchanged.
 - one private mount namespace (``unshare``) holding containerd, the kubelet and every mount they
   make, with tmpfs over the host paths they would otherwise write (/run/netns, /run/containerd,
   /var/lib/cni, /var/log/containers) and the kernel settings the kubelet insists on setting
@@ -41,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -76,6 +81,8 @@ INSTALL_HINT = (
 )
 Kubectl = Callable[..., str]
 FAILED = 3
+APISERVER_PORT = 443
+"""Where pods reach the API server on the bridge's address (the port of https://kubernetes.default.svc)."""
 """``cluster.py up``'s exit status when the control plane is up but a real node is not."""
 
 
@@ -524,6 +531,11 @@ def _up(
     (base / "coredns").mkdir(parents=True, exist_ok=True)
     (base / "coredns" / "Corefile").write_text(corefile(st, kubeconfig))
     start(root, st, "coredns", [str(bins["coredns"]), "-conf", str(base / "coredns/Corefile")])
+    api = urllib.parse.urlsplit(
+        yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    )
+    relay = [str(HACK / "relay.py"), st.gateway, str(APISERVER_PORT), api.hostname, str(api.port)]
+    start(root, st, "apiserver-relay", [sys.executable, *relay])
 
     for path in PRIVATE_DIRS:
         if not Path(path).exists():
@@ -593,6 +605,7 @@ def _up(
         )
 
     wait("CoreDNS", lambda: _dns_ready(st), 30, root, "coredns")
+    wait("the API server relay", lambda: _relay_ready(st), 10, root, "apiserver-relay")
     for i in range(st.count):
         wait(
             f"{node_name(i)} Ready",
@@ -615,6 +628,12 @@ def _ns_ready(st: NodeState) -> bool:
     with contextlib.suppress(OSError):
         # Ready once `sleep` runs: the script before it made the mounts.
         return Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+    return False
+
+
+def _relay_ready(st: NodeState) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((st.gateway, APISERVER_PORT), 1):
+        return True
     return False
 
 
@@ -643,7 +662,7 @@ def nodes_ready(kubectl: Kubectl, count: int) -> bool:
 
 
 def healthy(st: NodeState) -> bool:
-    names = ["coredns", "holder"]
+    names = ["coredns", "holder", "apiserver-relay"]
     for i in range(st.count):
         names += [f"containerd-{i}", f"kubelet-{i}"]
     return all(alive(st.pids.get(n, -1)) for n in names)
@@ -754,7 +773,7 @@ def down(root: Path, kubectl: Kubectl | None = None) -> None:
     for pid in members:
         _kill(pid, signal.SIGKILL)
     _wait_gone(members, 5)
-    for name in ("holder", "coredns"):
+    for name in ("holder", "coredns", "apiserver-relay"):
         pid = st.pids.get(name, -1)
         if alive(pid):
             _kill(pid, signal.SIGTERM)

@@ -31,12 +31,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.api.fractional import Placed
+from mpijob.api.fractional import Placed, Share
 from mpijob.desired.fractional import WEBHOOK_CONFIGURATION, client_env
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
 from support.realnode import ROLE, exit_codes, ready_real_node
+from support.tenants import bind_tenant
 from support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -719,3 +720,122 @@ def test_a_real_container_placed_after_waiting_starts_with_its_gpu_env(
             shutil.rmtree(directory, ignore_errors=True)
         if made_root:
             shutil.rmtree(root, ignore_errors=True)
+
+
+# --- tenants: what a namespace user may write does not move GPU shares -------------------------
+
+TENANT = "share-tenant@example.com"
+POLICY = ROOT / "manifests" / "overlays" / "fractional-gpus" / "share-records-policy.yaml"
+
+
+@pytest.fixture
+def tenant(share_nodes: Cluster, namespace: str) -> client.CoreV1Api:
+    """The core API as a tenant of ``namespace`` (impersonated)."""
+    return share_nodes.as_user(bind_tenant(share_nodes, namespace, TENANT))
+
+
+@pytest.fixture
+def records_policy(share_nodes: Cluster, namespace: str) -> Iterator[None]:
+    """The fractional-gpus overlay's policy, in force (checked by a refusal it alone gives)."""
+    share_nodes.kubectl("apply", "--server-side", "-f", str(POLICY))
+    probe = share_nodes.as_user(bind_tenant(share_nodes, namespace, "policy-probe@example.com"))
+    forged = plain_pod("probe", {keys.GPU_SHARE_UUID: "all"})
+
+    def refused() -> bool:
+        try:
+            probe.create_namespaced_pod(namespace, forged, dry_run="All")
+        except ApiException as e:
+            return "mpijob-gpu-share-records" in str(e.body)
+        return False
+
+    try:
+        wait_until(refused, timeout=30, what="the share-records policy in force")
+        yield
+    finally:
+        share_nodes.kubectl("delete", "-f", str(POLICY), "--ignore-not-found")
+
+
+def plain_pod(name: str, annotations: dict[str, str], node: str | None = None) -> dict[str, Any]:
+    """A pod that requests no GPU share at all."""
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+def test_records_written_by_a_tenant_on_plain_pods_hold_no_share(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """Without the policy (the ledger alone): plain pods claiming every GPU of a node hold
+    nothing; the victim's small share is placed there at once."""
+    shares()
+    for gpu in range(GPUS):
+        record = Placed("share-node-1", gpu, "", Share(GPU_GIB, 100), claim=f"squat-{gpu}").dumps()
+        tenant.create_namespaced_pod(
+            namespace, plain_pod(f"squat-{gpu}", {keys.GPU_SHARE: record}, node="gpu-node-0")
+        )
+    ghost = Placed("share-node-1", 9, "", Share(1, None), claim="ghost").dumps()
+    tenant.create_namespaced_pod(
+        namespace, plain_pod("ghost", {keys.GPU_SHARE: ghost}, node="gpu-node-0")
+    )
+    create(share_nodes, namespace, pod_body("victim", 1, 5, node="share-node-1"))
+    (victim,) = wait_running(share_nodes, namespace, ["victim"])
+    assert placed(victim).node == "share-node-1"
+
+
+def test_a_tenant_may_not_forge_share_records_or_lift_the_share_gate(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+    records_policy: None,
+) -> None:
+    shares()
+    # Created with a record, asking for no share: refused.
+    for key in (keys.GPU_SHARE, keys.GPU_SHARE_UUID):
+        with pytest.raises(ApiException) as caught:
+            tenant.create_namespaced_pod(namespace, plain_pod("forger", {key: "all"}))
+        assert caught.value.status == 403, caught.value.body
+        assert "written by the MPIJob operator alone" in str(caught.value.body)
+
+    # A share pod the tenant creates is placed (the webhook's record passes the policy) ...
+    tenant.create_namespaced_pod(namespace, pod_body("mine", 1, 5, node="share-node-1"))
+    (mine,) = wait_running(share_nodes, namespace, ["mine"])
+    record = placed(mine)
+    # ... and one that cannot be placed now waits behind the gate.
+    tenant.create_namespaced_pod(namespace, pod_body("later", 1, 5, node="gpu-node-0"))
+    wait_gated(share_nodes, namespace, "later")
+
+    edits: dict[str, list[Any]] = {
+        "mine": [
+            {"metadata": {"annotations": {keys.GPU_SHARE_UUID: "all"}}},
+            {"metadata": {"annotations": {keys.GPU_SHARE: None}}},
+        ],
+        "later": [
+            {"metadata": {"annotations": {keys.GPU_SHARE_UUID: "all"}}},
+            {"metadata": {"annotations": {keys.GPU_SHARE: record.dumps()}}},
+            {"metadata": {"annotations": {keys.GPU_SHARE_WAITING: None}}},
+            [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+        ],
+    }
+    for name, patches in edits.items():
+        for body in patches:
+            with pytest.raises(ApiException) as caught:
+                tenant.patch_namespaced_pod(name, namespace, body)
+            assert caught.value.status == 403, (name, body, caught.value.body)
+        # What the tenant may still do to its pod: the test would prove nothing otherwise.
+        tenant.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {"mine": "yes"}}})
+
+    later = share_nodes.core.read_namespaced_pod("later", namespace)
+    assert gated(later)
+    assert keys.GPU_SHARE_UUID not in (later.metadata.annotations or {})
+    mine = share_nodes.core.read_namespaced_pod("mine", namespace)
+    assert mine.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid

@@ -8,11 +8,14 @@ own ``mpijob.io/gpu-ids`` counts for nothing, its GPU requests do.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from support.jobs import mpijob
@@ -154,3 +157,116 @@ def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(
 
 def mpijobs_decision_absent(cluster: Cluster, namespace: str, name: str) -> bool:
     return MPIJobs(cluster, namespace).decision(name) is None
+
+
+# --- the node agent: its own node and the pods on it ------------------------------------------
+
+AGENT_POLICY = ROOT / "manifests" / "base" / "rbac" / "agent-policy.yaml"
+AGENT = "system:serviceaccount:mpi-operator:mpijob-agent"
+
+
+def agent_on(cluster: Cluster, node: str | None) -> client.CoreV1Api:
+    """The core API as the agent's pod-bound token on ``node`` (None: a token naming none)."""
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api.set_default_header("Impersonate-User", AGENT)
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    if node:
+        api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2fnode-name", node)
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def agent_policy(crds: Cluster) -> Iterator[None]:
+    roles = list(yaml.safe_load_all((ROOT / "manifests/base/rbac/agent.yaml").read_text()))
+    crds.apply(next(d for d in roles if d["kind"] == "ClusterRole"))
+    crds.kubectl(
+        "create",
+        "clusterrolebinding",
+        "test-mpijob-agent",
+        "--clusterrole=mpijob-agent",
+        "--serviceaccount=mpi-operator:mpijob-agent",
+    )
+    crds.kubectl("apply", "--server-side", "-f", str(AGENT_POLICY))
+    try:
+        stranger = {"metadata": {"annotations": {"mpijob.io/probe": "x"}}}
+
+        def refused() -> bool:
+            try:
+                agent_on(crds, "gpu-node-0").patch_node("gpu-node-1", stranger, dry_run="All")
+            except ApiException as e:
+                return "mpijob-agent-own-node" in str(e.body)
+            return False
+
+        wait_until(refused, timeout=30, what="the agent policy in force")
+        yield
+    finally:
+        crds.kubectl("delete", "-f", str(AGENT_POLICY), "--ignore-not-found")
+        crds.kubectl("delete", "clusterrolebinding", "test-mpijob-agent", "--ignore-not-found")
+
+
+def test_the_node_agent_may_change_only_its_own_node_and_its_pods(
+    crds: Cluster, namespace: str, agent_policy: None
+) -> None:
+    for node in ("gpu-node-0", "gpu-node-1"):
+        crds.core.create_namespaced_pod(
+            namespace,
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name=f"on-{node}"),
+                spec=client.V1PodSpec(
+                    node_name=node, containers=[client.V1Container(name="c", image="busybox")]
+                ),
+            ),
+        )
+    mine, other = agent_on(crds, "gpu-node-0"), agent_on(crds, None)
+    note = {"metadata": {"annotations": {keys.GPU_ACTUAL: "GPU-x"}}}
+    label = {"metadata": {"labels": {keys.NODE_GPU_SCHEDULE_LABEL: "core_mem"}}}
+    # What it must still do, or the test proves nothing.
+    mine.patch_node("gpu-node-0", {"metadata": {"annotations": {"mpijob.io/probe": "x"}}})
+    mine.patch_namespaced_pod("on-gpu-node-0", namespace, note)
+    refusals = [
+        lambda: mine.patch_node("gpu-node-1", label),
+        lambda: mine.patch_node_status("gpu-node-1", {"status": {"capacity": {}}}),
+        lambda: mine.patch_namespaced_pod("on-gpu-node-1", namespace, note),
+        lambda: other.patch_node("gpu-node-0", label),
+    ]
+    for attempt in refusals:
+        with pytest.raises(ApiException) as caught:
+            attempt()
+        assert caught.value.status == 403, caught.value.body
+    labels = crds.core.read_node("gpu-node-1").metadata.labels or {}
+    assert labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != "core_mem"
+    crds.core.patch_node("gpu-node-0", {"metadata": {"annotations": {"mpijob.io/probe": None}}})
+
+
+def test_a_tenant_may_not_write_the_agents_gpu_actual_report(
+    crds: Cluster, namespace: str, tenant: str, agent_policy: None
+) -> None:
+    """The operator counts mpijob.io/gpu-actual as a placement not honoured: a tenant writing it
+    on their own pod would move mpi_operator_placements_not_honoured_total."""
+    as_tenant = crds.as_user(tenant)
+    spec = client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")])
+    liar = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="liar", annotations={keys.GPU_ACTUAL: "GPU-x"}),
+        spec=spec,
+    )
+
+    def refused() -> bool:  # the policy came with the agent's; it may be synced a moment later
+        try:
+            as_tenant.create_namespaced_pod(namespace, liar, dry_run="All")
+        except ApiException as e:
+            return e.status == 403 and "mpijob-gpu-actual" in str(e.body)
+        return False
+
+    wait_until(refused, timeout=30, what="a pod created with mpijob.io/gpu-actual refused")
+    as_tenant.create_namespaced_pod(
+        namespace, client.V1Pod(metadata=client.V1ObjectMeta(name="mine"), spec=spec)
+    )
+    with pytest.raises(ApiException) as caught:
+        as_tenant.patch_namespaced_pod(
+            "mine", namespace, {"metadata": {"annotations": {keys.GPU_ACTUAL: "GPU-x"}}}
+        )
+    assert caught.value.status == 403, caught.value.body
+    as_tenant.patch_namespaced_pod("mine", namespace, {"metadata": {"labels": {"mine": "yes"}}})
+    assert keys.GPU_ACTUAL not in (
+        crds.core.read_namespaced_pod("mine", namespace).metadata.annotations or {}
+    )

@@ -39,6 +39,13 @@ class Cluster:
     def dyn(self) -> dynamic.DynamicClient:
         return dynamic.DynamicClient(self.api)
 
+    def as_user(self, user: str) -> client.CoreV1Api:
+        """The core API as ``user``, impersonated: RBAC and admission see ``user`` (in group
+        ``system:authenticated`` only), as for a tenant's own credentials."""
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        api.set_default_header("Impersonate-User", user)
+        return client.CoreV1Api(api)
+
     def resource(self, api_version: str, kind: str) -> Any:
         return self.dyn.resources.get(api_version=api_version, kind=kind)
 

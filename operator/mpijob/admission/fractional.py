@@ -31,7 +31,7 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.admission.topology import admits
-from mpijob.api.fractional import PERCENT_MAX, Placed, Share
+from mpijob.api.fractional import PERCENT_MAX, Placed, Share, read_request
 from mpijob.placement import codec
 
 
@@ -330,10 +330,10 @@ class Ledger:
             gpu = node.gpus.get(placed.gpu)
             if gpu is not None and pod in gpu.holders:
                 gpu.remove(pod)
-            if placed.share.with_compute:
-                node.compute_pods -= 1
-            else:
-                node.memory_only_pods -= 1
+                if placed.share.with_compute:
+                    node.compute_pods -= 1
+                else:
+                    node.memory_only_pods -= 1
             node.summarise()
         return placed
 
@@ -372,15 +372,48 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._held)
 
+    def capacity(self, share: Share) -> int:
+        """How many shares like ``share`` every known GPU together takes, were all empty: the
+        most workers of one MPIJob that could ever hold one each (hostile sizes stop here)."""
+        per_gpu_percent = PERCENT_MAX // share.percentage if share.percentage else PERCENT_MAX
+        per_gpu_clients = keys.MPS_MAX_CLIENTS // max(share.clients, 1)
+        return sum(
+            min(gpu.memory_gib // max(share.memory_gib, 1), per_gpu_percent, per_gpu_clients)
+            for node in self._nodes.values()
+            for gpu in node.gpus.values()
+        )
+
     @staticmethod
     def _count(node: NodeState, pod: str, placed: Placed) -> None:
+        """Count a holding on a GPU the node has; one naming a GPU it lacks counts for
+        nothing, not even for the no-mixing rule (it can hold nothing real)."""
         gpu = node.gpus.get(placed.gpu)
-        if gpu is not None:
-            gpu.add(pod, placed.share)
+        if gpu is None:
+            return
+        gpu.add(pod, placed.share)
         if placed.share.with_compute:
             node.compute_pods += 1
         else:
             node.memory_only_pods += 1
+
+
+def believed(pod: Mapping[str, Any]) -> Placed | None:
+    """The share record of ``pod`` the ledger may count; None for none or one not believed.
+
+    A record counts only when it names exactly the share the pod's own containers request: a
+    pod that requests none (a record written by hand on a plain pod) or another size holds
+    nothing. The record itself is written by the webhook at creation (it replaces any the
+    tenant sent) and, in the fractional-gpus overlay, changeable by the operator alone (the
+    ValidatingAdmissionPolicy ``mpijob-gpu-share-records``).
+    """
+    meta = pod.get("metadata") or {}
+    record = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+    if record is None:
+        return None
+    request = read_request(pod.get("spec"))
+    if request.errors or request.share != record.share:
+        return None
+    return record
 
 
 def read_node(node: Mapping[str, Any]) -> tuple[list[NodeGpu], bool] | None:

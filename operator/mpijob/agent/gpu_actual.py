@@ -8,8 +8,10 @@ with each unfinished pod's ``mpijob.io/gpu-uuids``:
   the pod annotation ``mpijob.io/gpu-actual`` (the UUIDs its containers hold, comma-separated),
   one count of ``mpijob_agent_placements_not_honoured_total{binding}`` and one Warning Event
   ``PlacementNotHonoured`` on the pod's MPIJob naming the pod, the recorded and the actual GPUs.
-  The annotation is the record that the pod was reported: a pod already annotated with the same
-  GPUs is not reported again, by this agent or by the next one after a restart;
+  The count follows only what this process saw (once per pod and set of GPUs): the annotation is
+  the pod's to write too (anyone who may patch it), so it never moves or holds back the metric.
+  It only spares an Event: a pod already annotated with the same GPUs gets none again, from this
+  agent or the next one after a restart;
 - a **match** removes a stale ``mpijob.io/gpu-actual``;
 - a pod the kubelet does not know (not admitted yet, or gone) is left alone.
 
@@ -77,6 +79,8 @@ class GpuActual:
         """NVML index (as text) -> UUID of this node's GPUs; set by the loop from its reading."""
         self._unavailable: str | None = None
         """Why the kubelet could not be read at the last turn that needed it."""
+        self._counted: dict[tuple[str, str, str], str] = {}
+        """(namespace, name, uid) -> the GPUs counted for that pod by this process."""
 
     def step(self) -> list[Check]:
         """One check of every placed pod on the node; returns the checks. Never raises."""
@@ -97,6 +101,9 @@ class GpuActual:
             device_uuids=self._device_uuids() if _claims_gpus(held) else None,
         )
         by_key = {_key(p): p for p in pods}
+        present = {(*_key(p), _uid(p)) for p in pods}
+        for gone in set(self._counted) - present:
+            del self._counted[gone]
         for check in checks:
             try:
                 self._act(check, by_key[(check.namespace, check.pod)])
@@ -152,15 +159,18 @@ class GpuActual:
         if check.verdict is not Verdict.MISMATCH:
             return
         actual = ",".join(check.actual)
-        if written == actual:
-            return  # reported already, by this agent or an earlier one
-        self._kube.annotate_pod(check.namespace, check.pod, keys.GPU_ACTUAL, actual)
+        key = (check.namespace, check.pod, _uid(pod))
+        if written != actual:
+            self._kube.annotate_pod(check.namespace, check.pod, keys.GPU_ACTUAL, actual)
+        if self._counted.get(key) == actual:
+            return  # counted by this process already, whatever the annotation says now
+        self._counted[key] = actual
         binding = pod_binding(pod)
         metrics.AGENT_PLACEMENTS_NOT_HONOURED.labels(binding=binding.value).inc()
         logger.warning("%s node=%s binding=%s", check.message, self._node, binding.value)
         job = _owning_job(pod)
-        if job is None:
-            return
+        if job is None or written == actual:
+            return  # no MPIJob, or reported by an earlier agent: no second Event
         self._kube.post_event(
             job, WARNING, keys.REASON_PLACEMENT_NOT_HONOURED, event_message(check)
         )
@@ -184,6 +194,10 @@ def _placed(pod: JSON) -> bool:
 def _key(pod: JSON) -> tuple[str, str]:
     meta = pod.get("metadata") or {}
     return str(meta.get("namespace")), str(meta.get("name"))
+
+
+def _uid(pod: JSON) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
 
 
 def _claims_gpus(held: Held) -> bool:

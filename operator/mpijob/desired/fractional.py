@@ -172,8 +172,16 @@ def placement_edits(placed: Placed) -> PodEdits:
 
 
 def waiting_edits(reason: str) -> PodEdits:
-    """What holds a pod back until a GPU has room for its share."""
-    return PodEdits(annotations={keys.GPU_SHARE_WAITING: reason}, gate=True)
+    """What holds a pod back until a GPU has room for its share (and drops any record or
+    UUID the pod was sent with: those are the operator's to write)."""
+    return PodEdits(
+        annotations={
+            keys.GPU_SHARE_WAITING: reason,
+            keys.GPU_SHARE: None,
+            keys.GPU_SHARE_UUID: None,
+        },
+        gate=True,
+    )
 
 
 def pod_edits(pod: Mapping[str, Any], placed: Placed | str, root: str = keys.MPS_ROOT) -> PodEdits:

@@ -55,7 +55,13 @@ import jsonpatch
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.admission.fractional import Ledger, eligible_nodes, node_facts, read_node
+from mpijob.admission.fractional import (
+    Ledger,
+    believed,
+    eligible_nodes,
+    node_facts,
+    read_node,
+)
 from mpijob.admission.node_room import NodeRoom, pod_requests
 from mpijob.api.errors import aggregate
 from mpijob.api.fractional import Placed, Share, read_request
@@ -167,7 +173,7 @@ class FractionalAdmission:
     async def on_pod(self, body: dict[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        placed = Placed.loads(annotations.get(keys.GPU_SHARE))
+        placed = believed(body)
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
         if placed is None:
@@ -247,7 +253,7 @@ class FractionalAdmission:
             for body in pods:
                 meta = body.get("metadata") or {}
                 key = f"{meta.get('namespace')}/{meta.get('name')}"
-                placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
+                placed = believed(body)
                 if (body.get("status") or {}).get("phase") in _FINISHED:
                     continue
                 if placed is None:
@@ -292,7 +298,14 @@ class FractionalAdmission:
         share = self.validate(body)
         if share is None:
             return []
-        count = await self._workers(body) if not dryrun else None
+        count = await self._workers(body)
+        if count is not None:
+            async with self.lock:
+                most = self.ledger.capacity(share)
+            if count > most:
+                raise kopf.AdmissionError(_too_many(body, count, most), code=422)
+        if dryrun:
+            count = None
         async with self.lock:
             placed = self._place(body, share, count, hold=not dryrun)
         if not isinstance(placed, Placed) and not dryrun:
@@ -333,6 +346,9 @@ class FractionalAdmission:
                 continue
             count = await self._workers(body)
             async with self.lock:
+                if count is not None and count > self.ledger.capacity(share):
+                    failed.add(shape)  # refused at admission; the GPUs shrank since
+                    continue
                 placed = self._place(
                     body, share, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
                 )
@@ -471,6 +487,16 @@ class FractionalAdmission:
                 metrics.GPU_SHARE_PERCENTAGE.labels(*labels).set(gpu.percentage_used)
                 metrics.GPU_SHARE_CLIENTS.labels(*labels).set(gpu.clients)
             self._exported[name] = current
+
+
+def _too_many(body: dict[str, Any], count: int, most: int) -> str:
+    worker = worker_of(body)
+    job = worker.job if worker is not None else "?"
+    return (
+        f"GPU share refused: MPIJob {job} spec.mpiReplicaSpecs.{keys.REPLICA_WORKER}.replicas is"
+        f" {count}, but the opted-in GPUs take at most {most} shares of this size; lower"
+        f" spec.mpiReplicaSpecs.{keys.REPLICA_WORKER}.replicas"
+    )
 
 
 def _shape(body: dict[str, Any]) -> str:

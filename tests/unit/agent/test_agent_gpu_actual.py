@@ -150,6 +150,30 @@ def test_an_agent_restarted_does_not_report_an_annotated_pod_again(
     assert len(kube.events) == 2
 
 
+def test_a_tenant_written_actual_annotation_never_moves_the_count(
+    kubelet: FakeKubelet, socket_path: str
+) -> None:
+    """The annotation is the pod's: whoever may patch the pod may write it. Rewriting it at
+    every turn counts nothing more; writing the true GPUs first hides nothing."""
+    kube = FakeKube()
+    kube.add(api_pod("w-0", [UUIDS[0]]))
+    kubelet.pods = [plugin_pod("w-0", [UUIDS[3]])]
+    check = GpuActual(kube, NODE, socket=socket_path)
+    before = counted("annotations")
+    for forged in (UUIDS[6], "", UUIDS[7]):
+        check.step()
+        kube.pods[("team", "w-0")]["metadata"]["annotations"][keys.GPU_ACTUAL] = forged
+    check.step()
+    assert counted("annotations") - before == 1
+    assert kube.annotation("w-0") == UUIDS[3]  # the agent's record comes back
+
+    kube.add(api_pod("w-1", [UUIDS[1]]))
+    kube.pods[("team", "w-1")]["metadata"]["annotations"][keys.GPU_ACTUAL] = UUIDS[4]
+    kubelet.pods = [plugin_pod("w-0", [UUIDS[3]]), plugin_pod("w-1", [UUIDS[4]])]
+    check.step()
+    assert counted("annotations") - before == 2
+
+
 def test_a_match_removes_a_stale_annotation(kubelet: FakeKubelet, socket_path: str) -> None:
     kube = FakeKube()
     pod = api_pod("w-0", [UUIDS[0]])

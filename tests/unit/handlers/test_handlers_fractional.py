@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 
 from mpijob import keys, metrics
-from mpijob.api.fractional import Placed
+from mpijob.api.fractional import Placed, Share
 from mpijob.desired.fractional import (
     MATCH_SHARE_PODS,
     MUTATE_ID,
@@ -348,15 +348,101 @@ async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
 
 
 async def test_workers_that_do_not_all_fit_hold_nothing() -> None:
-    admission = await admission_with(node("gpu-a", gpus=2, memory=30))
+    admission = await admission_with(node("gpu-a", gpus=3, memory=45))
+    await admission.mutate(pod(memory="10", core="100"), dryrun=False)  # one GPU taken
     admission.workers_of = workers(3)
     reason = await waits(admission, worker_pod("big", 0, memory="10", core="100"))
     assert "the 3 workers of MPIJob big are placed all or nothing" in reason
-    assert len(admission.ledger) == 0
-    # A job of two such workers fits the two GPUs.
+    assert len(admission.ledger) == 1
+    # A job of two such workers fits the two GPUs left.
     admission.workers_of = workers(2)
     await admission.mutate(worker_pod("pair", 0, memory="10", core="100"), dryrun=False)
-    assert len(admission.ledger) == 2
+    assert len(admission.ledger) == 3
+
+
+async def test_a_hostile_worker_count_is_refused_naming_the_field_without_a_list() -> None:
+    admission = await admission_with(node("gpu-a"), node("gpu-b"))
+    admission.workers_of = workers(2**31 - 1)
+    for dryrun in (False, True):
+        with pytest.raises(kopf.AdmissionError) as refused:
+            await admission.mutate(worker_pod("hog", 0), dryrun=dryrun)
+        message = str(refused.value)
+        assert "spec.mpiReplicaSpecs.Worker.replicas is 2147483647" in message
+        # 2 nodes x 4 GPUs of 15 GiB: 7 shares of 2 GiB each, but 4 of 25% each: 32.
+        assert "at most 32 shares" in message
+    assert len(admission.ledger) == 0
+    # The largest job that could ever fit is still placed or waits, never refused.
+    admission.workers_of = workers(32)
+    await admission.mutate(worker_pod("most", 0), dryrun=False)
+    assert len(admission.ledger) == 32
+
+
+async def test_a_record_written_by_hand_on_a_pod_without_a_share_holds_nothing() -> None:
+    """A plain Pending pod annotated with a record of every GPU: the ledger counts none of it,
+    on a watch event or in the listing after a restart."""
+    admission = await admission_with(node("gpu-a", gpus=2, memory=30))
+    forged = [
+        Placed("gpu-a", gpu, "", Share(15, 100), claim=f"forged-{gpu}").dumps() for gpu in (0, 1)
+    ]
+    squatters = []
+    for i, record in enumerate(forged):
+        body = {
+            "metadata": {
+                "name": f"squat-{i}",
+                "namespace": "hostile",
+                "annotations": {keys.GPU_SHARE: record},
+            },
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": "Pending"},
+        }
+        squatters.append(body)
+        await admission.on_pod(body, "ADDED")
+    # A share pod whose record names another size than it requests is not believed either.
+    other = pod(memory="1", core="5")
+    other["metadata"] = {
+        "name": "liar",
+        "namespace": "hostile",
+        "annotations": {keys.GPU_SHARE: forged[0]},
+    }
+    await admission.on_pod(other, "ADDED")
+    assert len(admission.ledger) == 0
+    victim = pod(memory="1", core="5")
+    placed_of(victim, await admission.mutate(victim, dryrun=False))
+
+    restarted = await admission_with()
+    await restarted.rebuild([node("gpu-a", gpus=2, memory=30)], [*squatters, other])
+    assert len(restarted.ledger) == 0
+
+
+async def test_a_record_on_a_gpu_the_node_lacks_blocks_nothing() -> None:
+    """A memory-only record on GPU 7 of a 1-GPU node: compute shares still go there."""
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    body = pod(memory="1", core=None)
+    body["metadata"] = {
+        "name": "ghost",
+        "namespace": "hostile",
+        "annotations": {keys.GPU_SHARE: Placed("gpu-a", 7, "", Share(1, None)).dumps()},
+    }
+    await admission.on_pod(body, "ADDED")
+    await admission.on_node(node("gpu-a", gpus=1, memory=15), "MODIFIED")  # recounted
+    victim = pod(memory="1", core="5")
+    placed_of(victim, await admission.mutate(victim, dryrun=False))
+    body["status"] = {"phase": "Succeeded"}
+    await admission.on_pod(body, "MODIFIED")  # its release leaves the counts right
+    assert admission.ledger.nodes["gpu-a"].compute_pods == 1
+    assert admission.ledger.nodes["gpu-a"].memory_only_pods == 0
+
+
+async def test_a_waiting_pod_keeps_no_record_it_was_sent_with() -> None:
+    admission = await admission_with(node("gpu-a", gpus=1, memory=15))
+    body = pod(memory="14", core="50")
+    body["metadata"]["annotations"] = {
+        keys.GPU_SHARE: Placed("gpu-a", 0, "", Share(14, 50)).dumps(),
+        keys.GPU_SHARE_UUID: "all",
+    }
+    await admission.mutate(pod(memory="14", core="50"), dryrun=False)
+    patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
+    assert keys.GPU_SHARE_UUID not in patched["metadata"]["annotations"]
 
 
 async def test_unadmitted_worker_reservations_lapse() -> None:

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from manifests_files import AGENT_RBAC, OPERATOR_RBAC, documents, one, operator_permissions
+from manifests_files import (
+    AGENT_RBAC,
+    OPERATOR_RBAC,
+    ROOT,
+    documents,
+    one,
+    operator_permissions,
+)
+
+from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +102,26 @@ def test_agent_gets_exactly_what_it_uses() -> None:
     binding = one(AGENT_RBAC, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mpijob-agent"}]
     assert [d["kind"] for d in documents(AGENT_RBAC)] == ["ClusterRole", "ClusterRoleBinding"]
+
+
+def test_the_share_overlay_lets_the_operator_patch_its_own_webhook_configurations_only() -> None:
+    """Who may create an admission webhook configuration may intercept any request: the
+    overlay ships ours, and the operator may only patch them, by name."""
+    overlay = ROOT / "manifests" / "overlays" / "fractional-gpus"
+    role = one(overlay / "webhook-rbac.yaml", "ClusterRole")
+    shipped = {
+        (d["kind"], d["metadata"]["name"])
+        for d in documents(overlay / "webhook-configurations.yaml")
+    }
+    assert shipped == {
+        ("MutatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+        ("ValidatingWebhookConfiguration", WEBHOOK_CONFIGURATION),
+    }
+    kustomization = documents(overlay / "kustomization.yaml")[0]
+    assert "webhook-configurations.yaml" in kustomization["resources"]
+    assert "share-records-policy.yaml" in kustomization["resources"]
+    webhook_rules = [r for r in role["rules"] if "admissionregistration.k8s.io" in r["apiGroups"]]
+    assert webhook_rules
+    for rule in webhook_rules:
+        assert rule.get("resourceNames") == [WEBHOOK_CONFIGURATION], rule
+        assert set(rule["verbs"]) <= {"get", "patch"}, rule

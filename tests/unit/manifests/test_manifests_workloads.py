@@ -173,7 +173,8 @@ def test_dockerfile_builds_a_slim_non_root_image() -> None:
         if line.strip() and not line.startswith("#")
     ]
     bases = [rest for op, rest in instructions if op == "FROM"]
-    assert all(base.startswith("python:3.11-slim") for base in bases)
+    # Debian's python3 in both stages, as hack/operator_image.py builds it for the real nodes.
+    assert bases == ["debian:bookworm-slim AS build", "debian:bookworm-slim"]
     assert [rest for op, rest in instructions if op == "USER"] == ["65532:65532"]
     assert [rest for op, rest in instructions if op == "ENTRYPOINT"] == ['["mpijob-operator"]']
     assert [rest for op, rest in instructions if op == "CMD"] == ['["--help"]']

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""The operator's own image, built as the ``Dockerfile`` builds it but without Docker or a registry.
+
+Both recipes make the same image: Debian bookworm's ``python3`` (3.11), a virtualenv at
+``/opt/mpijob`` holding the project's wheel and its runtime dependencies from PyPI, ``PATH``
+leading to that virtualenv, uid 65532 and ``mpijob-operator`` as the entrypoint. Where they
+differ is only how the steps run:
+
+- the ``Dockerfile``: ``debian:bookworm-slim``, ``apt-get install python3 python3-venv`` in a
+  build stage, ``pip install /src`` from PyPI, the virtualenv copied onto a second
+  ``bookworm-slim`` stage that has ``python3`` alone;
+- here: mmdebstrap makes the bookworm rootfs (``--variant=apt``, the same package set as
+  ``bookworm-slim``) with ``python3`` and ``python3-venv``; ``pip wheel`` on this machine turns
+  the project and its dependencies into wheels (each dependency pinned to the version installed
+  in the environment running this script, the one the test suite runs against); inside the
+  rootfs, ``pip install --no-index`` installs those wheels into the virtualenv, and
+  ``python3-venv`` is purged again, which leaves what the Dockerfile's second stage holds.
+
+The result is one layer in an OCI archive under ``~/.cache/mpijob-operator/images/``, named after
+a digest of its recipe: the project's sources (``pyproject.toml`` and ``operator/``), the pinned
+dependency versions and the build steps. README.md reaches the wheel only as its long
+description and is left out, so a documentation edit rebuilds nothing. The image is known to the
+real nodes' containerd as ``mpijob.local/mpijob-operator:<digest>`` (:func:`reference`), which
+the local install overlays select (hack/incluster.py), and as ``mpijob-operator:<version>``, the
+name the shipped manifests use.
+
+Usage: hack/operator_image.py build | path | reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import images  # hack/images.py: the cache, the OCI writer
+
+HACK = Path(__file__).resolve().parent
+ROOT = HACK.parent
+NAME = "mpijob-operator"
+REPO = f"mpijob.local/{NAME}"
+SUITE = "bookworm"
+VENV = "/opt/mpijob"
+# What the Dockerfile's build stage installs; the runtime keeps python3 only.
+PACKAGES = ["python3", "python3-venv"]
+BUILD_ONLY = ["python3-venv"]
+CONFIG = {
+    "Env": [
+        f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "PYTHONUNBUFFERED=1",
+    ],
+    "User": "65532:65532",
+    "Entrypoint": [NAME],
+    "Cmd": ["--help"],
+}
+
+
+def say(msg: str) -> None:
+    print(f"[operator-image] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg: str) -> SystemExit:
+    return SystemExit(f"[operator-image] error: {msg}")
+
+
+def version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def sources() -> list[Path]:
+    """The files that make the project's wheel (README.md aside, see the module docstring)."""
+    tree = sorted(
+        p
+        for p in (ROOT / "operator").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+    return [ROOT / "pyproject.toml", *tree]
+
+
+def _requirement_names(dist: str) -> list[str]:
+    """Runtime requirements of an installed distribution whose markers hold here (no extras)."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for line in metadata.requires(dist) or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            out.append(req.name)
+    return out
+
+
+def pins() -> list[str]:
+    """``name==version`` for every runtime dependency of the project, transitively, as installed
+    in this interpreter's environment (``make install``'s .venv)."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r).name for r in project["dependencies"]]
+    seen: dict[str, str] = {}
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        try:
+            seen[key] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            raise die(
+                f"{name} is not installed in {sys.prefix}; run this with the project's "
+                "virtualenv (make install, then .venv/bin/python hack/operator_image.py)"
+            ) from None
+        todo += _requirement_names(name)
+    return sorted(f"{k}=={v}" for k, v in seen.items())
+
+
+def hooks(wheels: Path) -> list[str]:
+    """mmdebstrap's customize hooks: the virtualenv, the wheels installed offline, the build-only
+    packages purged, the files no runtime reads removed."""
+    chroot = 'env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PIP_NO_CACHE_DIR=1 chroot "$1"'
+    return [
+        f'mkdir -p "$1/tmp/wheels" && cp {wheels}/*.whl "$1/tmp/wheels/"',
+        # Kopf names itself after its user (getpass): uid 65532 needs a passwd entry.
+        f"{chroot} useradd --system --uid 65532 --user-group --no-create-home "
+        "--home-dir /nonexistent --shell /usr/sbin/nologin nonroot",
+        f"{chroot} python3 -m venv {VENV}",
+        f"{chroot} {VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels "
+        f"--disable-pip-version-check {NAME}",
+        f"{chroot} apt-get purge -y -qq --auto-remove {' '.join(BUILD_ONLY)} >/dev/null",
+        'rm -rf "$1/tmp/wheels" "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* '
+        '"$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"',
+        f'find "$1{VENV}" -name __pycache__ -prune -exec rm -rf {{}} +',
+    ]
+
+
+def recipe() -> list[str]:
+    """mmdebstrap's arguments up to the output path (``WHEELS`` stands for the wheel folder)."""
+    return [
+        "mmdebstrap",
+        "--mode=root",
+        "--variant=apt",
+        "--format=tar",
+        "--quiet",
+        f"--include={','.join(PACKAGES)}",
+        *(f"--customize-hook={h}" for h in hooks(Path("WHEELS"))),
+        SUITE,
+    ]
+
+
+def digest() -> str:
+    return images.recipe_digest(sources(), json.dumps([recipe(), pins(), CONFIG, version()]))
+
+
+def digest_of(archive: Path) -> str:
+    return archive.name.removeprefix("operator-").removesuffix(".oci.tar")
+
+
+def archive_path() -> Path:
+    return images.cache_dir() / f"operator-{digest()}.oci.tar"
+
+
+def reference(digest_: str | None = None) -> str:
+    """The image's name in the real nodes' containerd: a new tag for every recipe."""
+    return f"{REPO}:{digest_ or digest()}"
+
+
+def release_reference() -> str:
+    """The name the shipped manifests give the image (``mpijob-operator:<version>``), as
+    containerd normalises it."""
+    return f"docker.io/library/{NAME}:{version()}"
+
+
+def build_wheels(dest: Path) -> None:
+    """The project's wheel and its dependencies' (pinned), into ``dest``."""
+    constraints = dest / "constraints.txt"
+    constraints.write_text("\n".join(pins()) + "\n")
+    # A folder of its own for the project's build, away from other builds of the tree.
+    with tempfile.TemporaryDirectory(prefix="src-", dir=dest.parent) as src:
+        shutil.copy2(ROOT / "pyproject.toml", src)
+        shutil.copy2(ROOT / "README.md", src)
+        shutil.copytree(
+            ROOT / "operator", Path(src) / "operator", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--wheel-dir",
+                str(dest),
+                "--constraint",
+                str(constraints),
+                src,
+            ],
+            check=False,
+        )
+    if out.returncode != 0:
+        raise die(f"pip wheel failed (exit {out.returncode}); it needs PyPI reachable")
+
+
+def build(dest: Path) -> None:
+    if not shutil.which("mmdebstrap"):
+        raise die(
+            "mmdebstrap is not installed; it builds the image's Debian rootfs. Install it: "
+            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
+        )
+    if os.geteuid() != 0:
+        raise die("building the image needs root (mmdebstrap --mode=root)")
+    with tempfile.TemporaryDirectory(prefix="operator-", dir=dest.parent) as tmp:
+        wheels = Path(tmp) / "wheels"
+        wheels.mkdir()
+        t0 = time.monotonic()
+        build_wheels(wheels)
+        say(f"wheels ready in {time.monotonic() - t0:.0f}s")
+        layer = Path(tmp) / "rootfs.tar"
+        argv = [a.replace("WHEELS", str(wheels)) for a in recipe()]
+        result = subprocess.run([*argv, str(layer)], check=False)
+        if result.returncode != 0:
+            raise die(
+                f"mmdebstrap failed (exit {result.returncode}); it needs Debian's archive "
+                "(apt's sources) reachable"
+            )
+        images.add_dirs(layer, images.EXTRA_DIRS)
+        images.write_oci(layer, reference(digest_of(dest)), CONFIG, dest)
+
+
+def ensure() -> Path:
+    """The image's archive, built first when its recipe changed (or was never built)."""
+    dest = archive_path()
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    say(f"building {reference()} (recipe {dest.name})")
+    build(dest)
+    # Two recipes stay: the test of a rolling upgrade runs the one before beside this one.
+    olds = sorted(
+        (p for p in dest.parent.glob("operator-*.oci.tar") if p != dest),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for old in olds[:-1]:
+        old.unlink()
+    size = dest.stat().st_size / 2**20
+    say(f"built {reference()} in {time.monotonic() - t0:.0f}s ({size:.0f} MiB)")
+    return dest
+
+
+def import_into(ctr: list[str], archive: Path) -> list[str]:
+    """Imports the archive with ``ctr`` (its address and namespace given) unless present, and
+    tags it with the release name too; the references it now has."""
+    ref = reference(digest_of(archive))
+    present = subprocess.run(
+        [*ctr, "images", "ls", "-q"], check=True, capture_output=True, text=True
+    )
+    if ref not in present.stdout.split():
+        t0 = time.monotonic()
+        subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True)
+        say(f"imported {ref} ({time.monotonic() - t0:.1f}s)")
+    subprocess.run(
+        [*ctr, "images", "tag", "--force", ref, release_reference()],
+        check=True,
+        capture_output=True,
+    )
+    return [ref, release_reference()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("cmd", choices=["build", "path", "reference", "pins"])
+    args = parser.parse_args()
+    if args.cmd == "build":
+        print(ensure())
+    elif args.cmd == "path":
+        path = archive_path()
+        print(f"{path}{'' if path.exists() else '  (not built)'}")
+    elif args.cmd == "reference":
+        print(reference())
+    else:
+        print("\n".join(pins()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
