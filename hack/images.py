@@ -333,6 +333,17 @@ def mpi_recipe(name: str) -> list[str]:
     ]
 
 
+def require_mmdebstrap(what: str) -> None:
+    """mmdebstrap, run as root, builds ``what``'s Debian rootfs; say how to get there if not."""
+    if not shutil.which("mmdebstrap"):
+        raise die(
+            f"mmdebstrap is not installed; it builds the Debian rootfs of {what}. Install it: "
+            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
+        )
+    if os.geteuid() != 0:
+        raise die(f"building {what} needs root (mmdebstrap --mode=root)")
+
+
 def build_mpi(name: str, dest: Path) -> None:
     build_rootfs(name, mpi_recipe(name), reference(name), image_config(name), dest)
 
@@ -341,13 +352,7 @@ def build_rootfs(
     name: str, recipe: list[str], ref: str, config: dict[str, object], dest: Path
 ) -> None:
     """The image ``ref`` from mmdebstrap's ``recipe`` (its arguments up to the output path)."""
-    if not shutil.which("mmdebstrap"):
-        raise die(
-            "mmdebstrap is not installed; it builds the MPI images' Debian rootfs. Install it: "
-            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
-        )
-    if os.geteuid() != 0:
-        raise die("building the MPI images needs root (mmdebstrap --mode=root)")
+    require_mmdebstrap("the MPI images")
     with tempfile.TemporaryDirectory(prefix="mpi-pi-", dir=dest.parent) as tmp:
         layer = Path(tmp) / "rootfs.tar"
         env = dict(os.environ)

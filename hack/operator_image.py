@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -210,13 +209,7 @@ def build_wheels(dest: Path) -> None:
 
 
 def build(dest: Path) -> None:
-    if not shutil.which("mmdebstrap"):
-        raise die(
-            "mmdebstrap is not installed; it builds the image's Debian rootfs. Install it: "
-            "apt-get install -y mmdebstrap (hack/test-deps.sh does this as root)"
-        )
-    if os.geteuid() != 0:
-        raise die("building the image needs root (mmdebstrap --mode=root)")
+    images.require_mmdebstrap("the operator's image")
     with tempfile.TemporaryDirectory(prefix="operator-", dir=dest.parent) as tmp:
         wheels = Path(tmp) / "wheels"
         wheels.mkdir()
