@@ -169,6 +169,15 @@ def test_readme_install_commands_are_accepted_by_the_api_server(real_cluster: Cl
     commands = readme_install_commands()
     assert any("-k manifests/overlays/standalone" in c for c in commands), commands
     assert any("-f deploy/mpi-operator.yaml" in c for c in commands), commands
+    # A dry run creates nothing, so every object of the install would be checked against a
+    # namespace that does not exist yet on a fresh cluster; the real apply creates it first.
+    try:
+        real_cluster.core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=incluster.NAMESPACE))
+        )
+    except ApiException as e:
+        if e.status != 409:
+            raise
     for command in commands:
         argv = [kubectl_binary(), "--kubeconfig", str(real_cluster.kubeconfig),
                 *command.split()[1:], "--dry-run=server"]  # fmt: skip
