@@ -221,7 +221,7 @@ class Admission:
                 started = time.perf_counter()
                 result = self._place(by_uid[w.uid], free, where, record=True)
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-                if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
+                if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
                     return NoFit(f"{result.reason}; {note}")
                 if isinstance(result, Placement):
                     admitted[(job.namespace, job.name)] = result

@@ -219,8 +219,7 @@ def _release(rt: Runtime, key: JobKey, job: api.MPIJob | None) -> sync.Delete | 
     decision = topology.parse_decision(body)
     if body is None:
         return None
-    uid = decision.uid if decision is not None else ""
-    if decision is not None and not topology.releasable(uid, job, rt.cache.pods(key)):
+    if decision is not None and not topology.releasable(decision, key[1], job, rt.cache.pods(key)):
         return None
     meta = body.get("metadata") or {}
     return sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, key[1], meta.get("uid"))
