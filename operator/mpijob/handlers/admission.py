@@ -200,7 +200,12 @@ class Admission:
                 }
                 own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
                 fits_empty = isinstance(self._place(job, own_empty, where), Placement)
-                w = queue.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
+                w = queue.waiting_job(
+                    job,
+                    priority_values=values,
+                    fits_when_empty=fits_empty,
+                    nodes=frozenset(allowed[job.metadata.uid]),
+                )
                 waiting.append(w)
                 by_uid[w.uid] = job
 
@@ -217,7 +222,8 @@ class Admission:
                     free = list(claim(free, g))
                 if not allowed[w.uid]:
                     return NoFit(NO_ELIGIBLE_NODE)
-                free = [n for n in free if n.name in allowed[w.uid]]
+                # Not on the nodes held for the jobs ahead that do not fit yet.
+                free = [n for n in free if n.name in allowed[w.uid] and n.name not in w.avoid]
                 started = time.perf_counter()
                 result = self._place(by_uid[w.uid], free, where, record=True)
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
