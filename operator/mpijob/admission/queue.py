@@ -201,11 +201,8 @@ def decide(
             message = f"queued behind {head.key}, which is ahead in the admission order"
             decisions.append(_unplaced(job, message, now, behind=head))
             continue
-        if pool_heads:
-            job_ = replace(job, avoid=frozenset(held.get(job.pool, set())))
-        else:
-            job_ = job
-        result = try_place(job_, tuple(granted))
+        avoid = frozenset(held.get(job.pool, ())) if pool_heads else frozenset()
+        result = try_place(replace(job, avoid=avoid) if avoid else job, tuple(granted))
         if isinstance(result, OverQuota):
             decisions.append(_unplaced(job, result.reason, now, over_quota=True))
             continue

@@ -375,6 +375,47 @@ def gpus_taken(
     return Taken(recheck=recheck)
 
 
+def unschedulable_workers(
+    decision: Decision,
+    name: str,
+    pods: Iterable[Mapping[str, Any]],
+    now: datetime,
+    seconds: float,
+) -> Taken:
+    """Whether a placed job must give its placement back because a worker of it has been
+    unschedulable (``PodScheduled=False``, reason ``Unschedulable``) for ``seconds``: its
+    decision would otherwise hold GPUs for a pod that never runs (a request no node can meet,
+    a toleration it lacks), and the jobs behind it would wait for good."""
+    recheck: float | None = None
+    prefix = f"{name}{keys.WORKER_SUFFIX}-"
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pod_name = str(meta.get("name") or "")
+        if not pod_name.startswith(prefix) or not names.is_controlled_by(pod, decision.uid):
+            continue
+        if (pod.get("spec") or {}).get("nodeName") or _finished(pod) or _terminating(pod):
+            continue
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if (c.get("type"), c.get("status"), c.get("reason")) != (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                continue
+            since = parse_time(c.get("lastTransitionTime"))
+            waited = (now - since).total_seconds() if since is not None else 0.0
+            if waited < seconds:
+                left = seconds - waited
+                recheck = left if recheck is None else min(recheck, left)
+                continue
+            return Taken(
+                f"worker {pod_name} has been unschedulable for {int(waited)}s "
+                f"({c.get('message') or 'no reason given'}); its placement is released and the "
+                f"job is queued again in {int(seconds)}s"
+            )
+    return Taken(recheck=recheck)
+
+
 # --- nodes -----------------------------------------------------------------------------------
 
 

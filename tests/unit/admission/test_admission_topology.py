@@ -94,7 +94,8 @@ def test_a_waiting_message_names_no_pod_of_another_namespace() -> None:
         "held by pods this operator did not place: n0: squatter (1), "
         "8 GPU(s) by pods of other namespaces"
     )
-    assert "hostile-b" not in note and "secret-project-x" not in note
+    assert "hostile-b" not in note
+    assert "secret-project-x" not in note
     assert held.note(["n0"], "hostile-b") == (
         "held by pods this operator did not place: n0: secret-project-x (8), "
         "1 GPU(s) by pods of other namespaces"
