@@ -219,7 +219,8 @@ def test_11_a_pod_naming_the_job_as_controller_keeps_no_placement_alive(
         "kind": "Pod",
         "metadata": {
             "name": "hog-extra",
-            "labels": {keys.LABEL_JOB_NAME: "hog", keys.LABEL_JOB_ROLE: keys.ROLE_WORKER},
+            # The job's labels, so the operator counts it among the job's pods.
+            "labels": {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME, keys.LABEL_JOB_NAME: "hog"},
             "ownerReferences": [
                 {
                     "apiVersion": keys.API_VERSION,
