@@ -38,7 +38,7 @@ it fits, in order, at most once per job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
@@ -172,7 +172,11 @@ def worker_priority_class(job: MPIJob) -> str:
 
 def admission_order(waiting: Iterable[WaitingJob]) -> list[WaitingJob]:
     """Waiting jobs in admission order: priority, then submission time, then namespace/name."""
-    return sorted(waiting, key=lambda job: (-job.priority, job.created, job.namespace, job.name))
+    return sorted(waiting, key=_order_key)
+
+
+def _order_key(job: WaitingJob) -> tuple[int, datetime, str, str]:
+    return (-job.priority, job.created, job.namespace, job.name)
 
 
 def decide(
@@ -180,37 +184,36 @@ def decide(
     try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit | OverQuota],
     *,
     now: datetime,
+    fits: Callable[[WaitingJob], bool] | None = None,
 ) -> list[Decision[P]]:
     """One admission pass: a decision for every waiting job, in admission order.
 
     A job that does not fit holds the nodes it may go to (:attr:`WaitingJob.nodes`; its whole
     pool when unknown) for itself: no job behind it is placed there. A job behind it that may go
     to other nodes is placed on those (``try_place`` gets it with :attr:`WaitingJob.avoid`
-    set); one with no other node waits behind it.
+    set); one with no other node waits behind it. ``fits``, when given, says whether a job
+    that does not fit now would fit with nothing running (in place of
+    :attr:`WaitingJob.fits_when_empty`): asked only of those, which may be few of many.
     """
     decisions: list[Decision[P]] = []
     granted: list[P] = []
-    heads: dict[str, list[WaitingJob]] = {}
-    """Per pool, the jobs ahead that do not fit yet, in order."""
-    held: dict[str, set[str]] = {}
-    """Per pool, the nodes those jobs hold (while none of them may go anywhere)."""
+    lines: dict[str, _Line] = {}
     for job in admission_order(waiting):
-        pool_heads = heads.get(job.pool, [])
-        head = _blocking(job, pool_heads, held.get(job.pool, set()))
+        line = lines.setdefault(job.pool, _Line())
+        head = line.blocking(job)
         if head is not None:
             message = f"queued behind {head.key}, which is ahead in the admission order"
             decisions.append(_unplaced(job, message, now, behind=head))
             continue
-        avoid = frozenset(held.get(job.pool, ())) if pool_heads else frozenset()
-        result = try_place(replace(job, avoid=avoid) if avoid else job, tuple(granted))
+        result = try_place(line.avoiding(job), granted)
         if isinstance(result, OverQuota):
             decisions.append(_unplaced(job, result.reason, now, over_quota=True))
             continue
         if isinstance(result, NoFit):
             decision = _unplaced(job, result.reason, now)
-            if isinstance(decision, Wait) and job.fits_when_empty:
-                heads.setdefault(job.pool, []).append(job)
-                held.setdefault(job.pool, set()).update(job.nodes or ())
+            blocks = fits(job) if fits is not None else job.fits_when_empty
+            if isinstance(decision, Wait) and blocks:
+                line.hold(job)
             decisions.append(decision)
             continue
         granted.append(result)
@@ -218,16 +221,39 @@ def decide(
     return decisions
 
 
-def _blocking(job: WaitingJob, heads: Sequence[WaitingJob], held: set[str]) -> WaitingJob | None:
-    """The job ahead that ``job`` waits behind: the first that may go anywhere in the pool, or,
-    when every node ``job`` may go to is held, the first holding one of them; None when ``job``
-    still has a node of its own to try."""
-    for head in heads:
-        if head.nodes is None:
-            return head
-    if not heads or not job.nodes or not job.nodes <= held:
-        return None
-    return next((h for h in heads if h.nodes and h.nodes & job.nodes), heads[0])
+@dataclass
+class _Line:
+    """One pool's jobs ahead that do not fit yet, and what they hold."""
+
+    anywhere: WaitingJob | None = None
+    """The first of them that may go to any node of the pool: it holds the whole pool."""
+    holder: dict[str, WaitingJob] = field(default_factory=dict)
+    """Node -> the first of them that may go there."""
+
+    def hold(self, job: WaitingJob) -> None:
+        if job.nodes is None:
+            self.anywhere = self.anywhere or job
+            return
+        for node in job.nodes:
+            self.holder.setdefault(node, job)
+
+    def blocking(self, job: WaitingJob) -> WaitingJob | None:
+        """The job ahead that ``job`` waits behind: one that holds the whole pool, or, when
+        every node ``job`` may go to is held, the first holding one of them (the earliest in
+        the order); None when ``job`` still has a node of its own to try."""
+        if self.anywhere is not None:
+            return self.anywhere
+        if not self.holder or not job.nodes or not job.nodes <= self.holder.keys():
+            return None
+        ahead = {id(self.holder[n]): self.holder[n] for n in job.nodes}
+        return min(ahead.values(), key=_order_key)
+
+    def avoiding(self, job: WaitingJob) -> WaitingJob:
+        """``job`` with the nodes it may not take set aside (:attr:`WaitingJob.avoid`)."""
+        if not self.holder:
+            return job
+        nodes = self.holder.keys() if job.nodes is None else job.nodes & self.holder.keys()
+        return replace(job, avoid=frozenset(nodes)) if nodes else job
 
 
 def _unplaced(

@@ -23,6 +23,7 @@ waits, which is when running jobs release GPUs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +78,35 @@ async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
 
 def _node_name(node: Mapping[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name"))
+
+
+class _Eligible:
+    """The nodes each job's worker template admits, computed once per distinct selection (its
+    ``nodeSelector`` and node affinity) and narrowed first through an index of node labels."""
+
+    def __init__(self, nodes: Sequence[Mapping[str, Any]]) -> None:
+        self.nodes = {_node_name(n): n for n in nodes}
+        self.by_label: dict[tuple[str, str], set[str]] = {}
+        for name, n in self.nodes.items():
+            for item in ((n.get("metadata") or {}).get("labels") or {}).items():
+                self.by_label.setdefault(item, set()).add(name)
+        self.seen: dict[str, frozenset[str]] = {}
+
+    def of(self, job: api.MPIJob) -> frozenset[str]:
+        worker = job.spec.worker
+        spec = ((worker.template if worker is not None else {}).get("spec")) or {}
+        selection = {k: spec.get(k) for k in ("nodeSelector", "affinity")}
+        key = json.dumps(selection, sort_keys=True, default=str)
+        found = self.seen.get(key)
+        if found is None:
+            names: set[str] | None = None
+            for key_, value in (spec.get("nodeSelector") or {}).items():
+                matching = self.by_label.get((str(key_), str(value)), set())
+                names = set(matching) if names is None else names & matching
+            candidates = self.nodes.keys() if names is None else names
+            found = frozenset(n for n in candidates if topology.admits(spec, self.nodes[n]))
+            self.seen[key] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -188,42 +218,33 @@ class Admission:
             values = self.priority_values()
             by_uid = {}
             waiting = []
-            # Each job is placed only on the nodes its worker template admits.
-            allowed: dict[str, set[str]] = {}
+            # Each job is placed only on the nodes its worker template admits; jobs whose
+            # templates select alike share the work (thousands of jobs, a few templates).
+            eligible = _Eligible(nodes_raw)
+            allowed: dict[str, frozenset[str]] = {}
             for job in self.waiting.values():
                 if job.metadata.creation_timestamp is None:
                     continue
-                allowed[job.metadata.uid] = {
-                    str((n.get("metadata") or {}).get("name"))
-                    for n in nodes_raw
-                    if topology.eligible(job, n)
-                }
-                own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
-                fits_empty = isinstance(self._place(job, own_empty, where), Placement)
-                w = queue.waiting_job(
-                    job,
-                    priority_values=values,
-                    fits_when_empty=fits_empty,
-                    nodes=frozenset(allowed[job.metadata.uid]),
-                )
+                allowed[job.metadata.uid] = eligible.of(job)
+                w = queue.waiting_job(job, priority_values=values, nodes=allowed[job.metadata.uid])
                 waiting.append(w)
                 by_uid[w.uid] = job
+            fits_when_empty = self._fits_when_empty(by_uid, allowed, empty, where)
 
             admitted: dict[JobKey, Placement] = {}
             """Admitted earlier in this pass: their GPUs count against their quotas."""
             held_in = self._held_in(snap, decisions)
+            state = {n.name: n for n in nodes}
+            """Each node with the GPUs taken so far, this pass's admissions included."""
 
             def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
                 job = by_uid[w.uid]
                 if over := self._over_quota(job, snap, decisions, admitted, held_in):
                     return queue.OverQuota(over)
-                free = nodes
-                for g in granted:
-                    free = list(claim(free, g))
                 if not allowed[w.uid]:
                     return NoFit(NO_ELIGIBLE_NODE)
                 # Not on the nodes held for the jobs ahead that do not fit yet.
-                free = [n for n in free if n.name in allowed[w.uid] and n.name not in w.avoid]
+                free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
                 started = time.perf_counter()
                 result = self._place(by_uid[w.uid], free, where, record=True)
                 metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
@@ -231,11 +252,51 @@ class Admission:
                     return NoFit(f"{result.reason}; {note}")
                 if isinstance(result, Placement):
                     admitted[(job.namespace, job.name)] = result
+                    used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
+                    state.update((n.name, n) for n in claim(used, result))
                 return result
 
-            for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
+            now = datetime.now(UTC)
+            for decision in queue.decide(waiting, try_place, now=now, fits=fits_when_empty):
                 await self._apply(decision)
             self._gauges()
+
+    def _fits_when_empty(
+        self,
+        by_uid: Mapping[str, api.MPIJob],
+        allowed: Mapping[str, frozenset[str]],
+        empty: Sequence[NodeState],
+        where: Mapping[str, Location],
+    ) -> Callable[[queue.WaitingJob], bool]:
+        """Whether a job would fit with nothing running (else it blocks no one), placed once
+        per kind of job: its request, and the nodes it may go to (their topologies, or with a
+        fabric the nodes themselves and its fabric annotations)."""
+        empty_by_name = {n.name: n for n in empty}
+        fits_cache: dict[tuple[Any, ...], bool] = {}
+        shapes: dict[frozenset[str], tuple[str, ...]] = {}
+
+        def fits_when_empty(w: queue.WaitingJob) -> bool:
+            job = by_uid[w.uid]
+            nodes = allowed[w.uid]
+            annotations: tuple[tuple[str, str], ...] = ()
+            if self.fabric is None:
+                # Without a fabric, only the nodes' topologies matter, not which nodes.
+                if nodes not in shapes:
+                    own = nodes & empty_by_name.keys()
+                    shapes[nodes] = tuple(
+                        sorted(empty_by_name[n].topology.fingerprint for n in own)
+                    )
+                shape: Any = shapes[nodes]
+            else:
+                shape = nodes
+                annotations = tuple(sorted((job.metadata.annotations or {}).items()))
+            key = (topology.request_of(job), shape, annotations)
+            if key not in fits_cache:
+                own_empty = [empty_by_name[n] for n in sorted(nodes & empty_by_name.keys())]
+                fits_cache[key] = isinstance(self._place(job, own_empty, where), Placement)
+            return fits_cache[key]
+
+        return fits_when_empty
 
     def _over_quota(
         self,
