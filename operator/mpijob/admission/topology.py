@@ -32,6 +32,7 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
+from mpijob.desired.requests import effective_gpus
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.fabric import Fabric, Location
@@ -546,15 +547,8 @@ def _finished(pod: Mapping[str, Any]) -> bool:
 
 
 def _gpus_of(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod (or a summary of one) requests: its containers' sum, or an init container's
-    larger request, as the scheduler counts it."""
-    spec = pod.get("spec") or {}
-    main = gpu_count({"spec": {"containers": spec.get("containers") or []}})
-    init = max(
-        (gpu_count({"spec": {"containers": [c]}}) for c in spec.get("initContainers") or []),
-        default=0,
-    )
-    return max(main, init)
+    """GPUs a pod (or a summary of one) holds, as the scheduler counts them."""
+    return effective_gpus(pod.get("spec") or {})
 
 
 def node_states(

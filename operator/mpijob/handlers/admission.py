@@ -80,6 +80,11 @@ def _node_name(node: Mapping[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name"))
 
 
+def _worker_spec_of(job: api.MPIJob) -> dict[str, Any] | None:
+    worker = job.spec.worker
+    return dict(worker.template.get("spec") or {}) if worker is not None else None
+
+
 class _Eligible:
     """The nodes each job's worker template admits, computed once per distinct selection (its
     ``nodeSelector`` and node affinity) and narrowed first through an index of node labels."""
@@ -210,56 +215,72 @@ class Admission:
             if not self.waiting:
                 return
             decisions = {**snap.decisions, **self._unseen_grants()}
-            held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
-            nodes = topology.node_states(nodes_raw, held)
-            empty = topology.node_states(nodes_raw)
-            where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
-            self.domains = {}
-            values = self.priority_values()
-            by_uid = {}
-            waiting = []
-            # Each job is placed only on the nodes its worker template admits; jobs whose
-            # templates select alike share the work (thousands of jobs, a few templates).
-            eligible = _Eligible(nodes_raw)
-            allowed: dict[str, frozenset[str]] = {}
-            for job in self.waiting.values():
-                if job.metadata.creation_timestamp is None:
-                    continue
-                allowed[job.metadata.uid] = eligible.of(job)
-                w = queue.waiting_job(job, priority_values=values, nodes=allowed[job.metadata.uid])
-                waiting.append(w)
-                by_uid[w.uid] = job
-            fits_when_empty = self._fits_when_empty(by_uid, allowed, empty, where)
-
-            admitted: dict[JobKey, Placement] = {}
-            """Admitted earlier in this pass: their GPUs count against their quotas."""
+            jobs = [j for j in self.waiting.values() if j.metadata.creation_timestamp is not None]
             held_in = self._held_in(snap, decisions)
-            state = {n.name: n for n in nodes}
-            """Each node with the GPUs taken so far, this pass's admissions included."""
-
-            def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
-                job = by_uid[w.uid]
-                if over := self._over_quota(job, snap, decisions, admitted, held_in):
-                    return queue.OverQuota(over)
-                if not allowed[w.uid]:
-                    return NoFit(NO_ELIGIBLE_NODE)
-                # Not on the nodes held for the jobs ahead that do not fit yet.
-                free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
-                started = time.perf_counter()
-                result = self._place(by_uid[w.uid], free, where, record=True)
-                metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-                if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
-                    return NoFit(f"{result.reason}; {note}")
-                if isinstance(result, Placement):
-                    admitted[(job.namespace, job.name)] = result
-                    used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
-                    state.update((n.name, n) for n in claim(used, result))
-                return result
-
-            now = datetime.now(UTC)
-            for decision in queue.decide(waiting, try_place, now=now, fits=fits_when_empty):
+            values = dict(self.priority_values())
+            self.domains = {}
+            # The pass computes on a thread, from this snapshot only: the event loop keeps
+            # serving other jobs' reconciles, the watches and /healthz meanwhile.
+            outcome = await asyncio.to_thread(
+                self._decide, snap, nodes_raw, decisions, jobs, values, held_in
+            )
+            for decision in outcome:
                 await self._apply(decision)
             self._gauges()
+
+    def _decide(
+        self,
+        snap: topology.Snapshot,
+        nodes_raw: Sequence[JSON],
+        decisions: Mapping[JobKey, topology.Decision],
+        jobs: Sequence[api.MPIJob],
+        values: Mapping[str, int],
+        held_in: Mapping[str, list[tuple[str, quota.Held]]],
+    ) -> list[queue.Decision[Placement]]:
+        """One pass's decisions for ``jobs``. Reads only its arguments (and writes only
+        ``self.domains``): it runs off the event loop."""
+        held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
+        nodes = topology.node_states(nodes_raw, held)
+        empty = topology.node_states(nodes_raw)
+        where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+        by_uid = {}
+        waiting = []
+        # Each job is placed only on the nodes its worker template admits; jobs whose
+        # templates select alike share the work (thousands of jobs, a few templates).
+        eligible = _Eligible(nodes_raw)
+        allowed: dict[str, frozenset[str]] = {}
+        for job in jobs:
+            allowed[job.metadata.uid] = eligible.of(job)
+            w = queue.waiting_job(job, priority_values=values, nodes=allowed[job.metadata.uid])
+            waiting.append(w)
+            by_uid[w.uid] = job
+        fits_when_empty = self._fits_when_empty(by_uid, allowed, empty, where)
+
+        admitted: dict[JobKey, tuple[Placement, api.MPIJob]] = {}
+        """Admitted earlier in this pass: their GPUs count against their quotas."""
+        state = {n.name: n for n in nodes}
+        """Each node with the GPUs taken so far, this pass's admissions included."""
+
+        def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
+            job = by_uid[w.uid]
+            if over := self._over_quota(job, snap, admitted, held_in):
+                return queue.OverQuota(over)
+            if not allowed[w.uid]:
+                return NoFit(NO_ELIGIBLE_NODE)
+            # Not on the nodes held for the jobs ahead that do not fit yet.
+            free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
+            started = time.perf_counter()
+            result = self._place(job, free, where, record=True)
+            metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
+                return NoFit(f"{result.reason}; {note}")
+            if isinstance(result, Placement):
+                admitted[(job.namespace, job.name)] = (result, job)
+                used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
+                state.update((n.name, n) for n in claim(used, result))
+            return result
+
+        return queue.decide(waiting, try_place, now=datetime.now(UTC), fits=fits_when_empty)
 
     def _fits_when_empty(
         self,
@@ -302,8 +323,7 @@ class Admission:
         self,
         job: api.MPIJob,
         snap: topology.Snapshot,
-        decisions: Mapping[JobKey, topology.Decision],
-        admitted: Mapping[JobKey, Placement],
+        admitted: Mapping[JobKey, tuple[Placement, api.MPIJob]],
         held_in: Mapping[str, list[tuple[str, quota.Held]]],
     ) -> str:
         """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
@@ -317,10 +337,10 @@ class Admission:
             return ""
         # Its own stale decision (it was scaled since) is the one this admission replaces.
         held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
-        for key, placement in admitted.items():
+        for key, (placement, other) in admitted.items():
             if key[0] == ns:
                 gpus = sum(len(a.gpus) for a in placement.assignments)
-                held.append(quota.Held(gpus, worker_spec=self._worker_spec(key, None)))
+                held.append(quota.Held(gpus, worker_spec=_worker_spec_of(other)))
         return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
 
     def _held_in(
@@ -349,12 +369,10 @@ class Admission:
             out.setdefault(key[0], []).append((decision.uid, held))
         return out
 
-    def _worker_spec(self, key: JobKey, uid: str | None) -> dict[str, Any] | None:
-        """The worker pod spec of the live job ``key`` (of ``uid``, when given); None unknown."""
+    def _worker_spec(self, key: JobKey, uid: str) -> dict[str, Any] | None:
+        """The worker pod spec of the live job ``key`` of ``uid``; None unknown."""
         job = self.live(key)
-        if job is None or (uid is not None and job.metadata.uid != uid) or not job.spec.worker:
-            return None
-        return dict(job.spec.worker.template.get("spec") or {})
+        return _worker_spec_of(job) if job is not None and job.metadata.uid == uid else None
 
     def _place(
         self,
