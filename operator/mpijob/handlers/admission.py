@@ -46,6 +46,8 @@ from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 log = logging.getLogger(__name__)
 
 PASS_INTERVAL_SECONDS = 2.0
+#: Decisions applied between two yields to the event loop.
+YIELD_EVERY = 200
 NO_ELIGIBLE_NODE = (
     "no opted-in node matches the worker template's nodeSelector and required node affinity"
 )
@@ -224,8 +226,10 @@ class Admission:
             outcome = await asyncio.to_thread(
                 self._decide, snap, nodes_raw, decisions, jobs, values, held_in
             )
-            for decision in outcome:
+            for index, decision in enumerate(outcome, start=1):
                 await self._apply(decision)
+                if index % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # thousands of waiting jobs: let the loop breathe
             self._gauges()
 
     def _decide(
