@@ -202,7 +202,9 @@ def decide(
         line = lines.setdefault(job.pool, _Line())
         head = line.blocking(job)
         if head is not None:
-            message = f"queued behind {head.key}, which is ahead in the admission order"
+            # Another namespace's job is not named: the status is read by this namespace.
+            ahead = head.key if head.namespace == job.namespace else "a job of another namespace"
+            message = f"queued behind {ahead}, which is ahead in the admission order"
             decisions.append(_unplaced(job, message, now, behind=head))
             continue
         result = try_place(line.avoiding(job), granted)

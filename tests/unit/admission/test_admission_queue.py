@@ -258,3 +258,16 @@ def test_a_job_over_its_quota_waits_without_holding_the_pool() -> None:
         Wait(capped, "ResourceQuota gpus allows 0", over_quota=True),
         Admit(small, Gpus(4)),
     ]
+
+
+def test_a_job_of_another_namespace_ahead_is_not_named() -> None:
+    pinned = replace(waiting("hog-8", at=1), namespace="hostile-b", nodes=frozenset({"busy"}))
+    same = replace(waiting("same-1", at=2), nodes=frozenset({"busy"}))
+    decisions = admission_queue.decide(
+        [pinned, same], lambda job, granted: NoRoom("needs 8 GPUs on busy"), now=T0
+    )
+    assert decisions[1] == Wait(
+        same,
+        "queued behind a job of another namespace, which is ahead in the admission order",
+        pinned,
+    )
