@@ -155,6 +155,17 @@ def main(ctx: click.Context) -> None:
     "bounds the ring of a job spread over nodes.",
 )
 @click.option(
+    "--placement-release-seconds",
+    default=DEFAULTS.placement_release_seconds,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    help="A topology-placed job whose worker stays unschedulable this long, or whose worker "
+    "the API server refuses (a ResourceQuota, an invalid template), loses its placement "
+    f"({keys.REASON_WORKERS_UNSCHEDULABLE} / {keys.REASON_WORKERS_REFUSED}) and waits as long "
+    "before it is queued again.",
+)
+@click.option(
     "--fabric",
     default=DEFAULTS.fabric,
     metavar="NAME|FILE",

@@ -184,6 +184,13 @@ REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
 #: a worker on a node that is not Ready or was cordoned is gone; the job's workers and decision
 #: are removed and it is placed anew on healthy GPUs.
 REASON_NODE_LOST: Final = "PlacementNodeLost"
+#: Warning Event and ``GangAdmitted=False`` reason: the API server refused a placed worker's
+#: pod (a ResourceQuota, a template it finds invalid): the job's workers and decision are
+#: removed, and it waits ``--placement-release-seconds`` before it is queued again.
+REASON_WORKERS_REFUSED: Final = "PlacementWorkersRefused"
+#: Warning Event and ``GangAdmitted=False`` reason: a placed worker stayed unschedulable for
+#: ``--placement-release-seconds``: released as for ``PlacementWorkersRefused``.
+REASON_WORKERS_UNSCHEDULABLE: Final = "PlacementWorkersUnschedulable"
 #: Normal Event once per admission (annotations binding): the operator chose the GPUs, but the
 #: device plugin picks the ones each container gets.
 REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"

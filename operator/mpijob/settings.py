@@ -60,6 +60,11 @@ class OperatorSettings:
     inter_node_gbps: float = 12.5
     """Bandwidth (GB/s per direction) between two nodes, bounding rings that span nodes."""
 
+    placement_release_seconds: float = 300.0
+    """How long a placed worker may stay unschedulable before its job's PlacementDecision is
+    released (a worker the API server refuses releases it at once); a released job then waits as
+    long before it is queued again, so the jobs behind it get the GPUs it could not use."""
+
     fabric: str = ""
     """The fabric between nodes: a shipped one by name (``nvl72``, ``hgx-h100-rail``,
     ``dgx1-v100``) or a YAML/JSON file of levels (docs/placement-fabric.md); empty: none, every

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from kubernetes import client, config
+
+from mpijob import keys
 from support.kube import ROOT, Cluster
 
 
@@ -25,3 +30,25 @@ def bind_tenant(cluster: Cluster, namespace: str, user: str) -> str:
         )
         cluster.apply(binding, namespace)
     return user
+
+
+class TenantJobs:
+    """MPIJobs and pods as ``user`` writes them: every request impersonated, so RBAC and
+    admission judge it as they would the tenant's own credentials."""
+
+    def __init__(self, cluster: Cluster, namespace: str, user: str) -> None:
+        self.namespace = namespace
+        api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        api.set_default_header("Impersonate-User", user)
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        group, version = keys.API_VERSION.split("/")
+        out = self.custom.create_namespaced_custom_object(
+            group, version, self.namespace, "mpijobs", body
+        )
+        return dict(out)
+
+    def create_pod(self, body: dict[str, Any]) -> Any:
+        return self.core.create_namespaced_pod(self.namespace, body)

@@ -7,10 +7,9 @@ its node, holding its share, while another node had room. :class:`NodeRoom` coun
 scheduler counts (NodeResourcesFit): per node, its ``status.allocatable`` against the requests of
 the pods bound to it or pinned there by a share, and one pod each.
 
-A pod's requests are read as the scheduler reads them (:func:`pod_requests`): the sum over its
-containers (and sidecars, init containers that keep running), or the largest init container if
-more, plus the pod overhead; a container's limit stands for a missing request, as the API server
-defaults it. Quantities are exact (:mod:`mpijob.desired.quantity`).
+A pod's requests are read as the scheduler reads them (:func:`pod_requests`, on
+:func:`mpijob.desired.requests.effective_requests`): init containers, sidecars and the pod
+overhead included. Quantities are exact (:mod:`mpijob.desired.quantity`).
 
 Pure; the I/O shell (:mod:`mpijob.handlers.fractional`) feeds it nodes and pods under the same
 lock as the share ledger.
@@ -22,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from mpijob.desired.quantity import Quantity
+from mpijob.desired.requests import amounts, effective_requests
 
 #: Every pod takes one of these.
 PODS = "pods"
@@ -31,42 +30,11 @@ Requests = dict[str, Decimal]
 
 
 def pod_requests(spec: Mapping[str, Any]) -> Requests:
-    """What a pod with ``spec`` takes of a node, one pod included; malformed amounts count 0."""
-    running: Requests = {}
-    largest_init: Requests = {}
-    for container in spec.get("initContainers") or []:
-        own = _container_requests(container)
-        if container.get("restartPolicy") == "Always":  # a sidecar runs beside the containers
-            _add(running, own)
-        else:
-            for name, amount in own.items():
-                largest_init[name] = max(largest_init.get(name, Decimal(0)), amount)
-    for container in spec.get("containers") or []:
-        _add(running, _container_requests(container))
-    total = {
-        name: max(running.get(name, Decimal(0)), largest_init.get(name, Decimal(0)))
-        for name in running.keys() | largest_init.keys()
-    }
-    _add(total, _amounts(spec.get("overhead")))
+    """What a pod with ``spec`` takes of a node (:func:`effective_requests`), one pod included;
+    malformed amounts count 0."""
+    total = effective_requests(spec)
     total[PODS] = total.get(PODS, Decimal(0)) + 1
     return total
-
-
-def _container_requests(container: Mapping[str, Any]) -> Requests:
-    resources = container.get("resources") or {}
-    merged = dict(resources.get("limits") or {})
-    merged.update(resources.get("requests") or {})
-    return _amounts(merged)
-
-
-def _amounts(values: Mapping[str, Any] | None) -> Requests:
-    out: Requests = {}
-    for name, text in (values or {}).items():
-        try:
-            out[name] = Quantity.parse(text).value
-        except (ValueError, TypeError):
-            continue
-    return out
 
 
 def _add(total: Requests, more: Mapping[str, Decimal]) -> None:
@@ -84,7 +52,7 @@ class NodeRoom:
 
     def set_node(self, name: str, allocatable: Mapping[str, Any] | None) -> None:
         """A node's ``status.allocatable`` (what the scheduler fits pods into)."""
-        self._allocatable[name] = _amounts(allocatable)
+        self._allocatable[name] = amounts(allocatable)
 
     def remove_node(self, name: str) -> None:
         self._allocatable.pop(name, None)

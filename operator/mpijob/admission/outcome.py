@@ -12,6 +12,10 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
 * ``GangAdmitted=False``, reason ``GPUQuotaExceeded``, and a Warning Event: the job's GPUs would
   take its namespace past a ResourceQuota (the message names the quota, its limit, what is in
   use and what the job needs); see :mod:`mpijob.admission.quota`.
+* ``GangAdmitted=False``, reason ``PlacementWorkersRefused`` or ``PlacementWorkersUnschedulable``,
+  and a Warning Event: the reconciler released the job's placement because its workers could
+  not be created or scheduled; the job stays out of the line ``--placement-release-seconds``
+  (:func:`mpijob.admission.timeout.held_off_until`).
 * On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).

@@ -14,9 +14,12 @@ namespace and name, so the order is total and the same on every pass.
 fit, no job behind it in the order is admitted in that pass; they wait "behind" it. Capacity
 that running jobs release therefore accumulates for the first job in line until it fits, and a
 big job cannot be overtaken forever by a stream of small ones: it is overtaken only by jobs of
-higher priority (which is what priority means), never by later or equal-priority ones. Pools
-(``WaitingJob.pool``) let jobs that can never compete for the same nodes, such as jobs with
-disjoint node selectors, proceed independently; when in doubt a caller uses one pool. Three
+higher priority (which is what priority means), never by later or equal-priority ones. What
+a blocked job holds is the nodes it may go to (``WaitingJob.nodes``, from its template's
+selector and affinity): a job behind it that may go elsewhere is placed on its other nodes, so
+a job waiting for one set of nodes never blocks jobs that need others. Pools
+(``WaitingJob.pool``) separate jobs that never compete at all; a job whose nodes are unknown
+holds its whole pool. Three
 exceptions keep a blocked head from holding a pool forever: a job that would not fit even on an
 empty pool (``fits_when_empty=False``) waits without blocking anyone, so does a job its
 namespace's ResourceQuota has no room for (``try_place`` returns :class:`OverQuota`: one
@@ -35,13 +38,12 @@ it fits, in order, at most once per job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from mpijob.admission import timeout
 from mpijob.api.models import MPIJob
-from mpijob.desired import podgroup
 
 P = TypeVar("P")
 
@@ -73,6 +75,12 @@ class WaitingJob:
     """Jobs in different pools never compete for the same capacity."""
     fits_when_empty: bool = True
     """False when the job would not fit even with nothing running; it then blocks no one."""
+    nodes: frozenset[str] | None = None
+    """The nodes the job may go to (its template's selector and affinity); None: any node of
+    its pool. A job that does not fit holds only these for itself."""
+    avoid: frozenset[str] = frozenset()
+    """Set by :func:`decide` for ``try_place``: nodes held for jobs ahead of this one that do
+    not fit yet. The job may be placed on its other nodes only."""
 
     @property
     def key(self) -> str:
@@ -128,11 +136,16 @@ def waiting_job(
     priority_values: Mapping[str, int],
     pool: str = "",
     fits_when_empty: bool = True,
+    nodes: frozenset[str] | None = None,
 ) -> WaitingJob:
     """The admission view of an MPIJob; PriorityClass values are looked up by the caller.
 
-    The job's priority is that of its PodGroup's PriorityClass (policy, launcher, worker).
-    Raises ValueError when the job has no creation timestamp (it has not been stored).
+    The job's priority is the value of the PriorityClass its workers carry (their template's
+    ``priorityClassName``): the priority the scheduler gives the pods that take the GPUs, which
+    the API server admits only for a class that exists. A name in ``schedulingPolicy`` or the
+    launcher that the workers never use ranks nothing, and so does a class ``priority_values``
+    (the PriorityClass objects that exist) lacks. Raises ValueError when the job has no creation
+    timestamp (it has not been stored).
     """
     created = job.metadata.creation_timestamp
     if created is None:
@@ -142,16 +155,28 @@ def waiting_job(
         name=job.name,
         uid=job.metadata.uid,
         created=created,
-        priority=priority_values.get(podgroup.priority_class_name(job), 0),
+        priority=priority_values.get(worker_priority_class(job), 0) if priority_values else 0,
         deadline=timeout.admission_deadline(job),
         pool=pool,
         fits_when_empty=fits_when_empty,
+        nodes=nodes,
     )
+
+
+def worker_priority_class(job: MPIJob) -> str:
+    """The ``priorityClassName`` of the job's worker template; empty when it names none."""
+    worker = job.spec.worker
+    name = (worker.template.get("spec") or {}).get("priorityClassName") if worker else None
+    return str(name) if name else ""
 
 
 def admission_order(waiting: Iterable[WaitingJob]) -> list[WaitingJob]:
     """Waiting jobs in admission order: priority, then submission time, then namespace/name."""
-    return sorted(waiting, key=lambda job: (-job.priority, job.created, job.namespace, job.name))
+    return sorted(waiting, key=_order_key)
+
+
+def _order_key(job: WaitingJob) -> tuple[int, datetime, str, str]:
+    return (-job.priority, job.created, job.namespace, job.name)
 
 
 def decide(
@@ -159,30 +184,78 @@ def decide(
     try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit | OverQuota],
     *,
     now: datetime,
+    fits: Callable[[WaitingJob], bool] | None = None,
 ) -> list[Decision[P]]:
-    """One admission pass: a decision for every waiting job, in admission order."""
+    """One admission pass: a decision for every waiting job, in admission order.
+
+    A job that does not fit holds the nodes it may go to (:attr:`WaitingJob.nodes`; its whole
+    pool when unknown) for itself: no job behind it is placed there. A job behind it that may go
+    to other nodes is placed on those (``try_place`` gets it with :attr:`WaitingJob.avoid`
+    set); one with no other node waits behind it. ``fits``, when given, says whether a job
+    that does not fit now would fit with nothing running (in place of
+    :attr:`WaitingJob.fits_when_empty`): asked only of those, which may be few of many.
+    """
     decisions: list[Decision[P]] = []
     granted: list[P] = []
-    heads: dict[str, WaitingJob] = {}
+    lines: dict[str, _Line] = {}
     for job in admission_order(waiting):
-        head = heads.get(job.pool)
+        line = lines.setdefault(job.pool, _Line())
+        head = line.blocking(job)
         if head is not None:
-            message = f"queued behind {head.key}, which is ahead in the admission order"
+            # Another namespace's job is not named: the status is read by this namespace.
+            ahead = head.key if head.namespace == job.namespace else "a job of another namespace"
+            message = f"queued behind {ahead}, which is ahead in the admission order"
             decisions.append(_unplaced(job, message, now, behind=head))
             continue
-        result = try_place(job, tuple(granted))
+        result = try_place(line.avoiding(job), granted)
         if isinstance(result, OverQuota):
             decisions.append(_unplaced(job, result.reason, now, over_quota=True))
             continue
         if isinstance(result, NoFit):
             decision = _unplaced(job, result.reason, now)
-            if isinstance(decision, Wait) and job.fits_when_empty:
-                heads[job.pool] = job
+            blocks = fits(job) if fits is not None else job.fits_when_empty
+            if isinstance(decision, Wait) and blocks:
+                line.hold(job)
             decisions.append(decision)
             continue
         granted.append(result)
         decisions.append(Admit(job, result))
     return decisions
+
+
+@dataclass
+class _Line:
+    """One pool's jobs ahead that do not fit yet, and what they hold."""
+
+    anywhere: WaitingJob | None = None
+    """The first of them that may go to any node of the pool: it holds the whole pool."""
+    holder: dict[str, WaitingJob] = field(default_factory=dict)
+    """Node -> the first of them that may go there."""
+
+    def hold(self, job: WaitingJob) -> None:
+        if job.nodes is None:
+            self.anywhere = self.anywhere or job
+            return
+        for node in job.nodes:
+            self.holder.setdefault(node, job)
+
+    def blocking(self, job: WaitingJob) -> WaitingJob | None:
+        """The job ahead that ``job`` waits behind: one that holds the whole pool, or, when
+        every node ``job`` may go to is held, the first holding one of them (the earliest in
+        the order); None when ``job`` still has a node of its own to try."""
+        if self.anywhere is not None:
+            return self.anywhere
+        if not self.holder or not job.nodes or not job.nodes <= self.holder.keys():
+            return None
+        ahead = {id(self.holder[n]): self.holder[n] for n in job.nodes}
+        return min(ahead.values(), key=_order_key)
+
+    def avoiding(self, job: WaitingJob) -> WaitingJob:
+        """``job`` with the nodes it may not take set aside (:attr:`WaitingJob.avoid`)."""
+        if not self.holder:
+            return job
+        nodes = self.holder.keys() if job.nodes is None else job.nodes & self.holder.keys()
+        return replace(job, avoid=frozenset(nodes)) if nodes else job
 
 
 def _unplaced(

@@ -38,6 +38,7 @@ from mpijob import keys
 from mpijob.api import MPIJob, gpu_count
 from mpijob.desired import names, quantity
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.desired.requests import effective_gpus
 
 #: The quota resource names that limit GPUs, and what the API server charges under each.
 GPU_RESOURCES = (keys.QUOTA_GPU_REQUESTS, keys.QUOTA_GPU_CLAIM_DEVICES)
@@ -242,7 +243,7 @@ def held_by(
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    return gpu_count({"spec": {"containers": (pod.get("spec") or {}).get("containers") or []}})
+    return effective_gpus(pod.get("spec") or {})
 
 
 def _claim_devices(claim: Mapping[str, Any]) -> int:

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from mpijob import keys
 from mpijob.api.models import MPIJob
+
+#: ``GangAdmitted=False`` reasons of a job whose placement was released because its workers
+#: could not be created or scheduled.
+RELEASED = frozenset({keys.REASON_WORKERS_REFUSED, keys.REASON_WORKERS_UNSCHEDULABLE})
 
 
 def admission_deadline(job: MPIJob) -> datetime | None:
@@ -30,3 +35,15 @@ def timed_out(job: MPIJob, now: datetime) -> bool:
     """Whether a job that is still waiting at ``now`` has passed its deadline."""
     deadline = admission_deadline(job)
     return deadline is not None and now >= deadline
+
+
+def held_off_until(job: MPIJob, seconds: float) -> datetime | None:
+    """Until when a job whose placement was released (its workers refused or unschedulable)
+    stays out of the line; None when it is not held off. Read from its ``GangAdmitted``
+    condition, which only the operator writes (the status subresource), so a restarted
+    operator holds it off as long."""
+    condition = job.status.condition(keys.COND_GANG_ADMITTED)
+    if condition is None or condition.status != "False" or condition.reason not in RELEASED:
+        return None
+    since = condition.last_update_time or condition.last_transition_time
+    return since + timedelta(seconds=seconds) if since is not None else None

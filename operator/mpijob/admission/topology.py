@@ -32,6 +32,7 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
+from mpijob.desired.requests import effective_gpus
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec
 from mpijob.placement.fabric import Fabric, Location
@@ -237,14 +238,39 @@ def locations(nodes: Iterable[Mapping[str, Any]], fabric: Fabric) -> dict[str, L
     return out
 
 
-def releasable(decision_uid: str, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a decision can be deleted now: its job is gone (or replaced by a same-named one),
-    finished or suspended, and none of the job's pods holds a GPU any more (a terminating pod
-    still does: its container keeps the device until it exits)."""
+def releasable(
+    decision: Decision, name: str, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]
+) -> bool:
+    """Whether the decision for the job ``name`` can be deleted now: its job is gone (or
+    replaced by a same-named one), finished or suspended, and none of its placed workers holds a
+    GPU any more (a terminating one still does: its container keeps the device until it exits).
+
+    Only a placed worker keeps a decision: a pod of the worker's name and index, controlled by
+    the job, bound to the node its assignment names. Any other pod, even one naming the job as
+    its controller (anyone who may create pods in the namespace can write such a reference),
+    holds nothing of the decision's: bound, it is counted by its own GPU requests instead.
+    """
     running = job is not None and not (job.status.finished or job.spec.suspended)
-    if running and job is not None and job.metadata.uid == decision_uid:
+    if running and job is not None and job.metadata.uid == decision.uid:
         return False
-    return not any(names.is_controlled_by(p, decision_uid) and not _finished(p) for p in pods)
+    return not any(placed_worker(p, name, decision) is not None for p in pods)
+
+
+def placed_worker(pod: Mapping[str, Any], name: str, decision: Decision) -> int | None:
+    """The index of the worker ``pod`` is in the decision for job ``name``, while it holds that
+    worker's GPUs (bound to the assignment's node, not finished); None for any other pod."""
+    meta = pod.get("metadata") or {}
+    if not names.is_controlled_by(pod, decision.uid) or _finished(pod):
+        return None
+    prefix = f"{name}{keys.WORKER_SUFFIX}-"
+    pod_name = str(meta.get("name") or "")
+    index = pod_name[len(prefix) :]
+    if not pod_name.startswith(prefix) or not index.isdigit() or str(int(index)) != index:
+        return None
+    if int(index) >= len(decision.assignments):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    return int(index) if node == decision.assignments[int(index)].node else None
 
 
 def lost_nodes(
@@ -350,6 +376,47 @@ def gpus_taken(
     return Taken(recheck=recheck)
 
 
+def unschedulable_workers(
+    decision: Decision,
+    name: str,
+    pods: Iterable[Mapping[str, Any]],
+    now: datetime,
+    seconds: float,
+) -> Taken:
+    """Whether a placed job must give its placement back because a worker of it has been
+    unschedulable (``PodScheduled=False``, reason ``Unschedulable``) for ``seconds``: its
+    decision would otherwise hold GPUs for a pod that never runs (a request no node can meet,
+    a toleration it lacks), and the jobs behind it would wait for good."""
+    recheck: float | None = None
+    prefix = f"{name}{keys.WORKER_SUFFIX}-"
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pod_name = str(meta.get("name") or "")
+        if not pod_name.startswith(prefix) or not names.is_controlled_by(pod, decision.uid):
+            continue
+        if (pod.get("spec") or {}).get("nodeName") or _finished(pod) or _terminating(pod):
+            continue
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if (c.get("type"), c.get("status"), c.get("reason")) != (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                continue
+            since = parse_time(c.get("lastTransitionTime"))
+            waited = (now - since).total_seconds() if since is not None else 0.0
+            if waited < seconds:
+                left = seconds - waited
+                recheck = left if recheck is None else min(recheck, left)
+                continue
+            return Taken(
+                f"worker {pod_name} has been unschedulable for {int(waited)}s "
+                f"({c.get('message') or 'no reason given'}); its placement is released and the "
+                f"job is queued again in {int(seconds)}s"
+            )
+    return Taken(recheck=recheck)
+
+
 # --- nodes -----------------------------------------------------------------------------------
 
 
@@ -402,16 +469,22 @@ class Holdings:
     """Node -> UUIDs of GPUs the scheduler allocated to ResourceClaims (anyone's)."""
     unplaced: dict[str, int] = field(default_factory=dict)
     """Node -> GPUs held by pods that no decision placed (a count: the indices are unknown)."""
-    holders: dict[str, list[str]] = field(default_factory=dict)
-    """Node -> ``namespace/pod (N)`` of those pods, to name them when a job waits."""
+    holders: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
+    """Node -> (namespace, pod, GPUs) of those pods, to say who holds them when a job waits."""
 
-    def note(self, nodes: Iterable[str]) -> str:
-        """Who holds GPUs on ``nodes`` outside our placement, for a waiting job's message."""
-        parts = [
-            f"{node}: {', '.join(self.holders[node])}"
-            for node in sorted(set(nodes))
-            if self.holders.get(node)
-        ]
+    def note(self, nodes: Iterable[str], namespace: str) -> str:
+        """Who holds GPUs on ``nodes`` outside our placement, for the message of a job waiting
+        in ``namespace``: pods of that namespace by name, any other namespace's as a count only
+        (a job's status is read by its own namespace's users, who must not learn what runs in
+        another's)."""
+        parts = []
+        for node in sorted(set(nodes)):
+            own = [f"{pod} ({n})" for ns, pod, n in self.holders.get(node, ()) if ns == namespace]
+            other = sum(n for ns, _, n in self.holders.get(node, ()) if ns != namespace)
+            if other:
+                own.append(f"{other} GPU(s) by pods of other namespaces")
+            if own:
+                parts.append(f"{node}: {', '.join(own)}")
         return "held by pods this operator did not place: " + "; ".join(parts) if parts else ""
 
 
@@ -444,7 +517,7 @@ def holdings(
         meta = pod.get("metadata") or {}
         out.unplaced[node] = out.unplaced.get(node, 0) + count
         out.holders.setdefault(node, []).append(
-            f"{meta.get('namespace')}/{meta.get('name')} ({count})"
+            (str(meta.get("namespace") or ""), str(meta.get("name") or ""), count)
         )
     return out
 
@@ -474,15 +547,8 @@ def _finished(pod: Mapping[str, Any]) -> bool:
 
 
 def _gpus_of(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod (or a summary of one) requests: its containers' sum, or an init container's
-    larger request, as the scheduler counts it."""
-    spec = pod.get("spec") or {}
-    main = gpu_count({"spec": {"containers": spec.get("containers") or []}})
-    init = max(
-        (gpu_count({"spec": {"containers": [c]}}) for c in spec.get("initContainers") or []),
-        default=0,
-    )
-    return max(main, init)
+    """GPUs a pod (or a summary of one) holds, as the scheduler counts them."""
+    return effective_gpus(pod.get("spec") or {})
 
 
 def node_states(

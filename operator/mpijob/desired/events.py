@@ -52,7 +52,13 @@ class Implied:
 #: ``GangAdmitted=False`` reasons whose Warning must reach the user (not the waiting message,
 #: which is no Event).
 _ADMISSION_WARNINGS = frozenset(
-    {keys.REASON_DECISION_REFUSED, keys.REASON_NODE_LOST, keys.REASON_GPUS_TAKEN}
+    {
+        keys.REASON_DECISION_REFUSED,
+        keys.REASON_NODE_LOST,
+        keys.REASON_GPUS_TAKEN,
+        keys.REASON_WORKERS_REFUSED,
+        keys.REASON_WORKERS_UNSCHEDULABLE,
+    }
 )
 
 

@@ -23,6 +23,7 @@ waits, which is when running jobs release GPUs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,8 @@ from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 log = logging.getLogger(__name__)
 
 PASS_INTERVAL_SECONDS = 2.0
+#: Decisions applied between two yields to the event loop.
+YIELD_EVERY = 200
 NO_ELIGIBLE_NODE = (
     "no opted-in node matches the worker template's nodeSelector and required node affinity"
 )
@@ -77,6 +80,40 @@ async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
 
 def _node_name(node: Mapping[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name"))
+
+
+def _worker_spec_of(job: api.MPIJob) -> dict[str, Any] | None:
+    worker = job.spec.worker
+    return dict(worker.template.get("spec") or {}) if worker is not None else None
+
+
+class _Eligible:
+    """The nodes each job's worker template admits, computed once per distinct selection (its
+    ``nodeSelector`` and node affinity) and narrowed first through an index of node labels."""
+
+    def __init__(self, nodes: Sequence[Mapping[str, Any]]) -> None:
+        self.nodes = {_node_name(n): n for n in nodes}
+        self.by_label: dict[tuple[str, str], set[str]] = {}
+        for name, n in self.nodes.items():
+            for item in ((n.get("metadata") or {}).get("labels") or {}).items():
+                self.by_label.setdefault(item, set()).add(name)
+        self.seen: dict[str, frozenset[str]] = {}
+
+    def of(self, job: api.MPIJob) -> frozenset[str]:
+        worker = job.spec.worker
+        spec = ((worker.template if worker is not None else {}).get("spec")) or {}
+        selection = {k: spec.get(k) for k in ("nodeSelector", "affinity")}
+        key = json.dumps(selection, sort_keys=True, default=str)
+        found = self.seen.get(key)
+        if found is None:
+            names: set[str] | None = None
+            for key_, value in (spec.get("nodeSelector") or {}).items():
+                matching = self.by_label.get((str(key_), str(value)), set())
+                names = set(matching) if names is None else names & matching
+            candidates = self.nodes.keys() if names is None else names
+            found = frozenset(n for n in candidates if topology.admits(spec, self.nodes[n]))
+            self.seen[key] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -180,63 +217,117 @@ class Admission:
             if not self.waiting:
                 return
             decisions = {**snap.decisions, **self._unseen_grants()}
-            held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
-            nodes = topology.node_states(nodes_raw, held)
-            empty = topology.node_states(nodes_raw)
-            where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
-            self.domains = {}
-            values = self.priority_values()
-            by_uid = {}
-            waiting = []
-            # Each job is placed only on the nodes its worker template admits.
-            allowed: dict[str, set[str]] = {}
-            for job in self.waiting.values():
-                if job.metadata.creation_timestamp is None:
-                    continue
-                allowed[job.metadata.uid] = {
-                    str((n.get("metadata") or {}).get("name"))
-                    for n in nodes_raw
-                    if topology.eligible(job, n)
-                }
-                own_empty = [n for n in empty if n.name in allowed[job.metadata.uid]]
-                fits_empty = isinstance(self._place(job, own_empty, where), Placement)
-                w = queue.waiting_job(job, priority_values=values, fits_when_empty=fits_empty)
-                waiting.append(w)
-                by_uid[w.uid] = job
-
-            admitted: dict[JobKey, Placement] = {}
-            """Admitted earlier in this pass: their GPUs count against their quotas."""
+            jobs = [j for j in self.waiting.values() if j.metadata.creation_timestamp is not None]
             held_in = self._held_in(snap, decisions)
-
-            def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
-                job = by_uid[w.uid]
-                if over := self._over_quota(job, snap, decisions, admitted, held_in):
-                    return queue.OverQuota(over)
-                free = nodes
-                for g in granted:
-                    free = list(claim(free, g))
-                if not allowed[w.uid]:
-                    return NoFit(NO_ELIGIBLE_NODE)
-                free = [n for n in free if n.name in allowed[w.uid]]
-                started = time.perf_counter()
-                result = self._place(by_uid[w.uid], free, where, record=True)
-                metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-                if isinstance(result, NoFit) and (note := held.note(allowed[w.uid])):
-                    return NoFit(f"{result.reason}; {note}")
-                if isinstance(result, Placement):
-                    admitted[(job.namespace, job.name)] = result
-                return result
-
-            for decision in queue.decide(waiting, try_place, now=datetime.now(UTC)):
+            values = dict(self.priority_values())
+            self.domains = {}
+            # The pass computes on a thread, from this snapshot only: the event loop keeps
+            # serving other jobs' reconciles, the watches and /healthz meanwhile.
+            outcome = await asyncio.to_thread(
+                self._decide, snap, nodes_raw, decisions, jobs, values, held_in
+            )
+            for index, decision in enumerate(outcome, start=1):
                 await self._apply(decision)
+                if index % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # thousands of waiting jobs: let the loop breathe
             self._gauges()
+
+    def _decide(
+        self,
+        snap: topology.Snapshot,
+        nodes_raw: Sequence[JSON],
+        decisions: Mapping[JobKey, topology.Decision],
+        jobs: Sequence[api.MPIJob],
+        values: Mapping[str, int],
+        held_in: Mapping[str, list[tuple[str, quota.Held]]],
+    ) -> list[queue.Decision[Placement]]:
+        """One pass's decisions for ``jobs``. Reads only its arguments (and writes only
+        ``self.domains``): it runs off the event loop."""
+        held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
+        nodes = topology.node_states(nodes_raw, held)
+        empty = topology.node_states(nodes_raw)
+        where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+        by_uid = {}
+        waiting = []
+        # Each job is placed only on the nodes its worker template admits; jobs whose
+        # templates select alike share the work (thousands of jobs, a few templates).
+        eligible = _Eligible(nodes_raw)
+        allowed: dict[str, frozenset[str]] = {}
+        for job in jobs:
+            allowed[job.metadata.uid] = eligible.of(job)
+            w = queue.waiting_job(job, priority_values=values, nodes=allowed[job.metadata.uid])
+            waiting.append(w)
+            by_uid[w.uid] = job
+        fits_when_empty = self._fits_when_empty(by_uid, allowed, empty, where)
+
+        admitted: dict[JobKey, tuple[Placement, api.MPIJob]] = {}
+        """Admitted earlier in this pass: their GPUs count against their quotas."""
+        state = {n.name: n for n in nodes}
+        """Each node with the GPUs taken so far, this pass's admissions included."""
+
+        def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
+            job = by_uid[w.uid]
+            if over := self._over_quota(job, snap, admitted, held_in):
+                return queue.OverQuota(over)
+            if not allowed[w.uid]:
+                return NoFit(NO_ELIGIBLE_NODE)
+            # Not on the nodes held for the jobs ahead that do not fit yet.
+            free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
+            started = time.perf_counter()
+            result = self._place(job, free, where, record=True)
+            metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+            if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
+                return NoFit(f"{result.reason}; {note}")
+            if isinstance(result, Placement):
+                admitted[(job.namespace, job.name)] = (result, job)
+                used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
+                state.update((n.name, n) for n in claim(used, result))
+            return result
+
+        return queue.decide(waiting, try_place, now=datetime.now(UTC), fits=fits_when_empty)
+
+    def _fits_when_empty(
+        self,
+        by_uid: Mapping[str, api.MPIJob],
+        allowed: Mapping[str, frozenset[str]],
+        empty: Sequence[NodeState],
+        where: Mapping[str, Location],
+    ) -> Callable[[queue.WaitingJob], bool]:
+        """Whether a job would fit with nothing running (else it blocks no one), placed once
+        per kind of job: its request, and the nodes it may go to (their topologies, or with a
+        fabric the nodes themselves and its fabric annotations)."""
+        empty_by_name = {n.name: n for n in empty}
+        fits_cache: dict[tuple[Any, ...], bool] = {}
+        shapes: dict[frozenset[str], tuple[str, ...]] = {}
+
+        def fits_when_empty(w: queue.WaitingJob) -> bool:
+            job = by_uid[w.uid]
+            nodes = allowed[w.uid]
+            annotations: tuple[tuple[str, str], ...] = ()
+            if self.fabric is None:
+                # Without a fabric, only the nodes' topologies matter, not which nodes.
+                if nodes not in shapes:
+                    own = nodes & empty_by_name.keys()
+                    shapes[nodes] = tuple(
+                        sorted(empty_by_name[n].topology.fingerprint for n in own)
+                    )
+                shape: Any = shapes[nodes]
+            else:
+                shape = nodes
+                annotations = tuple(sorted((job.metadata.annotations or {}).items()))
+            key = (topology.request_of(job), shape, annotations)
+            if key not in fits_cache:
+                own_empty = [empty_by_name[n] for n in sorted(nodes & empty_by_name.keys())]
+                fits_cache[key] = isinstance(self._place(job, own_empty, where), Placement)
+            return fits_cache[key]
+
+        return fits_when_empty
 
     def _over_quota(
         self,
         job: api.MPIJob,
         snap: topology.Snapshot,
-        decisions: Mapping[JobKey, topology.Decision],
-        admitted: Mapping[JobKey, Placement],
+        admitted: Mapping[JobKey, tuple[Placement, api.MPIJob]],
         held_in: Mapping[str, list[tuple[str, quota.Held]]],
     ) -> str:
         """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
@@ -250,10 +341,10 @@ class Admission:
             return ""
         # Its own stale decision (it was scaled since) is the one this admission replaces.
         held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
-        for key, placement in admitted.items():
+        for key, (placement, other) in admitted.items():
             if key[0] == ns:
                 gpus = sum(len(a.gpus) for a in placement.assignments)
-                held.append(quota.Held(gpus, worker_spec=self._worker_spec(key, None)))
+                held.append(quota.Held(gpus, worker_spec=_worker_spec_of(other)))
         return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
 
     def _held_in(
@@ -282,12 +373,10 @@ class Admission:
             out.setdefault(key[0], []).append((decision.uid, held))
         return out
 
-    def _worker_spec(self, key: JobKey, uid: str | None) -> dict[str, Any] | None:
-        """The worker pod spec of the live job ``key`` (of ``uid``, when given); None unknown."""
+    def _worker_spec(self, key: JobKey, uid: str) -> dict[str, Any] | None:
+        """The worker pod spec of the live job ``key`` of ``uid``; None unknown."""
         job = self.live(key)
-        if job is None or (uid is not None and job.metadata.uid != uid) or not job.spec.worker:
-            return None
-        return dict(job.spec.worker.template.get("spec") or {})
+        return _worker_spec_of(job) if job is not None and job.metadata.uid == uid else None
 
     def _place(
         self,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mpijob import api, keys, metrics
-from mpijob.admission import kueue, outcome, queue, topology
+from mpijob.admission import kueue, outcome, queue, timeout, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.models import format_time
@@ -68,18 +68,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
-    if gate.decision is not None:
-        lost, gone = await _lost_nodes(rt, key, job, gate.decision)
-        if lost:
-            await _place_anew(rt, key, job, body, seen, lost, keys.REASON_NODE_LOST, gone)
-            return
-    if gate.placement is not None and rt.gpu_binding is GpuBinding.DRA:
-        taken = topology.gpus_taken(seen.pods, seen.claims, now)
-        if taken.message:
-            await _place_anew(rt, key, job, body, seen, taken.message, keys.REASON_GPUS_TAKEN)
-            return
-        if taken.recheck is not None:
-            rt.workers.enqueue_after(key, taken.recheck + 0.5)
+    if await _placement_gone(rt, key, job, body, seen, gate, now):
+        return
     plan = sync.plan(
         job,
         seen,
@@ -97,9 +87,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         plan.actions.append(gate.release)
     result = status.next_status(job, plan.projected, now, admission=gate.outcome)
 
-    versions: dict[tuple[str, str], str] = {}
-    for action in plan.actions:
-        await _apply(rt, key, job, body, action, versions)
+    if not await _apply_all(rt, key, job, body, plan.actions, gate):
+        return
     if plan.requeue_after is not None:
         rt.workers.enqueue_after(key, plan.requeue_after)
     if result.changed:
@@ -115,6 +104,44 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         rt.recorder.post(body, event)
     for counter in result.counters:
         COUNTERS[counter].inc()
+
+
+async def _placement_gone(
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    body: JSON,
+    seen: sync.Observed,
+    gate: Gate,
+    now: datetime,
+) -> bool:
+    """Whether the job's placement no longer holds (a node lost, pinned GPUs taken, a worker
+    unschedulable too long) and was given back; re-queues the job for what time alone changes."""
+    if gate.decision is not None:
+        lost, gone = await _lost_nodes(rt, key, job, gate.decision)
+        if lost:
+            await _place_anew(rt, key, job, body, seen, lost, keys.REASON_NODE_LOST, gone)
+            return True
+    if gate.placement is not None and rt.gpu_binding is GpuBinding.DRA:
+        taken = topology.gpus_taken(seen.pods, seen.claims, now)
+        if taken.message:
+            await _place_anew(rt, key, job, body, seen, taken.message, keys.REASON_GPUS_TAKEN)
+            return True
+        if taken.recheck is not None:
+            rt.workers.enqueue_after(key, taken.recheck + 0.5)
+    if gate.decision is not None:
+        release_after = rt.settings.placement_release_seconds
+        stuck = topology.unschedulable_workers(gate.decision, key[1], seen.pods, now, release_after)
+        if stuck.message:
+            await _place_anew(
+                rt, key, job, body, seen, stuck.message, keys.REASON_WORKERS_UNSCHEDULABLE
+            )
+            return True
+        if stuck.recheck is not None:
+            rt.workers.enqueue_after(key, stuck.recheck + 0.5)
+    if gate.recheck is not None:
+        rt.workers.enqueue_after(key, gate.recheck)
+    return False
 
 
 def checked(body: JSON, settings: OperatorSettings) -> tuple[api.MPIJob | None, list[FieldError]]:
@@ -164,6 +191,44 @@ async def _apply(
             await rt.kube.delete(version, kind, job.namespace, name, uid=uid)
 
 
+async def _apply_all(
+    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, actions: list[sync.Action], gate: Gate
+) -> bool:
+    """Run the plan's actions in order; False when a refused worker gave the placement back
+    (the sync ends there)."""
+    versions: dict[tuple[str, str], str] = {}
+    for action in actions:
+        try:
+            await _apply(rt, key, job, body, action, versions)
+        except ApiError as e:
+            refused = _refused_worker(action, e)
+            if gate.decision is None or not refused:
+                raise
+            # Its GPUs must not stay reserved for pods that cannot exist: give them back, with
+            # the workers created so far (observed again: this sync's creations included).
+            why = (
+                f"the API server refused worker pod {refused}: "
+                f"{e.message}; its placement is released and the job is queued again in "
+                f"{int(rt.settings.placement_release_seconds)}s"
+            )
+            again = rt.cache.observe(key, job)
+            await _place_anew(rt, key, job, body, again, why, keys.REASON_WORKERS_REFUSED)
+            return False
+    return True
+
+
+def _refused_worker(action: sync.Action, e: ApiError) -> str:
+    """The worker pod ``action`` created, if the API server refused it for good as it stands: a
+    quota (403), a template it finds invalid (400, 422); empty otherwise. Not a conflict, a rate
+    limit or the server's own trouble, which a retry may get past."""
+    if not isinstance(action, sync.Create) or action.obj.get("kind") != "Pod":
+        return ""
+    meta = action.obj.get("metadata") or {}
+    if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) != keys.ROLE_WORKER:
+        return ""
+    return str(meta.get("name") or "") if e.status in (400, 403, 422) else ""
+
+
 async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JSON) -> None:
     """Create ``obj``; if its name is taken, it must be the job's own (not yet seen) child.
 
@@ -211,6 +276,8 @@ class Gate:
     release: sync.Delete | None = None
     """Deleting the decision the job no longer needs (it finished or was suspended, and its
     pods are gone), after the plan's own actions."""
+    recheck: float | None = None
+    """Seconds until the job's state changes by time alone (its hold-off ends): sync it then."""
 
 
 def _release(rt: Runtime, key: JobKey, job: api.MPIJob | None) -> sync.Delete | None:
@@ -219,8 +286,7 @@ def _release(rt: Runtime, key: JobKey, job: api.MPIJob | None) -> sync.Delete | 
     decision = topology.parse_decision(body)
     if body is None:
         return None
-    uid = decision.uid if decision is not None else ""
-    if decision is not None and not topology.releasable(uid, job, rt.cache.pods(key)):
+    if decision is not None and not topology.releasable(decision, key[1], job, rt.cache.pods(key)):
         return None
     meta = body.get("metadata") or {}
     return sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, key[1], meta.get("uid"))
@@ -263,6 +329,13 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate
     # and created again however fast) goes as soon as that job's pods are gone, or this job
     # would wait on it for good: only a deleted job's own sync released it.
     release = _release(rt, key, job)
+    until = timeout.held_off_until(job, rt.settings.placement_release_seconds)
+    if until is not None and now < until:
+        # Its placement was released because its workers could not be created or scheduled:
+        # it stays out of the line a while, so the jobs behind it get the GPUs. Its condition
+        # keeps saying why.
+        rt.admission.drop(key)
+        return Gate(admitted=False, release=release, recheck=(until - now).total_seconds() + 0.5)
     if rt.admission.pending(key):
         # Admitted; the watch event with the decision is on its way.
         return Gate(admitted=False, release=release)

@@ -146,7 +146,8 @@ def _count_not_honoured(rt: Runtime, body: kopf.Body) -> None:
 
 
 def _gpu_requests(containers: Any) -> list[JSON]:
-    """Of each container, only its ``nvidia.com/gpu`` limit and request."""
+    """Of each container, only its ``nvidia.com/gpu`` limit and request, and whether it is a
+    sidecar (``restartPolicy: Always``): what its effective GPU request needs."""
     out = []
     for c in containers or []:
         resources = c.get("resources") or {}
@@ -155,7 +156,10 @@ def _gpu_requests(containers: Any) -> list[JSON]:
             for kind in ("limits", "requests")
             if keys.GPU_RESOURCE in (resources.get(kind) or {})
         }
-        out.append({"resources": kept})
+        summary: JSON = {"resources": kept}
+        if c.get("restartPolicy"):
+            summary["restartPolicy"] = c["restartPolicy"]
+        out.append(summary)
     return out
 
 

@@ -185,7 +185,7 @@ def test_a_job_that_fits_at_its_deadline_is_admitted() -> None:
 def test_waiting_job_reads_priority_creation_and_deadline_from_the_mpijob() -> None:
     mpi_job = job(
         policy={"scheduleTimeoutSeconds": 120},
-        launcher=template(priority_class="high"),
+        worker=template(priority_class="high"),
         workers=2,
     ).model_copy(deep=True)
     mpi_job.metadata.creation_timestamp = T0
@@ -193,6 +193,47 @@ def test_waiting_job_reads_priority_creation_and_deadline_from_the_mpijob() -> N
     assert got == WaitingJob(
         "default", "test", "uid-1", T0, 1000, T0 + timedelta(seconds=120), "gpu", True
     )
+
+
+def test_only_the_class_the_workers_carry_ranks_and_only_if_it_exists() -> None:
+    """A class named by the policy or the launcher, which the pods holding the GPUs never
+    carry, ranks nothing; nor does a class no PriorityClass object defines."""
+    values = {"high": 1000}
+    for unused in (
+        job(policy={"priorityClass": "high"}, workers=1),
+        job(launcher=template(priority_class="high"), workers=1),
+        job(worker=template(priority_class="missing"), workers=1),
+    ):
+        unused.metadata.creation_timestamp = T0
+        assert admission_queue.waiting_job(unused, priority_values=values).priority == 0
+
+
+def test_a_job_waiting_for_its_nodes_blocks_only_jobs_that_need_them() -> None:
+    """The head holds the nodes it may go to; a job that may go elsewhere is placed there, a job
+    with no other node waits behind it."""
+    pinned = replace(waiting("hog-8", at=1, priority=10), nodes=frozenset({"busy"}))
+    victim = replace(waiting("victim-4", at=2), nodes=frozenset({"idle"}))
+    either = replace(waiting("either-4", at=3), nodes=frozenset({"busy", "idle"}))
+    same = replace(waiting("same-1", at=4), nodes=frozenset({"busy"}))
+    seen: list[tuple[str, frozenset[str]]] = []
+
+    def try_place(job: WaitingJob, granted: Sequence[Gpus]) -> Gpus | NoRoom:
+        seen.append((job.name, job.avoid))
+        if job.name == "hog-8":
+            return NoRoom("needs 8 GPUs on busy; 0 free")
+        return Gpus(int(job.name.rsplit("-", 1)[1]))
+
+    decisions = admission_queue.decide([same, either, victim, pinned], try_place, now=T0)
+    assert decisions[1] == Admit(victim, Gpus(4))
+    assert decisions[2] == Admit(either, Gpus(4))
+    assert decisions[3] == Wait(
+        same, "queued behind default/hog-8, which is ahead in the admission order", pinned
+    )
+    assert seen == [
+        ("hog-8", frozenset()),
+        ("victim-4", frozenset()),
+        ("either-4", frozenset({"busy"})),
+    ]
 
 
 def test_waiting_job_needs_a_stored_job() -> None:
@@ -217,3 +258,16 @@ def test_a_job_over_its_quota_waits_without_holding_the_pool() -> None:
         Wait(capped, "ResourceQuota gpus allows 0", over_quota=True),
         Admit(small, Gpus(4)),
     ]
+
+
+def test_a_job_of_another_namespace_ahead_is_not_named() -> None:
+    pinned = replace(waiting("hog-8", at=1), namespace="hostile-b", nodes=frozenset({"busy"}))
+    same = replace(waiting("same-1", at=2), nodes=frozenset({"busy"}))
+    decisions = admission_queue.decide(
+        [pinned, same], lambda job, granted: NoRoom("needs 8 GPUs on busy"), now=T0
+    )
+    assert decisions[1] == Wait(
+        same,
+        "queued behind a job of another namespace, which is ahead in the admission order",
+        pinned,
+    )

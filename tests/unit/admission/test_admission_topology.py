@@ -82,7 +82,24 @@ def test_a_pod_no_decision_placed_is_counted_by_its_requests_not_its_annotation(
     held = topology.holdings({}, [pod("n0", "0", gpus=3), pod("n1", gpus=1, name="other")])
     assert held.known == {}
     assert held.unplaced == {"n0": 3, "n1": 1}
-    assert held.note(["n0"]) == "held by pods this operator did not place: n0: ns/squatter (3)"
+    assert held.note(["n0"], "ns") == "held by pods this operator did not place: n0: squatter (3)"
+
+
+def test_a_waiting_message_names_no_pod_of_another_namespace() -> None:
+    other = pod("n0", gpus=8, name="secret-project-x")
+    other["metadata"]["namespace"] = "hostile-b"
+    held = topology.holdings({}, [pod("n0", gpus=1), other])
+    note = held.note(["n0"], "ns")
+    assert note == (
+        "held by pods this operator did not place: n0: squatter (1), "
+        "8 GPU(s) by pods of other namespaces"
+    )
+    assert "hostile-b" not in note
+    assert "secret-project-x" not in note
+    assert held.note(["n0"], "hostile-b") == (
+        "held by pods this operator did not place: n0: secret-project-x (8), "
+        "1 GPU(s) by pods of other namespaces"
+    )
 
 
 @pytest.mark.parametrize(
@@ -171,18 +188,41 @@ def test_a_decision_object_reads_back_and_belongs_to_its_job_only() -> None:
 def test_a_decision_is_released_only_once_its_job_stopped_and_its_pods_are_gone() -> None:
     job = topology_job()
     job.metadata.uid = JOB_UID
+    held = decision(("n0", (0, 1)))
     live = [worker(0, "n0", "0,1")]
     gone = [worker(0, "n0", "0,1", phase="Succeeded")]
-    assert not topology.releasable(JOB_UID, job, [])  # running: it holds its GPUs
+    assert not topology.releasable(held, "j", job, [])  # running: it holds its GPUs
     suspended = job.model_copy(deep=True)
     suspended.spec.run_policy.suspend = True
-    assert not topology.releasable(JOB_UID, suspended, [worker(0, "n0", "0,1", terminating=True)])
-    assert topology.releasable(JOB_UID, suspended, gone)
-    assert not topology.releasable(JOB_UID, None, live)  # deleted, a pod still terminating
-    assert topology.releasable(JOB_UID, None, [])
+    terminating = [worker(0, "n0", "0,1", terminating=True)]
+    assert not topology.releasable(held, "j", suspended, terminating)
+    assert topology.releasable(held, "j", suspended, gone)
+    assert not topology.releasable(held, "j", None, live)  # deleted, a pod still terminating
+    assert topology.releasable(held, "j", None, [])
     successor = job.model_copy(deep=True)
     successor.metadata.uid = "uid-successor"
-    assert topology.releasable(JOB_UID, successor, [])
+    assert topology.releasable(held, "j", successor, [])
+
+
+def test_only_the_placed_workers_keep_a_decision() -> None:
+    """A pod naming the job as its controller holds nothing of the decision unless it is a
+    placed worker, bound where its assignment says: anyone who may create pods can write such
+    a reference."""
+    held = decision(("n0", (0, 1)), ("n1", (0, 1)))
+    finished = topology_job()
+    finished.metadata.uid = JOB_UID
+    finished.spec.run_policy.suspend = True
+    extra = worker(0, "", "0,1")
+    extra["metadata"]["name"] = "j-extra"
+    pending = worker(1, "", "0,1")  # never bound
+    elsewhere = worker(1, "n0", "0,1")  # bound to another node than its assignment's
+    beyond = worker(2, "n1", "0,1")  # an index the decision does not have
+    padded = worker(1, "n1", "0,1")
+    padded["metadata"]["name"] = "j-worker-01"
+    for pods in ([extra], [pending], [elsewhere], [beyond], [padded]):
+        assert topology.releasable(held, "j", None, pods), pods
+        assert topology.releasable(held, "j", finished, pods), pods
+    assert not topology.releasable(held, "j", None, [worker(1, "n1", "0,1")])
 
 
 def topology_job(node_name: str = "", *, opted: str = "true") -> Any:
