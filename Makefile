@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train kind-e2e clean dashboards
+        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -125,6 +125,9 @@ bench-queue: install ## Admission passes over 10,000 waiting topology jobs on 1,
 
 bench-train: cluster crds ## img/s of examples/pytorch-cpu.yaml at 1, 2 and 4 workers on the real nodes (median of 3)
 	$(PY) bench/train.py
+
+bench-train-gpu: ## On a host with NVIDIA GPUs (no cluster): img/s over NCCL at 1, 2 and 4 ranks (median of 3)
+	python3 bench/train_gpu.py
 
 kind-e2e: install ## For users with Docker: the integration suite against a kind cluster
 	hack/kind-e2e.sh

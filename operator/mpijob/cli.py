@@ -184,6 +184,13 @@ def main(ctx: click.Context) -> None:
     "one GPU of a core_mem node at creation, through admission webhooks served by the operator.",
 )
 @click.option(
+    "--gpu-share-runtime-class",
+    default=DEFAULTS.gpu_share_runtime_class,
+    metavar="NAME",
+    help="RuntimeClass given to a GPU-share pod that names none (with --fractional-gpus), e.g. "
+    "'nvidia' where the nvidia container runtime is not the nodes' default. Default: none added.",
+)
+@click.option(
     "--webhook-port",
     default=DEFAULTS.webhook_port,
     show_default=True,

@@ -74,6 +74,13 @@ class OperatorSettings:
     """Place and limit GPU shares (``aliyun.com/gpu-mem``, ``aliyun.com/gpu-core.percentage``)
     of any pod at creation, through admission webhooks this process serves."""
 
+    gpu_share_runtime_class: str = ""
+    """RuntimeClass written into a GPU-share pod that names none (``spec.runtimeClassName``, at
+    admission: the field cannot change later); empty: none is added. The share reaches its
+    container as ``NVIDIA_VISIBLE_DEVICES``, which only the nvidia container runtime reads: set
+    it to that runtime's RuntimeClass (``nvidia`` where the NVIDIA GPU Operator made it) unless
+    the nodes run the nvidia runtime by default."""
+
     webhook_port: int = 9443
     """Port of the HTTPS webhook server (with ``fractional_gpus``)."""
 

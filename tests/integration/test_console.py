@@ -16,6 +16,7 @@ from matplotlib.colors import to_rgb
 
 from mpijob import keys
 from mpijob.console import plot
+from support.gpus import hold
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
@@ -211,3 +212,136 @@ def test_list_logs_and_delete(
     assert mpijob_cli(crds, "list", "-n", namespace).stdout.strip() == (
         f"No MPIJobs in namespace {namespace}."
     )
+
+
+# --- Seeds 000 and 002, replayed ------------------------------------------------------------
+
+#: The seeds' training image (arena's docs use their own registry's); this one has the script
+#: at the path the seeds' command names. On the simulated GPU nodes no container runs.
+SEED_IMAGE = "mpijob.local/pytorch-benchmark:openmpi"
+#: Seed 000's command, quoted as one argument as its user types it.
+SEED_COMMAND = (
+    "mpirun --allow-run-as-root -np 4 -bind-to none -map-by slot -x NCCL_DEBUG=INFO python "
+    "/examples/pytorch_synthetic_benchmark.py --model=vgg16 --batch-size=64"
+)
+SEED_NODES = ("gpu-node-0", "gpu-node-1")
+
+
+def launcher_command(mpijobs: MPIJobs, name: str) -> list[str]:
+    spec = mpijobs.get(name)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    container = spec["containers"][0]
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+def wait_running(cluster: Cluster, namespace: str, job: str, workers: int = 4) -> None:
+    """Until the job's workers are Running (read from the API: a CLI call per poll is slow)."""
+    selector = f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}={keys.ROLE_WORKER}"
+
+    def running() -> bool:
+        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+        return len(pods) == workers and all(p.status.phase == "Running" for p in pods)
+
+    wait_until(running, timeout=60, what=f"{job}'s {workers} workers Running")
+
+
+def replay_comparison_job(crds: Cluster, namespace: str, mpijobs: MPIJobs) -> None:
+    """Seeds 000/002's baseline: arena's `submit mpijob` form, the same command, no topology.
+    --gang alone asks for a gang scheduler this operator does not run: a note says what it
+    does instead."""
+    plain = "pytorch-4-vgg16"
+    compared = mpijob_cli(
+        crds, "submit", "mpijob", f"--name={plain}", "--gpus=1", "--workers=4", "--gang",
+        f"--image={SEED_IMAGE}", "-n", namespace, SEED_COMMAND,
+    )  # fmt: skip
+    assert compared.stdout.strip() == f"mpijob.kubeflow.org/{plain} created"
+    note = compared.stderr.strip()
+    gang = "note: --gang sets schedulingPolicy.minAvailable=5; it takes effect only where"
+    assert note.startswith(f"{gang} the operator runs a gang scheduler"), note
+    assert launcher_command(mpijobs, plain) == SEED_COMMAND.split()
+    assert keys.GPU_TOPOLOGY not in (mpijobs.get(plain)["metadata"].get("annotations") or {})
+
+    wait_running(crds, namespace, plain)
+    text = mpijob_cli(crds, "get", plain, "-n", namespace).stdout
+    others = [r for r in table(text, "NAME")[1:] if r[3] == "false"]
+    assert [r[1] for r in others] == ["Running"] * 4, text
+    # Placed by the scheduler alone: no GPU ids of ours, on the seed's nodes.
+    assert all(r[5] == "N/A" for r in others), others
+    assert {r[-1] for r in others} <= set(SEED_NODES), others
+
+
+def test_seed_000_002_topology_job_and_its_comparison_as_typed(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """Seeds 000/002 step by step, arena's commands spelled ``mpijob``: two 8-GPU V100 nodes
+    labelled for topology-aware scheduling, the VGG16 job with ``--gang --gputopology=true`` and
+    its quoted mpirun, ``get`` and ``get --type mpijob``, ``logs``, then the same job without
+    topology for comparison. The GPU nodes are simulated: what is checked is what the seeds show
+    of placement and status; the img/s lines need real containers (the seed 003 test reads them
+    with ``mpijob logs`` from a real training job)."""
+    for node in ("gpu-node-2", "gpu-node-3"):  # leave the seeds' two nodes
+        hold(crds, namespace, node)
+    label = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
+    # The nodes as they are before the seed's first step: not opted in.
+    crds.kubectl("label", "node", *SEED_NODES, f"{keys.NODE_GPU_SCHEDULE_LABEL}-")
+    try:
+        # Step 1: `kubectl label node <node> ack.node.gpu.schedule=topology`.
+        for node in SEED_NODES:
+            assert crds.kubectl("label", "node", node, label).strip() == f"node/{node} labeled"
+
+        # Step 2: seed 000's submit as typed (arena's `submit mpi`): the quoted mpirun is the
+        # launcher's command, word for word, never wrapped in another mpirun.
+        name = "pytorch-topo-4-vgg16"
+        submitted = mpijob_cli(
+            crds, "submit", "mpi", f"--name={name}", "--gpus=1", "--workers=4", "--gang",
+            "--gputopology=true", f"--image={SEED_IMAGE}", "-n", namespace, SEED_COMMAND,
+        )  # fmt: skip
+        assert submitted.stdout.strip() == f"mpijob.kubeflow.org/{name} created"
+        assert submitted.stderr == ""  # gang and topology together: the operator's own gang
+        command = launcher_command(mpijobs, name)
+        assert command == SEED_COMMAND.split()
+        assert command.count("mpirun") == 1
+
+        # --gang is honoured: the operator admits launcher and workers as one gang of 5.
+        policy = mpijobs.get(name)["spec"]["runPolicy"]["schedulingPolicy"]
+        assert policy["minAvailable"] == 5
+        admitted = mpijobs.wait_condition(name, keys.COND_GANG_ADMITTED, timeout=60)
+        assert admitted["reason"] == "GangAdmitted"
+
+        # Step 3: `arena get pytorch-topo-4-vgg16`, the seed's columns.
+        wait_running(crds, namespace, name)
+        mpijobs.wait_condition(name, keys.COND_RUNNING)
+        text = mpijob_cli(crds, "get", name, "-n", namespace).stdout
+        fields = dict(line.split(":", 1) for line in text.splitlines()[:6])
+        assert [fields[k].strip() for k in ("Name", "Status", "Trainer")] == [
+            name, "RUNNING", "MPIJOB"
+        ]  # fmt: skip
+        rows = table(text, "NAME")
+        header = rows[0]
+        assert header[:6] == ["NAME", "STATUS", "AGE", "IS_CHIEF", "GPU(Requested)", "GPU(IDs)"]
+        assert header[-1] == "NODE"
+        launcher, *workers = rows[1:]
+        assert (launcher[3], launcher[4], launcher[5]) == ("true", "0", "N/A")
+        assert [w[0] for w in workers] == [f"{name}-worker-{i}" for i in range(4)]
+        assert [(w[1], w[4]) for w in workers] == [("Running", "1")] * 4
+        # All four on one of the seed's nodes, on four distinct GPUs of its NVLink ring.
+        assert len({w[-1] for w in workers}) == 1
+        assert workers[0][-1] in SEED_NODES
+        assert len({w[5] for w in workers}) == 4
+
+        # Step 4: `arena get --type mpijob ...` shows the same job.
+        typed = mpijob_cli(crds, "get", name, "--type", "mpijob", "-n", namespace).stdout
+
+        def same(r: list[str]) -> tuple[str, ...]:  # AGE moves on between the two calls
+            return (r[0], r[3], r[4], r[5], r[-1])
+
+        assert [same(r) for r in table(typed, "NAME")[1:]] == [same(r) for r in rows[1:]]
+
+        # Step 5: `arena logs`: simulated pods have no containers, so the one-line reason.
+        logs = mpijob_cli(crds, "logs", name, "-n", namespace, check=False)
+        assert logs.returncode == 1
+        assert logs.stderr.startswith(f"error: cannot read the logs of pod {namespace}/{name}-")
+
+        # Step 6: the comparison job, without topology.
+        replay_comparison_job(crds, namespace, mpijobs)
+    finally:
+        crds.kubectl("label", "node", *SEED_NODES, label, "--overwrite")

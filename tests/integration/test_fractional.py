@@ -159,7 +159,7 @@ def placed(pod: client.V1Pod) -> Placed:
 @pytest.fixture
 def shares(
     share_nodes: Cluster, namespace: str, start_operator: Callable[..., OperatorProcess]
-) -> Callable[[], OperatorProcess]:
+) -> Callable[..., OperatorProcess]:
     """Start (or restart) the operator with --fractional-gpus once no share pod of an earlier
     test is left (its ledger is rebuilt from every pod; it watches only this namespace)."""
     wait_until(
@@ -168,7 +168,7 @@ def shares(
         what="no share pods left from earlier tests",
     )
 
-    def start() -> OperatorProcess:
+    def start(*extra: str) -> OperatorProcess:
         port = free_port()
         op = start_operator(
             "--fractional-gpus",
@@ -176,6 +176,7 @@ def shares(
             str(port),
             "--webhook-url",
             f"https://127.0.0.1:{port}",
+            *extra,
         )
         wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
         return op
@@ -331,6 +332,76 @@ def test_cuda_sample_job_runs_with_its_gpu_env_and_annotation(
         return bool(job.status.succeeded)
 
     wait_until(succeeded, timeout=60, what="the cuda-sample Job succeeded")
+
+
+#: Seed 001's Job as its user wrote it: no runtimeClassName (examples/cuda-sample.yaml is this
+#: with the class added by hand, and a comment).
+SEED_001 = """\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: cuda-sample
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      labels:
+        app: cuda-sample
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: cuda-sample
+        image: nvcr.io/nvidia/k8s/cuda-sample:nbody-cuda11.7.1
+        args: ["-benchmark", "-numbodies=512000"]
+        resources:
+          limits:
+            aliyun.com/gpu-mem: 2
+            aliyun.com/gpu-core.percentage: 30
+"""
+
+
+def test_seed_001_cuda_sample_unchanged_gets_its_share_and_the_runtime_class(
+    share_nodes: Cluster, namespace: str, shares: Callable[..., OperatorProcess]
+) -> None:
+    """Seed 001 as typed: `kubectl label node <node> ack.node.gpu.schedule=core_mem
+    ack.node.gpu.placement=binpack`, then `kubectl apply -f cuda-sample.yaml`. The Job is
+    admitted unchanged, placed on the labelled node with the seed's 2 GiB and 30%, and, with
+    `--gpu-share-runtime-class nvidia` (as the fractional-gpus overlay runs), its pod gets the
+    RuntimeClass under which the nvidia runtime reads the share's NVIDIA_VISIBLE_DEVICES."""
+    shares("--gpu-share-runtime-class", "nvidia")
+    labels = {
+        keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM,
+        keys.NODE_GPU_PLACEMENT_LABEL: keys.NODE_GPU_PLACEMENT_BINPACK,
+    }
+    node = "share-node-0"
+    out = share_nodes.kubectl(
+        "label", "node", node, *(f"{k}={v}" for k, v in labels.items()), "--overwrite"
+    )
+    assert out.strip() in (f"node/{node} labeled", f"node/{node} not labeled"), out
+    assert labels.items() <= share_nodes.core.read_node(node).metadata.labels.items()
+    seed = yaml.safe_load(SEED_001)
+    out = share_nodes.kubectl("apply", "-n", namespace, "-f", "-", input=SEED_001)
+    assert out.strip() == "job.batch/cuda-sample created"
+    job = share_nodes.batch.read_namespaced_job("cuda-sample", namespace)
+    assert job.spec.template.spec.runtime_class_name is None  # the Job itself is not changed
+
+    def bound() -> client.V1Pod | None:
+        found = share_nodes.core.list_namespaced_pod(namespace, label_selector="app=cuda-sample")
+        pod = found.items[0] if found.items else None
+        return pod if pod is not None and pod.spec.node_name else None
+
+    pod = wait_until(bound, timeout=60, what="the seed's cuda-sample pod bound")
+    record = placed(pod)
+    assert pod.spec.node_name == record.node
+    assert record.node in NODES
+    assert (record.share.memory_gib, record.share.percentage) == (2, 30)
+    assert pod.spec.runtime_class_name == "nvidia"
+    container = pod.spec.containers[0]
+    wanted = seed["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert container.resources.limits == {k: str(v) for k, v in wanted.items()}
+    env = {e.name: e.value for e in container.env if e.value}
+    assert env[keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=2G"
+    assert env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
 
 
 def test_binpack_fills_one_gpu_first_and_spread_uses_different_gpus(

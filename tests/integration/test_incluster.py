@@ -16,6 +16,7 @@ job is sure to be running while the operator's pods are killed or replaced.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -422,5 +423,52 @@ def test_single_file_install_is_the_standalone_overlay_and_runs_a_job(
     incluster.deploy(incluster.SINGLE_FILE.name, replicas=1, namespaces=(namespace,))
     (pod,) = operator_pods(real_cluster)
     assert pod.spec.node_name.startswith("real-node-")
-    mpijobs.create(sim_job("from-one-file", 2))
-    mpijobs.wait_condition("from-one-file", keys.COND_SUCCEEDED, timeout=TIMEOUT)
+    replay_kubeflow_guide(real_cluster, namespace, mpijobs)
+
+
+def guide_example() -> dict[str, Any]:
+    """The guide's example, examples/tensorflow-benchmarks.yaml (upstream's shape: its name, a
+    launcher running mpirun, two workers), with the containers of examples/pytorch-cpu.yaml: the
+    training image has no TensorFlow, and the real nodes no GPU."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    import pytorch_image  # hack/pytorch_image.py
+
+    guide = yaml.safe_load((ROOT / "examples" / "tensorflow-benchmarks.yaml").read_text())
+    cpu = yaml.safe_load((ROOT / "examples" / "pytorch-cpu.yaml").read_text())
+    guide["spec"]["sshAuthMountPath"] = cpu["spec"]["sshAuthMountPath"]
+    for role, spec in guide["spec"]["mpiReplicaSpecs"].items():
+        (container,) = spec["template"]["spec"]["containers"]
+        ours = cpu["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+        spec["template"]["spec"]["containers"] = [{**ours, "name": container["name"]}]
+    job: dict[str, Any] = pytorch_image.on_real_nodes(guide, workers=2)
+    return job
+
+
+def replay_kubeflow_guide(cluster: Cluster, namespace: str, mpijobs: MPIJobs) -> None:
+    """Seed 004: Kubeflow's MPI guide after `kubectl apply -f deploy/mpi-operator.yaml`, as the
+    README's "Running a job as Kubeflow's MPI guide does" spells it: `kubectl get crd`, create
+    the example, `kubectl get -o yaml mpijobs ...`, then the launcher pod found by the README's
+    label selector and its log read."""
+    crds = cluster.kubectl("get", "crd").splitlines()
+    assert any(line.split()[:1] == ["mpijobs.kubeflow.org"] for line in crds), crds
+    name = "tensorflow-benchmarks"
+    out = cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", input=yaml.safe_dump(guide_example())
+    )
+    assert out.strip() == f"mpijob.kubeflow.org/{name} created"
+    mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=TIMEOUT)
+    shown = yaml.safe_load(cluster.kubectl("get", "-n", namespace, "-o", "yaml", "mpijobs", name))
+    assert shown["status"]["replicaStatuses"]["Launcher"]["succeeded"] == 1, shown["status"]
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Running a job as Kubeflow's MPI guide does\n", 1)[1]
+    (line,) = [ln for ln in section.splitlines() if ln.startswith("PODNAME=$(kubectl get pods")]
+    argv = line.split("$(", 1)[1].rsplit(")", 1)[0].split()[1:]
+    found = cluster.kubectl("-n", namespace, *argv).split()
+    launchers = [p.metadata.name for p in pods(cluster, namespace, name, keys.ROLE_LAUNCHER)]
+    assert found == [f"pod/{p}" for p in launchers], found
+    log = cluster.kubectl("logs", "-n", namespace, found[0])
+    assert re.search(r"^Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+$", log, re.M), log
+    sums = dict(re.findall(r"^Rank (\d) parameter checksum: ([0-9a-f]{16})$", log, re.M))
+    assert sorted(sums) == ["0", "1"], log
+    assert len(set(sums.values())) == 1, sums

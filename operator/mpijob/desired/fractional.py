@@ -128,6 +128,8 @@ class PodEdits:
     """Pin the pod to this node (required node affinity)."""
     gate: bool | None = None
     """True: add the ``mpijob.io/gpu-share`` scheduling gate; False: remove it."""
+    runtime_class: str = ""
+    """Set ``spec.runtimeClassName`` (at admission only: the field cannot change later)."""
 
     def __or__(self, other: PodEdits) -> PodEdits:
         return PodEdits(
@@ -137,6 +139,7 @@ class PodEdits:
             mounts={**self.mounts, **other.mounts},
             node=other.node or self.node,
             gate=self.gate if other.gate is None else other.gate,
+            runtime_class=other.runtime_class or self.runtime_class,
         )
 
 
@@ -156,6 +159,21 @@ def share_edits(pod: Mapping[str, Any], root: str = keys.MPS_ROOT) -> PodEdits:
     # visibly (FailedMount) instead of running outside MPS.
     volumes = ({"name": MPS_VOLUME, "hostPath": {"path": root, "type": "Directory"}},)
     return PodEdits(env=env, volumes=volumes, mounts=mounts)
+
+
+def runtime_class_edits(pod: Mapping[str, Any], runtime_class: str) -> PodEdits:
+    """The RuntimeClass a share pod gets when it names none (``--gpu-share-runtime-class``).
+
+    The share's GPU reaches the container as ``NVIDIA_VISIBLE_DEVICES``, which only the nvidia
+    container runtime reads: under another runtime the container would see no GPU at all. A pod
+    that names a class keeps it (its author knows the nodes), and an empty setting adds nothing
+    (nodes whose default runtime is nvidia's). The API server re-runs its own admission after a
+    webhook's change, so the class's overhead and node scheduling apply as if written by hand,
+    and a class that does not exist refuses the pod, naming it.
+    """
+    if not runtime_class or (pod.get("spec") or {}).get("runtimeClassName"):
+        return PodEdits()
+    return PodEdits(runtime_class=runtime_class)
 
 
 def placement_edits(placed: Placed) -> PodEdits:
@@ -184,11 +202,17 @@ def waiting_edits(reason: str) -> PodEdits:
     )
 
 
-def pod_edits(pod: Mapping[str, Any], placed: Placed | str, root: str = keys.MPS_ROOT) -> PodEdits:
-    """At admission: the share's environment and mount, and its placement or (``placed`` is
-    why none is possible now) the gate it waits behind."""
+def pod_edits(
+    pod: Mapping[str, Any],
+    placed: Placed | str,
+    root: str = keys.MPS_ROOT,
+    runtime_class: str = "",
+) -> PodEdits:
+    """At admission: the share's environment and mount, its runtime class
+    (:func:`runtime_class_edits`), and its placement or (``placed`` is why none is possible now)
+    the gate it waits behind."""
     then = placement_edits(placed) if isinstance(placed, Placed) else waiting_edits(placed)
-    return share_edits(pod, root) | then
+    return share_edits(pod, root) | runtime_class_edits(pod, runtime_class) | then
 
 
 def json_patch(pod: Mapping[str, Any], edits: PodEdits) -> list[dict[str, Any]]:
@@ -223,6 +247,8 @@ def json_patch(pod: Mapping[str, Any], edits: PodEdits) -> list[dict[str, Any]]:
         )
     if edits.volumes:
         ops += _merge_list("/spec/volumes", spec.get("volumes"), list(edits.volumes), key="name")
+    if edits.runtime_class:
+        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": edits.runtime_class})
     if edits.node:
         ops += _pin_to_node(spec, edits.node)
     if edits.gate is not None:

@@ -133,8 +133,11 @@ class FractionalAdmission:
         self,
         clock: Callable[[], float] = time.monotonic,
         workers_of: WorkersOf | None = None,
+        runtime_class: str = "",
     ) -> None:
         self.ledger = Ledger()
+        self.runtime_class = runtime_class
+        """Given to a share pod that names no RuntimeClass (``--gpu-share-runtime-class``)."""
         self.room = NodeRoom()
         """Each node's cpu, memory and pods left: a share pins its pod only where it fits."""
         self.lock = asyncio.Lock()
@@ -316,7 +319,7 @@ class FractionalAdmission:
                 meta.get("name") or meta.get("generateName", "") + "*",
                 placed,
             )
-        return json_patch(body, pod_edits(body, placed))
+        return json_patch(body, pod_edits(body, placed, runtime_class=self.runtime_class))
 
     async def place_waiting(self, patch: PatchPod) -> int:
         """Place every waiting pod that fits now, oldest first; how many were placed.

@@ -250,7 +250,7 @@ def registry_for(
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     if ours.fractional_gpus:
-        shares = fractional.FractionalAdmission()
+        shares = fractional.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
         fractional.register(registry, shares)
         if memo is not None:
             memo["fractional"] = shares

@@ -204,3 +204,33 @@ def test_annotations_are_added_beside_existing_ones(annotations: dict[str, str] 
     patched = apply(pod, json_patch(pod, pod_edits(pod, PLACED)))
     assert patched["metadata"]["annotations"].get("a") == (annotations or {}).get("a")
     assert keys.GPU_SHARE in patched["metadata"]["annotations"]
+
+
+def test_a_share_pod_naming_no_runtime_class_gets_the_configured_one() -> None:
+    """Seed 001's cuda-sample names no RuntimeClass; the share's NVIDIA_VISIBLE_DEVICES is read
+    only by the nvidia runtime, so the operator's setting fills it in at admission."""
+    body = cuda_sample()
+    patched = apply(body, json_patch(body, pod_edits(body, PLACED, runtime_class="nvidia")))
+    assert patched["spec"]["runtimeClassName"] == "nvidia"
+    waiting = apply(body, json_patch(body, pod_edits(body, "no room", runtime_class="nvidia")))
+    assert waiting["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_a_pods_own_runtime_class_is_kept_and_an_empty_setting_adds_none() -> None:
+    own = cuda_sample()
+    own["spec"]["runtimeClassName"] = "nvidia-cdi"
+    ops = json_patch(own, pod_edits(own, PLACED, runtime_class="nvidia"))
+    assert not [op for op in ops if op["path"] == "/spec/runtimeClassName"]
+    assert apply(own, ops)["spec"]["runtimeClassName"] == "nvidia-cdi"
+    body = cuda_sample()
+    assert "runtimeClassName" not in apply(body, json_patch(body, pod_edits(body, PLACED))).get(
+        "spec", {}
+    )
+
+
+def test_placing_a_waiting_pod_later_never_touches_its_runtime_class() -> None:
+    """The field is immutable once the pod exists: only admission may write it."""
+    body = cuda_sample()
+    assert not [
+        op for op in json_patch(body, placement_edits(PLACED)) if "runtimeClassName" in op["path"]
+    ]

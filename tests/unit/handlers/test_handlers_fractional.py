@@ -725,3 +725,14 @@ async def test_a_gate_removed_by_hand_is_reported_once() -> None:
     assert posted == [("Normal", "GPUShareWaiting"), ("Warning", "GPUShareGateRemoved")]
     assert admission.waiting == {}
     assert admission.room.holds("default/escaped")  # it takes room on its node like any pod
+
+
+async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_naming_none() -> None:
+    admission = FractionalAdmission(clock=Clock(), runtime_class="nvidia")
+    await admission.on_node(node("gpu-a"), None)
+    body = pod()
+    patched, _ = placed_of(body, await admission.mutate(body, dryrun=False))
+    assert patched["spec"]["runtimeClassName"] == "nvidia"
+    plain = await admission_with(node("gpu-b"))
+    patched, _ = placed_of(body, await plain.mutate(body, dryrun=False))
+    assert "runtimeClassName" not in patched["spec"]

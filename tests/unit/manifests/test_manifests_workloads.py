@@ -234,9 +234,14 @@ def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -
     values = [op["value"] for op in ops]
     assert "--fractional-gpus" in values
     port = next(v for v in values if isinstance(v, dict))
-    args = [*container(DEPLOYMENT)["args"], "--fractional-gpus"]
+    flags = [v for v in values if isinstance(v, str)]
+    args = [*container(DEPLOYMENT)["args"], *flags]
     params = cli.run.make_context("run", args[1:]).params
     assert params["fractional_gpus"]
+    # The RuntimeClass the base's agent DaemonSets run under is the one share pods get.
+    agent = one(ROOT / "manifests" / "base" / "agent-mps-daemonset.yaml", "DaemonSet")
+    runtime_class = agent["spec"]["template"]["spec"]["runtimeClassName"]
+    assert params["gpu_share_runtime_class"] == runtime_class
     assert port["containerPort"] == params["webhook_port"] == OperatorSettings().webhook_port
     service = one(overlay / "webhook-service.yaml", "Service")
     assert service["metadata"]["name"] == params["webhook_service"]
