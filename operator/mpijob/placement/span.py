@@ -156,13 +156,30 @@ class _Search:
     def location(self, position: int) -> Location:
         return self.places[int(self.place_of[position])]
 
-    def views(self) -> list[NodeView]:
-        """Every node as the single-node helpers see it (only for the messages of a miss)."""
-        tables, masks, counts = self.tables, self.free_mask, self.free_count
+    def kinds(self) -> list[tuple[NodeView, int]]:
+        """One view per kind of node (its first node's) and how many nodes are of it."""
+        how_many = np.bincount(self.kind_of, minlength=len(self.tables)).tolist()
+        first = {kind: position for position, kind in reversed(list(enumerate(self.kind_list)))}
         return [
-            NodeView(position, node.name, tables[kind], masks[kind], counts[kind])
-            for position, (node, kind) in enumerate(zip(self.nodes, self.kind_list, strict=True))
+            (
+                NodeView(
+                    first[kind],
+                    self.nodes[first[kind]].name,
+                    self.tables[kind],
+                    self.free_mask[kind],
+                    self.free_count[kind],
+                ),
+                n,
+            )
+            for kind, n in enumerate(how_many)
         ]
+
+    def fits_somewhere(self) -> bool:
+        """Whether the nodes together have room for every worker, wherever they are."""
+        per_worker = self.request.gpus_per_worker
+        how_many = np.bincount(self.kind_of, minlength=len(self.tables))
+        room = how_many * (self.counts // per_worker)
+        return int(room.sum()) >= self.request.workers
 
     def allowed(self, kind: int, bound: float) -> int:
         """Bit ``w`` set when a node of the kind can take ``w`` workers with its share ring >=
@@ -362,11 +379,9 @@ def place_on_fabric(
     if found is None and preferred is not None:
         found, kept = search.run(0), False
     if found is None:
-        views = search.views()
-        fits_somewhere = spread.fewest_nodes(views, request.workers, request.gpus_per_worker)
-        if required is not None and fits_somewhere is not None:
+        if required is not None and search.fits_somewhere():
             return NoFit(_not_within(request, search, required))
-        return NoFit(job.reason(request, views))
+        return NoFit(job.reason_by_kind(request, search.kinds()))
     return _result(request, nodes, search, found, asked, kept)
 
 
