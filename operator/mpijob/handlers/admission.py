@@ -183,7 +183,9 @@ class Admission:
             held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
             nodes = topology.node_states(nodes_raw, held)
             empty = topology.node_states(nodes_raw)
-            where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+            where = (
+                topology.locations(nodes_raw, self.fabric, snap.hypernodes) if self.fabric else {}
+            )
             self.domains = {}
             values = self.priority_values()
             by_uid = {}
