@@ -331,3 +331,15 @@ def test_a_level_the_fabric_lacks_makes_the_job_invalid_naming_annotation_and_le
     assert checked(raw, OperatorSettings(), None)[1] == []
     raw["metadata"]["annotations"] = {keys.FABRIC_PREFERRED_LEVEL: "clique"}
     assert checked(raw, OperatorSettings(), NVL72)[1] == []
+
+
+async def test_hypernodes_that_appear_later_are_read_on_the_next_pass() -> None:
+    seen: list[dict[str, Any]] = []
+    h = hypernode_harness(job("train", 16, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}), hypernodes=seen)
+    await h.run()
+    assert isinstance(h.last("train"), queue.Wait)
+    await h.admission.run_pass()  # the same nodes and HyperNodes: where they are is kept
+    assert isinstance(h.last("train"), queue.Wait)
+    seen += HYPERNODES
+    await h.admission.run_pass()
+    assert isinstance(h.last("train"), queue.Admit)
