@@ -22,11 +22,14 @@ is compared with:
   same cases (both given our node allocator, so differences come from the nodes they choose).
 
 Latency: decisions on a 5,000-node mixed cluster (2,502 GB200 trays in 139 NVL72 racks, 1,500
-HGX H100 and 998 DGX-1 V100 nodes), per-node fragmentation drawn anew each round, decision
-caches cleared before every call (node states are built outside the timing, as the operator
-builds them once per pass), the garbage collector's youngest generation at the operator's own
-threshold (:data:`mpijob.handlers.startup.GC_YOUNG_THRESHOLD`). Wall and CPU time of each
-decision, and the load average. Three runs; the reported p99 is the median of the runs' p99.
+HGX H100 and 998 DGX-1 V100 nodes), GPUs in use drawn anew each round in two fills (per-node
+fragmentation, and a saturated cluster: each GPU in use with probability 0.9), decision caches
+cleared before every call (what depends on the hardware alone, its tables and the ring order of
+a GPU set, is kept, as in the operator; node states are built outside the timing, as the
+operator builds them once per pass), the garbage collector's youngest generation at the
+operator's own threshold (:data:`mpijob.handlers.startup.GC_YOUNG_THRESHOLD`). Wall and CPU
+time of each decision, and the load average. Three runs of each fill, interleaved; the reported
+p99 is the median of the runs' p99. ``--latency-only`` skips the quality cases.
 """
 
 from __future__ import annotations
