@@ -15,6 +15,14 @@ what a pod got is read from ``ResourceClaim.status.allocation``, never from its 
 
 Called by ``hack/cluster.py`` after it ensured the nodes (``make cluster`` does it by default);
 ``python hack/dra.py manifests`` prints the objects for a cluster of its own.
+
+The driver's ComputeDomain side (``compute-domain.nvidia.com``, IMEX channels for multi-node
+NVLink) is simulated in part, for tests that place jobs on NVLink cliques: its DeviceClass
+``compute-domain-default-channel.nvidia.com`` (:func:`channel_class`), a ResourceSlice per node
+with the node's channel 0 (:func:`channel_slice`), and the channel ResourceClaimTemplate its
+controller creates for a ComputeDomain (:func:`channel_template`). No IMEX daemon runs and no
+channel is prepared: what is real is the claim of every worker, made from the template by the
+controller-manager and allocated on the worker's node by the scheduler.
 """
 
 from __future__ import annotations
@@ -154,6 +162,68 @@ def manifests(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if ((node.get("metadata") or {}).get("annotations") or {}).get(KWOK_ANNOTATION)
     ]
     return [device_class(), *(s for s in slices if s is not None)]
+
+
+CHANNEL_DRIVER = "compute-domain.nvidia.com"
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
+def channel_class() -> dict[str, Any]:
+    """The DeviceClass of a ComputeDomain's default channel (channel 0), as the chart has it."""
+    attributes = f"device.attributes['{CHANNEL_DRIVER}']"
+    expression = (
+        f"device.driver == '{CHANNEL_DRIVER}' && {attributes}.type == 'channel' && "
+        f"{attributes}.id == 0"
+    )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": CHANNEL_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def channel_slice(node: str, uid: str) -> dict[str, Any]:
+    """The node's ComputeDomain ResourceSlice: its IMEX channel 0, owned by the Node."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{node}-{CHANNEL_DRIVER}",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}],
+        },
+        "spec": {
+            "driver": CHANNEL_DRIVER,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": [
+                {
+                    "name": "channel-0",
+                    "attributes": {"type": {"string": "channel"}, "id": {"int": 0}},
+                }
+            ],
+        },
+    }
+
+
+def channel_template(domain: Mapping[str, Any]) -> dict[str, Any]:
+    """The ResourceClaimTemplate the driver's controller creates for a ComputeDomain: named by
+    its ``spec.channel.resourceClaimTemplate.name``, in its namespace, owned by it."""
+    meta = domain["metadata"]
+    name = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    owner = {
+        "apiVersion": domain["apiVersion"],
+        "kind": domain["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+    request = {"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": meta["namespace"], "ownerReferences": [owner]},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
 
 
 def publish(kubectl: Kubectl) -> int:

@@ -130,6 +130,9 @@ COMPUTE_DOMAIN_SUFFIX: Final = "-compute-domain"
 CHANNEL_TEMPLATE_SUFFIX: Final = "-channel"
 #: The channel's entry in a worker's ``spec.resourceClaims`` and its containers' claims.
 CHANNEL_CLAIM: Final = "mpijob-imex-channel"
+#: Volcano's HyperNodes (cluster-scoped): a fabric level may read its domains from one tier.
+HYPERNODE_API_VERSION: Final = "topology.volcano.sh/v1alpha1"
+HYPERNODE_PLURAL: Final = "hypernodes"
 
 # --- Placement decisions: the operator's own record (crds/mpijob.io_placementdecisions.yaml) ---
 #: A PlacementDecision lives in its MPIJob's namespace under the job's name. Only the operator

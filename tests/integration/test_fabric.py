@@ -2,12 +2,16 @@
 
 Two racks of 18 simulated GB200 trays (4 GPUs each) carry GFD's clique label and GKE's block and
 sub-block labels; the operator runs with ``--fabric nvl72``. The ComputeDomain CRD is a reduced
-copy of NVIDIA's DRA driver's (tests/data): no driver runs, so workers that claim a channel stay
-Pending; what is checked is what the operator decides and creates.
+copy of NVIDIA's DRA driver's (tests/data). The driver's ComputeDomain side is simulated in
+part (hack/dra.py): its channel DeviceClass, a ResourceSlice with channel 0 on every tray, and,
+played by the test as the driver's controller would, the channel ResourceClaimTemplate of a
+ComputeDomain. The controller-manager makes each worker's claim from that template and the
+scheduler allocates it on the worker's tray; no IMEX daemon runs.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -27,9 +31,16 @@ CLIQUES = ("7d1c0ffe.0", "7d1c0ffe.1")
 TRAYS = [f"gb-{c}-{t:02d}" for c in range(len(CLIQUES)) for t in range(18)]
 
 
-def tray(name: str) -> dict[str, Any]:
+def _hack() -> tuple[Any, Any]:
     sys.path.insert(0, str(ROOT / "hack"))
     import cluster as local  # hack/cluster.py
+    import dra  # hack/dra.py
+
+    return local, dra
+
+
+def tray(name: str) -> dict[str, Any]:
+    local, _ = _hack()
 
     body: dict[str, Any] = local.node_manifest(0, "gb200-tray", 4)
     meta = body["metadata"]
@@ -70,6 +81,10 @@ def racks(crds: Cluster) -> Iterator[Cluster]:
         return len(up) == len(TRAYS)
 
     wait_until(ready, timeout=60, what="the simulated GB200 trays Ready")
+    _, dra = _hack()
+    cluster.apply(dra.channel_class())
+    for node in cluster.core.list_node(label_selector=fabric.CLIQUE_LABEL).items:
+        cluster.apply(dra.channel_slice(node.metadata.name, node.metadata.uid))
     try:
         yield cluster
     finally:
@@ -119,10 +134,44 @@ def test_sixteen_by_four_lands_in_one_clique_with_a_compute_domain_deleted_with_
         ).items
         return pods if len(pods) == 16 else None
 
+    # The driver's controller answers a ComputeDomain with its channel template.
+    _, dra = _hack()
+    racks.apply(dra.channel_template(cd))
+
     for pod in wait_until(workers, timeout=60, what="16 workers"):
         claims = {c.name: c.resource_claim_template_name for c in pod.spec.resource_claims}
         assert claims[keys.CHANNEL_CLAIM] == template
         assert {c.name for c in pod.spec.containers[0].resources.claims} == {keys.CHANNEL_CLAIM}
+
+    # Each worker's claim, made from the template, holds its own tray's channel 0.
+    placed = {f"train-worker-{i}": w["node"] for i, w in enumerate(decision["spec"]["workers"])}
+    claims_api = racks.resource(keys.DRA_API_VERSION, "ResourceClaim")
+
+    def allocated() -> dict[str, tuple[str, str, str, str]] | None:
+        out = {}
+        for pod in workers() or []:
+            statuses = pod.status.resource_claim_statuses or []
+            name = next(
+                (s.resource_claim_name for s in statuses if s.name == keys.CHANNEL_CLAIM), None
+            )
+            if not name or not pod.spec.node_name:
+                return None
+            claim = claims_api.get(name=name, namespace=namespace).to_dict()
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+            (result,) = results.get("results") or [None]
+            if result is None:
+                return None
+            out[pod.metadata.name] = (
+                pod.spec.node_name,
+                result["driver"],
+                result["pool"],
+                result["device"],
+            )
+        return out if len(out) == 16 else None
+
+    got = wait_until(allocated, timeout=90, what="every worker's channel claim allocated")
+    channel = (dra.CHANNEL_DRIVER, "channel-0")
+    assert got == {pod: (node, channel[0], node, channel[1]) for pod, node in placed.items()}
 
     mpijobs.delete("train")
 
@@ -161,3 +210,95 @@ def test_preferred_clique_runs_across_two_and_says_so(
     assert "preferred clique not kept" in decision["spec"]["summary"]
     assert "computeDomain" not in decision["spec"]
     assert decision["spec"]["ringGBps"] == 50.0  # one leaf: a 400 Gb/s NIC per GPU
+
+
+def test_a_level_the_fabric_lacks_makes_the_job_invalid_and_says_which_levels_it_has(
+    racks: Cluster, namespace: str, operator: Any, mpijobs: MPIJobs
+) -> None:
+    mpijobs.create(job("odd", 2, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}))
+    invalid = mpijobs.wait_condition("odd", keys.COND_INVALID, status="True")
+    assert invalid["reason"] == keys.REASON_VALIDATION_ERROR
+    assert f"metadata.annotations[{keys.FABRIC_REQUIRED_LEVEL}]" in invalid["message"]
+    assert 'supported values: "block", "clique", "leaf", "node"' in invalid["message"]
+    event = mpijobs.wait_event("odd", keys.REASON_VALIDATION_ERROR)
+    assert event["type"] == "Warning"
+    assert 'Unsupported value: "rack"' in event["message"]
+    assert mpijobs.decision("odd") is None
+
+
+HYPERNODE_CRD = "hypernodes.topology.volcano.sh"
+#: Levels on Volcano's HyperNode tiers instead of node labels: one tier-1 HyperNode per rack,
+#: one tier-2 HyperNode over both.
+HYPERNODE_FABRIC = {
+    "levels": [
+        {"name": "spine", "hyperNodeTier": 2, "gbps": 25},
+        {"name": "rack", "hyperNodeTier": 1, "gbps": fabric.NVL72_GBPS},
+        {"nodeLabel": "kubernetes.io/hostname"},
+    ],
+    "outsideGbps": 12.5,
+}
+
+
+def hypernodes() -> list[dict[str, Any]]:
+    def hypernode(name: str, tier: int, *members: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": keys.HYPERNODE_API_VERSION,
+            "kind": "HyperNode",
+            "metadata": {"name": name},
+            "spec": {"tier": tier, "members": list(members)},
+        }
+
+    racks = [
+        hypernode(
+            f"rack-{c}", 1, {"type": "Node", "selector": {"regexMatch": {"pattern": f"^gb-{c}-"}}}
+        )
+        for c in range(len(CLIQUES))
+    ]
+    spine = hypernode(
+        "spine-0",
+        2,
+        *(
+            {"type": "HyperNode", "selector": {"exactMatch": {"name": r["metadata"]["name"]}}}
+            for r in racks
+        ),
+    )
+    return [*racks, spine]
+
+
+def test_hypernodes_are_the_fabric_once_volcanos_crd_appears(
+    racks: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs, tmp_path: Any
+) -> None:
+    racks.kubectl("delete", "crd", HYPERNODE_CRD, "--ignore-not-found", "--wait=true")
+    spec = tmp_path / "fabric.json"
+    spec.write_text(json.dumps(HYPERNODE_FABRIC))
+    start_operator("--fabric", str(spec), "--gpu-binding", "annotations")
+    try:
+        # Without Volcano's CRD the operator runs: a job naming no level is placed, one that
+        # requires a rack waits, naming the HyperNode tier it needs.
+        mpijobs.create(job("loose", 2))
+        wait_until(lambda: mpijobs.decision("loose"), timeout=60, what="a decision")
+        mpijobs.create(job("rack", 16, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}))
+        wait_until(
+            lambda: (
+                "no eligible node is in a tier 1 HyperNode"
+                in (mpijobs.condition("rack", keys.COND_GANG_ADMITTED) or {}).get("message", "")
+            ),
+            timeout=60,
+            what="the waiting message naming the tier",
+        )
+
+        # Volcano's CRD and the HyperNodes appear: the operator watches them from then on.
+        racks.kubectl("apply", "--server-side", "-f", str(ROOT / "tests/data/hypernode-crd.yaml"))
+        racks.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{HYPERNODE_CRD}"
+        )
+        for body in hypernodes():
+            racks.apply(body)
+        decision = wait_until(lambda: mpijobs.decision("rack"), timeout=90, what="a decision")
+        nodes = {w["node"] for w in decision["spec"]["workers"]}
+        assert len(nodes) == 16
+        assert len({clique_of(n) for n in nodes}) == 1
+        assert decision["spec"]["ringGBps"] == fabric.NVL72_GBPS
+        assert "in rack rack-" in decision["spec"]["summary"]
+    finally:
+        racks.kubectl("delete", "crd", HYPERNODE_CRD, "--ignore-not-found", "--wait=false")

@@ -22,7 +22,7 @@ Called by :mod:`mpijob.handlers.admission` and the reconciler.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,7 +34,7 @@ from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
 from mpijob.desired.requests import effective_gpus
 from mpijob.desired.sync import PodPlacement
-from mpijob.placement import codec
+from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
 
@@ -229,13 +229,21 @@ def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[P
     return out
 
 
-def locations(nodes: Iterable[Mapping[str, Any]], fabric: Fabric) -> dict[str, Location]:
-    """Each node's domains in the fabric, read from its labels."""
-    out = {}
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        out[str(meta.get("name"))] = fabric.location(meta.get("labels") or {})
-    return out
+def locations(
+    nodes: Iterable[Mapping[str, Any]],
+    fabric: Fabric,
+    hypernodes: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Location]:
+    """Each node's domains in the fabric, read from its labels, and for the levels on HyperNode
+    tiers from the HyperNodes (none listed: no node is in a domain of those levels)."""
+    labels = {
+        str((node.get("metadata") or {}).get("name")): (node.get("metadata") or {}).get("labels")
+        or {}
+        for node in nodes
+    }
+    if fabric_labels.hypernode_tiers(fabric):
+        labels = fabric_labels.with_hypernodes(labels, hypernodes)
+    return {name: fabric.location(own) for name, own in labels.items()}
 
 
 def releasable(
@@ -451,6 +459,8 @@ class Snapshot:
     """Job key -> the ResourceClaims a job of that name controls (dra mode)."""
     claims_as_gpus: bool = False
     """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
+    hypernodes: list[JSON] = field(default_factory=list)
+    """Volcano's HyperNodes (when the fabric reads HyperNode tiers and the API serves them)."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
+from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
 from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 
@@ -166,6 +167,9 @@ class Admission:
     """Nodes skipped for a slice/topology conflict, and the warning logged (once each)."""
     domains: dict[str, str] = field(default_factory=dict)
     """Job uid -> its ComputeDomain's name, for the jobs placed in the pass under way."""
+    _located: tuple[Any, dict[str, Location]] | None = None
+    """The last nodes and HyperNodes located, and where: matching HyperNode members against
+    thousands of nodes is worth doing once per change, not once per pass."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -246,7 +250,7 @@ class Admission:
         held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
         nodes = topology.node_states(nodes_raw, held)
         empty = topology.node_states(nodes_raw)
-        where = topology.locations(nodes_raw, self.fabric) if self.fabric else {}
+        where = self._locations(nodes_raw, snap.hypernodes) if self.fabric else {}
         by_uid = {}
         waiting = []
         # Each job is placed only on the nodes its worker template admits; jobs whose
@@ -322,6 +326,23 @@ class Admission:
             return fits_cache[key]
 
         return fits_when_empty
+
+    def _locations(
+        self, nodes: Sequence[Mapping[str, Any]], hypernodes: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Location]:
+        assert self.fabric is not None
+        if not fabric_labels.hypernode_tiers(self.fabric):
+            return topology.locations(nodes, self.fabric)
+        key = (
+            json.dumps(hypernodes, sort_keys=True),
+            tuple(
+                (_node_name(n), tuple(((n.get("metadata") or {}).get("labels") or {}).items()))
+                for n in nodes
+            ),
+        )
+        if self._located is None or self._located[0] != key:
+            self._located = key, topology.locations(nodes, self.fabric, hypernodes)
+        return self._located[1]
 
     def _over_quota(
         self,

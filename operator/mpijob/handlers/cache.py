@@ -244,6 +244,11 @@ class Cache:
             quotas,
             claims,
             claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
+            hypernodes=[
+                dict(h)
+                for store in self.indices.get("hypernodes_by_name", {}).values()
+                for h in store
+            ],
         )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:

@@ -25,6 +25,7 @@ from mpijob import api, keys, metrics
 from mpijob.admission import kueue, outcome, queue, timeout, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
+from mpijob.api.fabric import fabric_level
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
 from mpijob.desired.conditions import set_condition
@@ -34,6 +35,7 @@ from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import OwnershipError
+from mpijob.placement.fabric import Fabric
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         return
     if meta.get("deletionTimestamp"):
         return
-    job, errors = checked(body, rt.settings)
+    fabric = rt.admission.fabric if rt.admission is not None else None
+    job, errors = checked(body, rt.settings, fabric)
     if job is None or errors:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return
@@ -144,9 +147,12 @@ async def _placement_gone(
     return False
 
 
-def checked(body: JSON, settings: OperatorSettings) -> tuple[api.MPIJob | None, list[FieldError]]:
+def checked(
+    body: JSON, settings: OperatorSettings, fabric: Fabric | None = None
+) -> tuple[api.MPIJob | None, list[FieldError]]:
     """The defaulted job and every reason the operator refuses it: upstream's rules, then ours
-    (quantities a PodGroup needs, the hostfile's size, placed workers naming their node)."""
+    (quantities a PodGroup needs, the hostfile's size, placed workers naming their node, and
+    with a ``--fabric`` its fabric level annotations naming levels the fabric has)."""
     try:
         job = api.with_defaults(api.parse(body))
     except api.InvalidMPIJob as exc:
@@ -156,6 +162,7 @@ def checked(body: JSON, settings: OperatorSettings) -> tuple[api.MPIJob | None, 
         *podgroup.min_resources_errors(job),
         *config_map.size_errors(job, settings.cluster_domain),
         *topology.template_errors(job, default=settings.gpu_topology_default),
+        *(fabric_level(job.metadata.annotations or {}, fabric.level_names)[1] if fabric else ()),
     ]
 
 

@@ -248,7 +248,13 @@ def registry_for(
         gang_api = keys.VOLCANO_POD_GROUP_API_VERSION
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
-    watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
+    fabric = memo.get("fabric") if memo is not None else None
+    watches.register(
+        registry,
+        gang_api_version=gang_api,
+        dra=binding is GpuBinding.DRA,
+        hypernodes=fabric is not None and bool(fabric_labels.hypernode_tiers(fabric)),
+    )
     if ours.fractional_gpus:
         shares = fractional.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
         fractional.register(registry, shares)

@@ -410,6 +410,20 @@ async def priorities_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, 
     return {name: int(body.get("value") or 0)}
 
 
+# --- Volcano HyperNodes (a fabric on HyperNode tiers) ---------------------------------------
+
+
+async def hypernodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]:
+    """What a node's place in the fabric is read from: the tier and the members."""
+    return {name: {"metadata": {"name": name}, "spec": dict(body.spec)}}
+
+
+async def hypernode_event(memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    if rt.admission is not None:
+        rt.admission.wake()  # a domain appeared, grew or went
+
+
 #: Every index registered above, by the name handlers receive it under.
 INDICES = (
     "mpijobs_by_key",
@@ -428,15 +442,22 @@ INDICES = (
     "slices_by_node",
     "gpu_classes_by_name",
     "quotas_by_namespace",
+    "hypernodes_by_name",
 )
 
 
 def register(
-    registry: kopf.OperatorRegistry, *, gang_api_version: str | None, dra: bool = False
+    registry: kopf.OperatorRegistry,
+    *,
+    gang_api_version: str | None,
+    dra: bool = False,
+    hypernodes: bool = False,
 ) -> None:
     """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
     ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
-    otherwise)."""
+    otherwise), Volcano's HyperNodes only when the fabric reads HyperNode tiers. Kopf watches a
+    kind only while the API serves it, so a HyperNode CRD installed later is picked up then,
+    and none installed leaves every HyperNode level without domains."""
     mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
     kopf.index(*mpijobs, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
@@ -473,3 +494,7 @@ def register(
         kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
         kopf.index(group, version, "resourceslices", registry=registry)(slices_by_node)
         kopf.index(group, version, "deviceclasses", registry=registry)(gpu_classes_by_name)
+    if hypernodes:
+        group, version = keys.HYPERNODE_API_VERSION.split("/")
+        kopf.index(group, version, keys.HYPERNODE_PLURAL, registry=registry)(hypernodes_by_name)
+        kopf.on.event(group, version, keys.HYPERNODE_PLURAL, registry=registry)(hypernode_event)

@@ -187,6 +187,12 @@ def _name(view: NodeView) -> str:
     return view.name
 
 
+#: (hardware fingerprint, GPU set) -> the set's ring order; bounded (a handful of hardware
+#: models with at most 2**16 sets each in practice far fewer).
+_RING_ORDERS: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+_RING_ORDERS_KEPT = 1 << 16
+
+
 def assemble(
     request: JobRequest,
     nodes: Sequence[NodeState],
@@ -204,7 +210,6 @@ def assemble(
     parts = []
     ring = bound
     per_worker = request.gpus_per_worker
-    rings: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
     for position in sorted(shares, key=layout or (lambda p: nodes[p].name)):
         node = nodes[position]
         choice = allocator.choose(
@@ -213,11 +218,16 @@ def assemble(
         if choice is None:  # pragma: no cover - shares come from the same tables
             raise AssertionError(f"node {node.name} lost room while placing")
         ring = min(ring, choice.ring_gbps)
-        # The ring depends on the hardware alone: nodes of one model with one set share it.
+        # The ring depends on the hardware alone: nodes of one model with one set share it, in
+        # this placement and the next ones (as they share the hardware's tables).
         key = (node.topology.fingerprint, choice.gpus)
-        order = rings.get(key) or rings.setdefault(
-            key, scoring.ring_order(node.topology, choice.gpus, known_gbps=choice.ring_gbps)
-        )
+        order = _RING_ORDERS.get(key)
+        if order is None:
+            if len(_RING_ORDERS) >= _RING_ORDERS_KEPT:
+                _RING_ORDERS.clear()
+            order = _RING_ORDERS[key] = scoring.ring_order(
+                node.topology, choice.gpus, known_gbps=choice.ring_gbps
+            )
         for start in range(0, len(order), per_worker):
             gpus = tuple(sorted(order[start : start + per_worker]))
             assignments.append(WorkerAssignment(node.name, gpus))
@@ -237,8 +247,14 @@ def _listed(parts: list[str]) -> str:
 
 def reason(request: JobRequest, views: Sequence[NodeView]) -> str:
     """What is missing, in words for a condition message."""
-    if not views:
+    return reason_by_kind(request, [(view, 1) for view in views])
+
+
+def reason_by_kind(request: JobRequest, kinds: Sequence[tuple[NodeView, int]]) -> str:
+    """:func:`reason` for nodes given as one view per kind of node and how many there are."""
+    if not kinds:
         return "no opted-in node with a GPU topology"
+    views = [view for view, _ in kinds]
     per_worker = request.gpus_per_worker
     most_free = max(view.free_count for view in views)
     nvlink_ring = max(int(view.tables.nvlink_ring_size[view.free_mask]) for view in views)
@@ -249,9 +265,10 @@ def reason(request: JobRequest, views: Sequence[NodeView]) -> str:
             f"needs {per_worker} GPUs on one opted-in node{each}; "
             f"most free on one node: {most_free}; {ring_text}"
         )
-    room = sum(view.free_count // per_worker for view in views)
-    free = sum(view.free_count for view in views)
+    room = sum(view.free_count // per_worker * n for view, n in kinds)
+    free = sum(view.free_count * n for view, n in kinds)
+    nodes = sum(n for _, n in kinds)
     return (
         f"needs {request.workers} workers x {per_worker} GPUs; opted-in nodes have room for "
-        f"{room} ({free} GPUs free on {len(views)} nodes); {ring_text}"
+        f"{room} ({free} GPUs free on {nodes} nodes); {ring_text}"
     )

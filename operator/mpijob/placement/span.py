@@ -32,6 +32,7 @@ level it could not keep. Called by the handlers and the benchmark.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,14 +40,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mpijob.placement import job, spread
+from mpijob.placement import allocator, fabric_labels, job, spread
 from mpijob.placement.fabric import NODE, Fabric, Location, shared_depth
 from mpijob.placement.job import JobRequest, NodeState, NoFit, Placement
 from mpijob.placement.spread import NodeView
-from mpijob.placement.tables import tables_for
+from mpijob.placement.tables import Tables, tables_for
 
 #: Node counts tried past the fewest when the exact sum fails at a bound (gaps in allowed counts).
 _MORE_NODES = 4
+#: Domains with more nodes than this are cut to what the search can use before it sorts them.
+_FEW = 64
 
 
 @dataclass(frozen=True)
@@ -78,46 +81,109 @@ class _Found:
 
 
 class _Search:
-    """Per-call precomputation: each node's share rings and allowed counts per bound."""
+    """Per-call precomputation over kinds of node: nodes of one hardware with the same GPUs in
+    use are one kind, so share rings, allowed counts and room are worked out once per kind (a
+    few hundred) rather than once per node (thousands), and summed per domain in numpy."""
 
     def __init__(
         self,
         request: JobRequest,
-        views: Sequence[NodeView],
-        where: Sequence[Location],
+        nodes: Sequence[NodeState],
+        locations: Mapping[str, Location],
         fabric: Fabric,
     ) -> None:
         self.request = request
-        self.views = views
-        self.where = where
+        self.nodes = nodes
         self.fabric = fabric
         per_worker = request.gpus_per_worker
-        kinds: dict[tuple[int, int, int], int] = {}
-        self.kind_of = [
-            kinds.setdefault((v.tables.key, v.free_mask, v.free_count), len(kinds)) for v in views
-        ]
-        self.rings: list[tuple[float, ...]] = [()] * len(kinds)
-        for view, kind in zip(views, self.kind_of, strict=True):
-            if not self.rings[kind]:
-                room = view.free_count // per_worker
-                best = view.tables.best
-                self.rings[kind] = tuple(
-                    float(best[w * per_worker][view.free_mask]) for w in range(1, room + 1)
-                )
+        self.tables: list[Tables] = []
+        self.free_mask: list[int] = []
+        self.free_count: list[int] = []
+        self.rings: list[tuple[float, ...]] = []
+        kinds: dict[tuple[str, frozenset[int], int], int] = {}
+        places: dict[Location, int] = {}
+        kind_of: list[int] = []
+        place_of: list[int] = []
+        # The one loop over every node: everything else works on kinds and places.
+        for node in nodes:
+            key = (node.topology.fingerprint, node.used, node.unplaced)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = self._add_kind(node, per_worker)
+            kind_of.append(kind)
+            location = locations.get(node.name, ())
+            place = places.get(location)
+            if place is None:
+                place = places[location] = len(places)
+            place_of.append(place)
+        self.places = list(places)
+        self.kind_list = kind_of
+        self.kind_of = np.array(kind_of, dtype=np.int64)
+        self.place_of = np.array(place_of, dtype=np.int64)
         values = {r for rings in self.rings for r in rings if not math.isinf(r)}
         values |= {fabric.gbps_at(depth) for depth in range(len(fabric.levels) + 1)}
         self.bounds = sorted(values, reverse=True)
-        most = np.zeros((len(kinds), len(self.bounds)), dtype=np.int64)
+        # most[kind, i]: the most workers a node of the kind takes with its ring >= bounds[i].
+        widest = max((len(rings) for rings in self.rings), default=0)
+        ring_of = np.full((len(self.rings), widest), -math.inf)
         for kind, rings in enumerate(self.rings):
-            for w, ring in enumerate(rings, start=1):
-                most[kind, [i for i, t in enumerate(self.bounds) if ring >= t]] = w
-        self.most = most[np.array(self.kind_of, dtype=np.int64)]
+            ring_of[kind, : len(rings)] = rings
+        reaches = ring_of[:, :, None] >= np.array(self.bounds)[None, None, :]
+        self.most = (reaches * np.arange(1, widest + 1)[None, :, None]).max(axis=1, initial=0)
+        self.counts = np.array(self.free_count, dtype=np.int64)
         self._bits: dict[tuple[int, float], int] = {}
         self._domains: dict[int, tuple[list[Location], npt.NDArray[np.int64]]] = {}
+        self._per_domain: dict[int, _PerDomain] = {}
+        self._single: tuple[int, float] | None = None
+        self._single_known = False
 
-    def allowed(self, position: int, bound: float) -> int:
-        """Bit ``w`` set when the node can take ``w`` workers with its share ring >= bound."""
-        kind = self.kind_of[position]
+    def _add_kind(self, node: NodeState, per_worker: int) -> int:
+        tables = tables_for(node.topology)
+        used = 0
+        for index in node.used:
+            used |= 1 << index
+        free = ((1 << tables.size) - 1) & ~used
+        count = max(free.bit_count() - node.unplaced, 0)
+        best = tables.best
+        self.tables.append(tables)
+        self.free_mask.append(free)
+        self.free_count.append(count)
+        self.rings.append(
+            tuple(float(best[w * per_worker][free]) for w in range(1, count // per_worker + 1))
+        )
+        return len(self.tables) - 1
+
+    def location(self, position: int) -> Location:
+        return self.places[int(self.place_of[position])]
+
+    def kinds(self) -> list[tuple[NodeView, int]]:
+        """One view per kind of node (its first node's) and how many nodes are of it."""
+        how_many = np.bincount(self.kind_of, minlength=len(self.tables)).tolist()
+        first = {kind: position for position, kind in reversed(list(enumerate(self.kind_list)))}
+        return [
+            (
+                NodeView(
+                    first[kind],
+                    self.nodes[first[kind]].name,
+                    self.tables[kind],
+                    self.free_mask[kind],
+                    self.free_count[kind],
+                ),
+                n,
+            )
+            for kind, n in enumerate(how_many)
+        ]
+
+    def fits_somewhere(self) -> bool:
+        """Whether the nodes together have room for every worker, wherever they are."""
+        per_worker = self.request.gpus_per_worker
+        how_many = np.bincount(self.kind_of, minlength=len(self.tables))
+        room = how_many * (self.counts // per_worker)
+        return int(room.sum()) >= self.request.workers
+
+    def allowed(self, kind: int, bound: float) -> int:
+        """Bit ``w`` set when a node of the kind can take ``w`` workers with its share ring >=
+        bound."""
         found = self._bits.get((kind, bound))
         if found is None:
             rings = self.rings[kind]
@@ -125,15 +191,51 @@ class _Search:
             self._bits[(kind, bound)] = found
         return found
 
+    def single(self) -> tuple[int, float] | None:
+        """The node whose best ``total`` GPUs are best (then fewest free GPUs, then name) and
+        that ring, as :func:`~mpijob.placement.job.best_single_node` picks it; None if none."""
+        if not self._single_known:
+            self._single, self._single_known = self._best_single(), True
+        return self._single
+
+    def _best_single(self) -> tuple[int, float] | None:
+        size = self.request.total_gpus
+        rings = {
+            kind: float(self.tables[kind].best[size][self.free_mask[kind]])
+            for kind in range(len(self.tables))
+            if self.free_count[kind] >= size
+        }
+        if not rings:
+            return None
+        top = max(rings.values())
+        keys: dict[int, tuple[float, float, int, int]] = {}
+        for kind, ring in rings.items():
+            if ring != top:
+                continue
+            rank = allocator.rank(self.tables[kind], self.free_mask[kind], size)
+            if rank is not None:
+                keys[kind] = (
+                    rank.ring_gbps,
+                    rank.nvlink_gbps,
+                    -rank.numa_nodes,
+                    -self.free_count[kind],
+                )
+        if not keys:  # pragma: no cover - a kind with room has a rank
+            return None
+        best = max(keys.values())
+        chosen = [kind for kind, key in keys.items() if key == best]
+        positions = np.flatnonzero(np.isin(self.kind_of, chosen)).tolist()
+        position = min(positions, key=lambda p: self.nodes[p].name)
+        return position, top
+
     def run(self, min_depth: int) -> _Found | None:
         """The best placement in one scope at least ``min_depth`` domains deep, or None."""
-        request, views = self.request, self.views
+        request = self.request
         best: _Found | None = None
-        single = job.best_single_node(views, request.total_gpus)
+        single = self.single()
         if single is not None:
-            value = float(single.tables.best[request.total_gpus][single.free_mask])
             depth = len(self.fabric.levels) + 1
-            best = _Found(value, depth, {single.position: request.workers})
+            best = _Found(single[1], depth, {single[0]: request.workers})
         for depth in range(len(self.fabric.levels), min_depth - 1, -1):
             hop = self.fabric.gbps_at(depth)
             if best is not None and hop <= best.value:
@@ -148,61 +250,106 @@ class _Search:
         found = self._domains.get(depth)
         if found is None:
             ids: dict[Location, int] = {}
-            of = [-1] * len(self.views)
-            for position, location in enumerate(self.where):
-                if len(location) >= depth:
-                    of[position] = ids.setdefault(location[:depth], len(ids))
-            found = self._domains[depth] = (list(ids), np.array(of, dtype=np.int64))
+            of_place = [
+                ids.setdefault(location[:depth], len(ids)) if len(location) >= depth else -1
+                for location in self.places
+            ]
+            of = np.array(of_place, dtype=np.int64)[self.place_of]
+            found = self._domains[depth] = (list(ids), of)
+        return found
+
+    def per_domain(self, depth: int) -> _PerDomain:
+        """How many nodes of each kind every domain ``depth`` deep holds, and its members."""
+        found = self._per_domain.get(depth)
+        if found is None:
+            paths, of = self.domains(depth)
+            kinds = len(self.tables)
+            inside = np.flatnonzero(of >= 0)
+            pairs = of[inside] * kinds + self.kind_of[inside]
+            counts = np.bincount(pairs, minlength=len(paths) * kinds).reshape(len(paths), kinds)
+            # Nodes grouped by domain: domain d's nodes are grouped[start[d]:start[d + 1]].
+            grouped = inside[np.argsort(of[inside], kind="stable")]
+            start = np.searchsorted(of[grouped], np.arange(len(paths) + 1))
+            found = self._per_domain[depth] = _PerDomain(counts, grouped, start)
         return found
 
     def _best_at(self, depth: int, hop: float, beat: float) -> _Found | None:
         workers = self.request.workers
-        paths, of = self.domains(depth)
+        paths, _ = self.domains(depth)
         if not paths:
             return None
-        inside = of >= 0
-        room = np.zeros((len(paths), len(self.bounds)), dtype=np.int64)
-        np.add.at(room, of[inside], self.most[inside])
-        free = np.zeros(len(paths), dtype=np.int64)
-        counts = np.array([view.free_count for view in self.views], dtype=np.int64)
-        np.add.at(free, of[inside], counts[inside])
-        # Nodes grouped by domain: domain d's nodes are grouped[start[d]:start[d + 1]].
-        grouped = np.flatnonzero(inside)
-        grouped = grouped[np.argsort(of[grouped], kind="stable")]
-        start = np.searchsorted(of[grouped], np.arange(len(paths) + 1))
+        per = self.per_domain(depth)
+        room = per.counts @ self.most
+        free = per.counts @ self.counts
         for index, bound in enumerate(self.bounds):
             if bound > hop:
                 continue
             if bound <= beat:
                 break
-            fitting = np.flatnonzero(room[:, index] >= workers)
+            fitting = np.flatnonzero(room[:, index] >= workers).tolist()
             for domain in sorted(fitting, key=lambda d: (free[d], paths[d])):
-                members = grouped[start[domain] : start[domain + 1]].tolist()
+                members = per.grouped[per.start[domain] : per.start[domain + 1]]
                 shares = self._fit(members, bound)
                 if shares is not None:
                     return _Found(bound, depth, shares)
         return None
 
-    def _fit(self, positions: list[int], bound: float) -> dict[int, int] | None:
-        """Fewest nodes among ``positions`` taking exactly the job at ``bound``, or None."""
-        views, workers = self.views, self.request.workers
-        # exact_counts prefers later nodes: the fewest free GPUs come last.
-        ordered = sorted(
-            positions, key=lambda p: (views[p].free_count, views[p].name), reverse=True
+    def _fit(self, members: npt.NDArray[np.int64], bound: float) -> dict[int, int] | None:
+        """Fewest nodes among ``members`` taking exactly the job at ``bound``, or None."""
+        workers, nodes = self.request.workers, self.nodes
+        kinds = self.kind_of[members]
+        present, how_many = np.unique(kinds, return_counts=True)
+        taking = sorted(
+            (
+                (self.allowed(k, bound).bit_length() - 1, n)
+                for k, n in zip(present.tolist(), how_many.tolist(), strict=True)
+            ),
+            reverse=True,
         )
-        allowed = [self.allowed(position, bound) for position in ordered]
         hosted, fewest = 0, 0
-        for count in sorted((bits.bit_length() - 1 for bits in allowed), reverse=True):
-            hosted, fewest = hosted + count, fewest + 1
-            if hosted >= workers:
+        for count, n in taking:
+            if count <= 0:
                 break
+            need = -(-(workers - hosted) // count)
+            if need <= n:
+                hosted, fewest = workers, fewest + need
+                break
+            hosted, fewest = hosted + count * n, fewest + n
         if hosted < workers:
             return None
-        for m in range(fewest, min(fewest + _MORE_NODES, len(ordered)) + 1):
+        most_nodes = min(fewest + _MORE_NODES, len(members))
+        positions = members.tolist()
+        if len(positions) > _FEW:
+            # Among nodes of one kind the search only ever takes the last ``m`` in its order
+            # (exact_counts keeps the last m of each set of allowed counts, its fallback the m
+            # allowing most): the rest of each kind cannot change the answer.
+            by_kind: dict[int, list[int]] = {}
+            for position, kind in zip(positions, kinds.tolist(), strict=True):
+                by_kind.setdefault(kind, []).append(position)
+            positions = []
+            for group in by_kind.values():
+                positions += (
+                    group
+                    if len(group) <= most_nodes
+                    else heapq.nsmallest(most_nodes, group, key=lambda p: nodes[p].name)
+                )
+        # exact_counts prefers later nodes: the fewest free GPUs come last.
+        of, counts = self.kind_list, self.free_count
+        ordered = sorted(positions, key=lambda p: (counts[of[p]], nodes[p].name), reverse=True)
+        allowed = [self.allowed(of[position], bound) for position in ordered]
+        for m in range(fewest, most_nodes + 1):
             chosen = spread.exact_counts(allowed, workers, m)
             if chosen is not None:
                 return {ordered[i]: count for i, count in chosen.items()}
         return None
+
+
+@dataclass(frozen=True)
+class _PerDomain:
+    counts: npt.NDArray[np.int64]
+    """``counts[d, k]``: nodes of kind ``k`` in domain ``d``."""
+    grouped: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
 
 
 def place_on_fabric(
@@ -226,30 +373,16 @@ def place_on_fabric(
         raise ValueError("node names must be unique")
     asked = required or preferred
     min_depth = fabric.depth_of(asked) if asked is not None else 0
-    views = [_view(position, node) for position, node in enumerate(nodes)]
-    where = [locations.get(node.name, ()) for node in nodes]
-    search = _Search(request, views, where, fabric)
+    search = _Search(request, nodes, locations, fabric)
     found = search.run(min_depth)
     kept = True
     if found is None and preferred is not None:
         found, kept = search.run(0), False
     if found is None:
-        fits_somewhere = spread.fewest_nodes(views, request.workers, request.gpus_per_worker)
-        if required is not None and fits_somewhere is not None:
+        if required is not None and search.fits_somewhere():
             return NoFit(_not_within(request, search, required))
-        return NoFit(job.reason(request, views))
+        return NoFit(job.reason_by_kind(request, search.kinds()))
     return _result(request, nodes, search, found, asked, kept)
-
-
-def _view(position: int, node: NodeState) -> NodeView:
-    # NodeState.free_mask, computed here without its cached_property: one per node per call.
-    size = node.topology.size
-    used = 0
-    for index in node.used:
-        used |= 1 << index
-    free = ((1 << size) - 1) & ~used
-    count = max(free.bit_count() - node.unplaced, 0)
-    return NodeView(position, node.name, tables_for(node.topology), free, count)
 
 
 def _result(
@@ -260,8 +393,8 @@ def _result(
     asked: str | None,
     kept: bool,
 ) -> FabricPlacement:
-    fabric, where = search.fabric, search.where
-    used = [where[position] for position in found.shares]
+    fabric, where = search.fabric, search.location
+    used = [where(position) for position in found.shares]
     if len(found.shares) == 1:
         depth, hop = len(fabric.levels) + 1, math.inf
         domain = used[0]
@@ -269,7 +402,7 @@ def _result(
         depth = shared_depth(used)
         hop, domain = fabric.gbps_at(depth), used[0][:depth]
     placement = job.assemble(
-        request, nodes, found.shares, hop, layout=lambda p: (where[p], nodes[p].name)
+        request, nodes, found.shares, hop, layout=lambda p: (where(p), nodes[p].name)
     )
     level = NODE if math.isinf(hop) else fabric.level_at(depth)
     summary = placement.summary
@@ -291,19 +424,26 @@ def _not_within(request: JobRequest, search: _Search, level: str) -> str:
     per_worker = request.gpus_per_worker
     shape = f"{request.workers}x{per_worker} GPUs"
     if level == NODE:
-        most = max((v.free_count for v in search.views), default=0)
+        most = max((search.free_count[k] for k in set(search.kind_list)), default=0)
         return f"needs {shape} on one node; most free on one node: {most} GPUs"
     depth = fabric.depth_of(level)
     label = fabric.levels[depth - 1].label
-    paths, of = search.domains(depth)
+    # Levels read from HyperNodes are named by their tier, not by the label standing in for it.
+    hypernodes = fabric_labels.source(label) != label
+    paths, _ = search.domains(depth)
     if not paths:
-        return f"needs {shape} within one {level}; no eligible node has the label {label}"
-    room = [0] * len(paths)
-    for view, domain in zip(search.views, of, strict=True):
-        if domain >= 0:
-            room[int(domain)] += view.free_count // per_worker
+        missing = (
+            f"is in a {fabric_labels.source(label)} HyperNode"
+            if hypernodes
+            else f"has the label {label}"
+        )
+        return f"needs {shape} within one {level}; no eligible node {missing}"
+    workers_of = np.array(search.free_count, dtype=np.int64) // per_worker
+    room = (search.per_domain(depth).counts @ workers_of).tolist()
     top = max(range(len(paths)), key=lambda d: (room[d], paths[d]))
     return (
-        f"needs {shape} within one {level} ({label}); most room in one {level}: "
+        f"needs {shape} within one {level} "
+        f"({fabric_labels.source(label) + ' HyperNodes' if hypernodes else label}); "
+        f"most room in one {level}: "
         f"{room[top]} workers ({paths[top][-1]})"
     )

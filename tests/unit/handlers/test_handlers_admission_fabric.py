@@ -12,7 +12,7 @@ from mpijob.desired import compute_domain
 from mpijob.desired.sync import _place
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import ApiError
-from mpijob.placement import codec, fabric, topologies
+from mpijob.placement import codec, fabric, fabric_labels, topologies
 
 pytestmark = pytest.mark.unit
 
@@ -41,14 +41,17 @@ def tray(name: str, clique: str) -> dict[str, Any]:
 RACKS = [tray(f"c{c}-t{t:02d}", f"uuid.{c}") for c in range(2) for t in range(18)]
 
 
-def job(name: str, workers: int, **annotations: str) -> api.MPIJob:
-    template = {
-        "spec": {
-            "containers": [
-                {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: 4}}}
-            ]
-        }
+TEMPLATE = {
+    "spec": {
+        "containers": [
+            {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: 4}}}
+        ]
     }
+}
+
+
+def job(name: str, workers: int, **annotations: str) -> api.MPIJob:
+    template = TEMPLATE
     body = {
         "apiVersion": keys.API_VERSION,
         "kind": keys.KIND,
@@ -205,3 +208,138 @@ def test_fabric_flag_names_a_shipped_fabric_or_a_file(tmp_path: Any) -> None:
     spec.write_text("levels: [{name: block, gbps: 25}]\n")
     with pytest.raises(ValueError, match=r"fabric.levels\[0\].nodeLabel"):
         load_fabric(str(spec))
+
+
+# --- Volcano HyperNodes as the fabric -----------------------------------------------------------
+
+HYPERNODE_FABRIC = fabric_labels.fabric_from_spec(
+    {
+        "levels": [
+            {"name": "spine", "hyperNodeTier": 2, "gbps": 25},
+            {"name": "rack", "hyperNodeTier": 1, "gbps": 900},
+        ],
+        "outsideGbps": 12.5,
+    }
+)
+# Two racks of trays, no GFD or GKE label read: only the HyperNodes say which tray is where.
+HYPERNODES = [
+    {
+        "metadata": {"name": f"rack-{c}"},
+        "spec": {
+            "tier": 1,
+            "members": [{"type": "Node", "selector": {"regexMatch": {"pattern": f"^c{c}-"}}}],
+        },
+    }
+    for c in range(2)
+] + [
+    {
+        "metadata": {"name": "spine"},
+        "spec": {
+            "tier": 2,
+            "members": [{"type": "HyperNode", "selector": {"regexMatch": {"pattern": "^rack-"}}}],
+        },
+    }
+]
+
+
+def hypernode_harness(*jobs: api.MPIJob, hypernodes: list[dict[str, Any]]) -> Harness:
+    h = Harness(*jobs)
+    h.admission.fabric = HYPERNODE_FABRIC
+    h.admission.snapshot = lambda: topology.Snapshot(RACKS, [], {}, hypernodes=hypernodes)
+    return h
+
+
+async def test_hypernodes_place_a_job_inside_one_tier_one_hypernode() -> None:
+    h = hypernode_harness(job("train", 16), hypernodes=HYPERNODES)
+    await h.run()
+    (decision,) = h.decisions
+    assert len({w["node"].split("-")[0] for w in decision["spec"]["workers"]}) == 1
+    assert decision["spec"]["ringGBps"] == 900.0
+    assert "in rack rack-" in decision["spec"]["summary"]
+
+
+async def test_required_hypernode_level_across_two_waits_naming_the_tier() -> None:
+    h = hypernode_harness(
+        job("wide", 20, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}), hypernodes=HYPERNODES
+    )
+    await h.run()
+    last = h.last("wide")
+    assert isinstance(last, queue.Wait)
+    assert "needs 20x4 GPUs within one rack (tier 1 HyperNodes); most room in one rack: 18" in (
+        last.message
+    )
+
+
+async def test_without_hypernodes_a_required_tier_waits_and_the_rest_still_run() -> None:
+    # Volcano's CRD absent (or no HyperNode yet): no node is in any domain of those levels.
+    h = hypernode_harness(
+        job("wide", 2, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}), job("free", 2), hypernodes=[]
+    )
+    await h.run()
+    last = h.last("wide")
+    assert isinstance(last, queue.Wait)
+    assert "no eligible node is in a tier 1 HyperNode" in last.message
+    assert isinstance(h.last("free"), queue.Admit)
+
+
+def test_the_hypernode_watch_is_registered_only_for_a_fabric_on_hypernode_tiers() -> None:
+    import kopf
+
+    from mpijob.handlers import startup
+    from mpijob.settings import OperatorSettings
+
+    def watched(fabric_in_memo: Any) -> set[str]:
+        memo = kopf.Memo(fabric=fabric_in_memo)
+        registry = startup.registry_for(OperatorSettings(), memo=memo)
+        handlers = registry._indexing.get_all_handlers()
+        return {h.selector.group for h in handlers if h.selector is not None and h.selector.group}
+
+    assert "topology.volcano.sh" in watched(HYPERNODE_FABRIC)
+    assert "topology.volcano.sh" not in watched(NVL72)
+    assert "topology.volcano.sh" not in watched(None)
+
+
+# --- A level annotation the fabric lacks: the job is Invalid, naming the annotation ------------
+
+
+def test_a_level_the_fabric_lacks_makes_the_job_invalid_naming_annotation_and_levels() -> None:
+    from mpijob.handlers.reconcile import checked
+    from mpijob.settings import OperatorSettings
+
+    raw: dict[str, Any] = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {
+            "name": "odd",
+            "namespace": "ns",
+            "uid": "uid-odd",
+            "annotations": {keys.FABRIC_PREFERRED_LEVEL: "rack"},
+        },
+        "spec": {
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": TEMPLATE},
+                "Worker": {"replicas": 2, "template": TEMPLATE},
+            }
+        },
+    }
+    _, errors = checked(raw, OperatorSettings(), NVL72)
+    message = api.validation_message(errors)
+    assert "metadata.annotations[mpijob.io/fabric-preferred-level]" in message
+    assert 'Unsupported value: "rack"' in message
+    assert '"block", "clique", "leaf", "node"' in message
+    # Without a fabric the annotation means nothing and refuses nothing.
+    assert checked(raw, OperatorSettings(), None)[1] == []
+    raw["metadata"]["annotations"] = {keys.FABRIC_PREFERRED_LEVEL: "clique"}
+    assert checked(raw, OperatorSettings(), NVL72)[1] == []
+
+
+async def test_hypernodes_that_appear_later_are_read_on_the_next_pass() -> None:
+    seen: list[dict[str, Any]] = []
+    h = hypernode_harness(job("train", 16, **{keys.FABRIC_REQUIRED_LEVEL: "rack"}), hypernodes=seen)
+    await h.run()
+    assert isinstance(h.last("train"), queue.Wait)
+    await h.admission.run_pass()  # the same nodes and HyperNodes: where they are is kept
+    assert isinstance(h.last("train"), queue.Wait)
+    seen += HYPERNODES
+    await h.admission.run_pass()
+    assert isinstance(h.last("train"), queue.Admit)

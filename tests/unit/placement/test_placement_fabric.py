@@ -11,7 +11,10 @@ from mpijob.placement.fabric_labels import (
     fabric_from_hypernodes,
     fabric_from_spec,
     hypernode_labels,
+    hypernode_tiers,
+    source,
     tier_label,
+    with_hypernodes,
 )
 
 pytestmark = pytest.mark.unit
@@ -112,6 +115,14 @@ def test_levels_from_settings_as_kueue_lists_them() -> None:
         ({"levels": [{"name": "A b", "nodeLabel": "x", "gbps": 1}]}, r"levels\[0\].name"),
         ({"levels": [{"name": "a", "nodeLabel": "x", "gbps": "fast"}]}, r"levels\[0\].gbps"),
         ({"levels": [], "outsideGbps": -1}, "fabric.outsideGbps"),
+        (
+            {"levels": [{"name": "a", "nodeLabel": "x", "hyperNodeTier": 1, "gbps": 1}]},
+            r"levels\[0\]: name a nodeLabel or a hyperNodeTier, not both",
+        ),
+        (
+            {"levels": [{"name": "a", "hyperNodeTier": "one", "gbps": 1}]},
+            r"levels\[0\].hyperNodeTier",
+        ),
     ],
 )
 def test_bad_settings_name_the_field(spec: dict[str, object], message: str) -> None:
@@ -156,3 +167,67 @@ def test_hypernodes_become_one_location_per_node() -> None:
     assert hop_gbps(built, [where["node-0"], where["node-3"]]) == 12.5
     with pytest.raises(ValueError, match="no bandwidth given for HyperNode tier 2"):
         fabric_from_hypernodes(hypernodes, {1: 50.0})
+
+
+def test_levels_on_hypernode_tiers_read_the_hypernodes_not_the_nodes_own_labels() -> None:
+    built = fabric_from_spec(
+        {
+            "levels": [
+                {"name": "spine", "hyperNodeTier": 2, "gbps": 25},
+                {"name": "rack", "hyperNodeTier": 1, "gbps": 900},
+                {"nodeLabel": "kubernetes.io/hostname"},
+            ],
+            "outsideGbps": 12.5,
+        }
+    )
+    assert built.level_names == ("spine", "rack", "node")
+    assert hypernode_tiers(built) == (2, 1)
+    assert hypernode_tiers(fabric.load("nvl72")) == ()
+    assert source(built.levels[1].label) == "tier 1"
+    assert source(fabric.CLIQUE_LABEL) == fabric.CLIQUE_LABEL
+    hypernodes = [
+        _hypernode(
+            "rack-a",
+            1,
+            {
+                "type": "Node",
+                "selector": {
+                    "labelMatch": {
+                        "matchLabels": {"pool": "gb"},
+                        "matchExpressions": [
+                            {"key": "rack", "operator": "In", "values": ["a"]},
+                            {"key": "cordoned", "operator": "DoesNotExist"},
+                        ],
+                    }
+                },
+            },
+        ),
+        _hypernode(
+            "rack-b",
+            1,
+            {"type": "Node", "selector": {"regexMatch": {"pattern": "^b-"}}},
+            {"type": "Node", "selector": {"regexMatch": {"pattern": "([unclosed"}}},
+        ),
+        _hypernode(
+            "spine-0", 2, {"type": "HyperNode", "selector": {"regexMatch": {"pattern": "rack-"}}}
+        ),
+    ]
+    # A node's own mpijob.io/hypernode-tier-* label is never believed: only HyperNodes place it.
+    forged = {tier_label(1): "rack-b", tier_label(2): "spine-0"}
+    nodes = {
+        "a-0": {"pool": "gb", "rack": "a"},
+        "a-1": {"pool": "gb", "rack": "a", "cordoned": "yes"},
+        "b-0": {},
+        "c-0": forged,
+    }
+    labels = with_hypernodes(nodes, hypernodes)
+    where = {node: built.location(own) for node, own in labels.items()}
+    assert where == {
+        "a-0": ("spine-0", "rack-a"),
+        "a-1": (),
+        "b-0": ("spine-0", "rack-b"),
+        "c-0": (),
+    }
+    assert labels["a-0"]["rack"] == "a", "the node's other labels stay"
+    # No HyperNodes at all (Volcano's CRD absent): no node is in a domain of those levels.
+    assert {built.location(own) for own in with_hypernodes(nodes, []).values()} == {()}

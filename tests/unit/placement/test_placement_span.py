@@ -258,3 +258,25 @@ def test_baselines_pick_valid_splits_and_never_beat_the_optimum() -> None:
                 for p, count in shares.items()
             )
             assert fabric_baselines.figure(request, nodes, NVL72, where, shares) <= best
+
+
+def test_more_nodes_of_a_kind_than_the_search_can_use_change_nothing() -> None:
+    # One leaf of 8-GPU nodes, each with GPUs 0-4 in use (3 free): a 10x3 job needs 10 nodes.
+    # The search keeps only the first few nodes of each kind by name; adding 300 more nodes of
+    # that kind (later names) and 300 with one GPU free must not move the job; the nodes kept
+    # are the first by name.
+    def leaf(extra: int) -> tuple[list[NodeState], dict[str, Location]]:
+        nodes, where = [], {}
+        for i in range(70 + extra):
+            name = f"n{i:04d}"
+            used = frozenset(range(5)) if i < 70 + extra // 2 else frozenset(range(7))
+            nodes.append(NodeState(name, topologies.for_node("dgx-h100", name), used))
+            where[name] = ("b0", "leaf0")
+        return nodes, where
+
+    rail = fabric.load("hgx-h100-rail")
+    small = placed(place_on_fabric(JobRequest(10, 3), *leaf(0)[:1], rail, leaf(0)[1]))
+    nodes, where = leaf(600)
+    large = placed(place_on_fabric(JobRequest(10, 3), nodes, rail, where))
+    assert large.placement == small.placement
+    assert small.placement.nodes == tuple(f"n{i:04d}" for i in range(10))
