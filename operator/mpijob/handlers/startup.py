@@ -148,7 +148,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         )
         fractional.configure_server(settings, cert, ours.webhook_port)
         rt.workers.run(
-            shares.run_placement(fractional.pod_patcher(kube)), name="gpu-share-placement"
+            shares.run_placement(
+                fractional.pod_patcher(kube), leader.leading if leader is not None else None
+            ),
+            name="gpu-share-placement",
         )
         await fractional.apply_configurations(
             kube.request,
