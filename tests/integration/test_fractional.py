@@ -12,14 +12,18 @@ so later modules see the cluster as it was.
 
 from __future__ import annotations
 
+import base64
 import collections
 import copy
 import json
 import os
 import random
 import shutil
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from mpijob.api.fractional import Placed, Share
-from mpijob.desired.fractional import WEBHOOK_CONFIGURATION, client_env
+from mpijob.desired.fractional import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
@@ -176,11 +180,19 @@ def shares(
             str(port),
             "--webhook-url",
             f"https://127.0.0.1:{port}",
+            "--webhook-client-ca",
+            str(pki(share_nodes) / "webhook-client-ca.crt"),
         )
         wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
         return op
 
     return start
+
+
+def pki(cluster: Cluster) -> Path:
+    """The local cluster's keys (hack/cluster.py): the API server's webhook client certificate
+    and the CA the operator is given to verify it."""
+    return cluster.kubeconfig.parent / "pki"
 
 
 def webhook_answers(cluster: Cluster, namespace: str) -> bool:
@@ -245,9 +257,24 @@ def gated(pod: client.V1Pod) -> bool:
     )
 
 
+def decided(pod: client.V1Pod) -> bool:
+    """The operator's placement pass has looked at the pod: placed, or told why it waits."""
+    annotations = pod.metadata.annotations or {}
+    return keys.GPU_SHARE in annotations or annotations.get(keys.GPU_SHARE_WAITING) not in (
+        None,
+        ADMITTED,
+    )
+
+
 def wait_gated(cluster: Cluster, namespace: str, name: str) -> client.V1Pod:
+    """The pod waits behind the gate, with the reason the placement pass wrote."""
     return wait_until(
-        lambda: (p := cluster.core.read_namespaced_pod(name, namespace)) and gated(p) and p,
+        lambda: (
+            (p := cluster.core.read_namespaced_pod(name, namespace))
+            and gated(p)
+            and decided(p)
+            and p
+        ),
         timeout=60,
         what=f"{name} SchedulingGated",
     )
@@ -839,3 +866,125 @@ def test_a_tenant_may_not_forge_share_records_or_lift_the_share_gate(
     assert keys.GPU_SHARE_UUID not in (later.metadata.annotations or {})
     mine = share_nodes.core.read_namespaced_pod("mine", namespace)
     assert mine.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
+
+
+def review(name: str, body: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """An AdmissionReview of a pod's creation, as the API server would send it."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"forged-{name}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": TENANT},
+            "object": {**body, "metadata": {**body["metadata"], "namespace": namespace}},
+            "dryRun": False,
+        },
+    }
+
+
+def test_the_webhook_answers_the_api_server_alone(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """AdmissionReviews POSTed straight to the webhook (as a pod that reaches its port would)
+    are refused at TLS: the webhook asks for a client certificate that only the API server has
+    (its admission configuration, hack/cluster.py). The tenant's pods still pass through the API
+    server, and nothing any of it did holds a share: the victim is placed."""
+    shares()
+    hooks = client.AdmissionregistrationV1Api(share_nodes.api)
+    url = hooks.read_mutating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks[0]
+    assert url.client_config.url.endswith(f"/{MUTATE_ID}")
+    ca = base64.b64decode(url.client_config.ca_bundle).decode()
+    forged = [
+        review(f"squat-{i}", pod_body(f"squat-{i}", GPU_GIB, 100, "share-node-1"), namespace)
+        for i in range(GPUS)
+    ]
+
+    def post(context: ssl.SSLContext, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            url.client_config.url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+            return result
+
+    anyone = ssl.create_default_context(cadata=ca)
+    for body in forged:
+        with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)) as refused:
+            post(anyone, body)
+        # TLS 1.3 reports the refusal on the first read: an alert or the connection closed;
+        # never an HTTP answer.
+        assert not isinstance(refused.value, urllib.error.HTTPError), refused.value
+    # The API server's own certificate is answered: the refusal above is the missing one.
+    apiserver = ssl.create_default_context(cadata=ca)
+    apiserver.load_cert_chain(
+        pki(share_nodes) / "webhook-client.crt", pki(share_nodes) / "webhook-client.key"
+    )
+    answered = post(apiserver, forged[0])["response"]
+    assert answered["allowed"] is True
+    assert answered["uid"] == "forged-squat-0"
+    # A tenant's share pod goes through the API server as ever, and is placed.
+    tenant.create_namespaced_pod(namespace, pod_body("victim", 1, 5, node="share-node-1"))
+    (victim,) = wait_running(share_nodes, namespace, ["victim"])
+    assert placed(victim).node == "share-node-1"
+
+
+def test_a_share_pod_the_api_server_refuses_after_the_webhook_holds_nothing(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """A ResourceQuota refuses the tenant's whole-GPU pods after the webhook admitted them
+    (quota is checked last): they never exist, so they hold nothing, and the victim's share is
+    placed on that node at its first decision."""
+    shares()
+    share_nodes.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "no-pods"},
+            "spec": {"hard": {"pods": "0"}},
+        },
+        namespace,
+    )
+    refusals = []
+    for i in range(GPUS):
+        with pytest.raises(ApiException) as caught:
+            tenant.create_namespaced_pod(
+                namespace, pod_body(f"refused-{i}", GPU_GIB, 100, node="share-node-1")
+            )
+        refusals.append(caught.value)
+    assert all(r.status == 403 and "quota" in str(r.body) for r in refusals), refusals
+    share_nodes.kubectl("delete", "resourcequota", "no-pods", "-n", namespace)
+    wait_until(
+        lambda: not share_nodes.core.list_namespaced_resource_quota(namespace).items,
+        what="the quota gone",
+    )
+
+    def admitted() -> client.V1Pod | None:
+        try:
+            return create(share_nodes, namespace, pod_body("victim", 1, 5, node="share-node-1"))
+        except ApiException as e:
+            if "quota" in str(e.body):  # the quota admission's cache still has it
+                return None
+            raise
+
+    wait_until(admitted, what="the victim admitted")
+    victim = wait_until(
+        lambda: (
+            (p := share_nodes.core.read_namespaced_pod("victim", namespace)) and decided(p) and p
+        ),
+        what="the victim's placement decided",
+    )
+    assert keys.GPU_SHARE in (victim.metadata.annotations or {}), victim.metadata.annotations
+    assert placed(victim).node == "share-node-1"

@@ -44,6 +44,7 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import ssl
 import tempfile
 import time
 import urllib.parse
@@ -673,13 +674,37 @@ def serving_certificate(
     return ServingCertificate(certfile, keyfile, base64.b64encode(pem).decode("ascii"))
 
 
-def configure_server(settings: kopf.OperatorSettings, cert: ServingCertificate, port: int) -> None:
-    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself."""
+def mounted_certificate(directory: Path) -> ServingCertificate:
+    """The serving certificate in ``directory`` (``tls.crt``, ``tls.key``, optional ``ca.crt``,
+    as a ``kubernetes.io/tls`` Secret or cert-manager mounts it). Every replica serves it, so the
+    one CA bundle the configurations carry verifies whichever replica the Service picks."""
+    certfile, keyfile, cafile = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
+    bundle = cafile.read_bytes() if cafile.exists() else certfile.read_bytes()
+    return ServingCertificate(certfile, keyfile, base64.b64encode(bundle).decode("ascii"))
+
+
+def configure_server(
+    settings: kopf.OperatorSettings, cert: ServingCertificate, port: int, *, client_ca: str = ""
+) -> None:
+    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself.
+
+    With ``client_ca`` (a PEM file) the TLS handshake requires a client certificate it signed:
+    only the API server, which presents one through its admission configuration, is answered;
+    any other client is refused before a request is read.
+    """
+    if not client_ca:
+        log.warning(
+            "The GPU-share webhooks answer any client that reaches port %d: set"
+            " --webhook-client-ca so that only the API server is answered",
+            port,
+        )
     settings.admission.server = kopf.WebhookServer(
         addr="0.0.0.0",  # all interfaces: the Service reaches the pod on its IP
         port=port,
         certfile=str(cert.certfile),
         pkeyfile=str(cert.keyfile),
+        verify_mode=ssl.CERT_REQUIRED if client_ca else None,
+        verify_cafile=client_ca or None,
     )
     settings.admission.managed = None
 
