@@ -376,9 +376,7 @@ def workers(count: int) -> fractional.WorkersOf:
 async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
     admission = await admission_with(node("gpu-a"))
     admission.workers_of = workers(4)
-    _, first = placed_of(
-        worker_pod("train", 0), await decided(admission, worker_pod("train", 0))
-    )
+    _, first = placed_of(worker_pod("train", 0), await decided(admission, worker_pod("train", 0)))
     assert first.claim == "mpijob/team/train/uid-train/worker-0"
     assert len(admission.ledger) == 4  # the other three are held for their pods
     records = [first]
@@ -770,3 +768,47 @@ async def test_a_gate_removed_by_hand_is_reported_once() -> None:
     assert posted == [("Normal", "GPUSharePlaced"), ("Warning", "GPUShareGateRemoved")]
     assert admission.waiting == {}
     assert admission.room.holds("default/escaped")  # it takes room on its node like any pod
+
+
+async def test_only_the_leader_places() -> None:
+    """The standby's webhook gates; its placement pass waits for the Lease, and places nothing
+    while it is not held."""
+    admission = await admission_with(node("gpu-a"))
+    patches = Patches()
+    await admitted_waiting(admission, patches, pod(), "gated")
+    leading = asyncio.Event()
+    task = asyncio.create_task(admission.run_placement(patches, leading))
+    await asyncio.sleep(0.05)
+    assert keys.GPU_SHARE not in patches.pods["default/gated"]["metadata"]["annotations"]
+    assert len(admission.ledger) == 0
+    leading.set()
+    admission.wake.set()
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]:
+            break
+    task.cancel()
+    assert keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]
+
+
+def test_the_webhooks_require_the_api_server_s_client_certificate(tmp_path: Any) -> None:
+    import ssl
+
+    cert = fractional.serving_certificate("ns", "svc", tmp_path)
+    settings = kopf.OperatorSettings()
+    fractional.configure_server(settings, cert, 9443, client_ca=str(cert.certfile))
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    assert server.verify_mode == ssl.CERT_REQUIRED
+    assert server.verify_cafile == str(cert.certfile)
+    fractional.configure_server(settings, cert, 9443)
+    assert settings.admission.server.verify_mode is None  # type: ignore[union-attr]
+
+
+def test_a_mounted_certificate_s_ca_is_the_bundle(tmp_path: Any) -> None:
+    made = fractional.serving_certificate("ns", "svc", tmp_path)
+    assert fractional.mounted_certificate(tmp_path).ca_bundle == made.ca_bundle
+    (tmp_path / "ca.crt").write_bytes(b"CA PEM")
+    mounted = fractional.mounted_certificate(tmp_path)
+    assert base64.b64decode(mounted.ca_bundle) == b"CA PEM"
+    assert mounted.certfile == tmp_path / "tls.crt"
