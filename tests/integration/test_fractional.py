@@ -452,14 +452,14 @@ def test_concurrent_pods_never_overcommit_a_gpu(
 
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(make, range(100)))
-    # Every pod is admitted: placed at once, or behind the gate until a GPU has room.
+    # Every pod is admitted, behind the gate until the operator places it or tells it why not.
     assert {status for _, status in results} == {201}, results
     names = [name for name, _ in results]
 
     def settled() -> tuple[list[client.V1Pod], list[client.V1Pod]] | None:
         pods = [share_nodes.core.read_namespaced_pod(n, namespace) for n in names]
         running = [p for p in pods if p.status.phase == "Running"]
-        waiting = [p for p in pods if gated(p)]
+        waiting = [p for p in pods if gated(p) and decided(p)]
         return (running, waiting) if len(running) + len(waiting) == len(pods) else None
 
     running, waiting = wait_until(settled, timeout=120, what="every pod Running or gated")
@@ -988,3 +988,92 @@ def test_a_share_pod_the_api_server_refuses_after_the_webhook_holds_nothing(
     )
     assert keys.GPU_SHARE in (victim.metadata.annotations or {}), victim.metadata.annotations
     assert placed(victim).node == "share-node-1"
+
+
+def test_two_replicas_serve_one_certificate_and_only_the_leader_places(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    start_operator: Callable[..., OperatorProcess],
+    tenant: client.CoreV1Api,
+    tmp_path: Path,
+) -> None:
+    """Two replicas, as a Deployment of two behind one Service: both serve the one mounted
+    certificate, so the CA bundle in the configurations (applied by whichever started last)
+    verifies either; the standby's webhook gates the tenant's pods and the leader alone places
+    them (every GPUSharePlaced Event is the Lease holder's), never overcommitting a GPU."""
+    from mpijob.handlers.fractional import serving_certificate
+
+    serving_certificate(namespace, "replicas", tmp_path, url="https://127.0.0.1")
+    ports = [free_port(), free_port()]
+
+    def replica(port: int) -> OperatorProcess:
+        return start_operator(
+            "--leader-elect",
+            "--lock-namespace",
+            namespace,
+            "--fractional-gpus",
+            "--webhook-port",
+            str(port),
+            "--webhook-url",
+            f"https://127.0.0.1:{port}",
+            "--webhook-client-ca",
+            str(pki(share_nodes) / "webhook-client-ca.crt"),
+            "--webhook-cert-dir",
+            str(tmp_path),
+        )
+
+    leader = replica(ports[0])
+    wait_until(lambda: leader.metric("mpi_operator_is_leader") == 1, timeout=30, what="a leader")
+    standby = replica(ports[1])
+    hooks = client.AdmissionregistrationV1Api(share_nodes.api)
+
+    def configured() -> Any:
+        return hooks.read_mutating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks[0]
+
+    wait_until(
+        lambda: configured().client_config.url.startswith(f"https://127.0.0.1:{ports[1]}/"),
+        what="the standby's configuration applied",
+    )
+    wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
+    assert standby.metric("mpi_operator_is_leader") == 0
+
+    # Either replica's certificate is verified by the one bundle the configurations carry.
+    context = ssl.create_default_context(
+        cadata=base64.b64decode(configured().client_config.ca_bundle).decode()
+    )
+    context.load_cert_chain(
+        pki(share_nodes) / "webhook-client.crt", pki(share_nodes) / "webhook-client.key"
+    )
+    for port in ports:
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{port}/{MUTATE_ID}",
+            data=json.dumps(review("probe", pod_body("probe", 1, 5), namespace)).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            assert json.loads(answer.read())["response"]["allowed"] is True
+
+    names = [f"pair-{i}" for i in range(6)]
+    for name in names:
+        tenant.create_namespaced_pod(namespace, pod_body(name, 7, 50, node="share-node-1"))
+    pods = wait_running(share_nodes, namespace, names[:4])
+    assert_not_overcommitted(pods)
+    lease = (
+        share_nodes.resource("coordination.k8s.io/v1", "Lease")
+        .get(name="mpijob-operator", namespace=namespace)
+        .to_dict()
+    )
+
+    def placed_events() -> list[Any] | None:
+        found = [
+            e
+            for e in share_nodes.core.list_namespaced_event(namespace).items
+            if e.reason == keys.REASON_GPU_SHARE_PLACED
+        ]
+        return found if len(found) >= 4 else None
+
+    events = wait_until(placed_events, what="four GPUSharePlaced Events")
+    assert {e.reporting_instance for e in events} == {lease["spec"]["holderIdentity"]}
+    # 4 GPUs x 2 shares of 50% fit 8; the node takes all six.
+    assert_not_overcommitted(wait_running(share_nodes, namespace, names))
