@@ -324,6 +324,11 @@ def undeploy() -> None:
     kubectl(
         "delete", "clusterrolebinding,clusterrole", "mpijob-operator-webhooks", "--ignore-not-found"
     )
+    # Its share-records policy too: later tests see the cluster without it.
+    kubectl(
+        "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        "mpijob-gpu-share-records", "--ignore-not-found",
+    )  # fmt: skip
     # The pods carry only their workload's labels; none left is not an error.
     kubectl(
         "wait", "--for=delete", "pod", "-n", NAMESPACE, "--timeout=120s",
