@@ -216,6 +216,100 @@ def write_pki(pki: Path, users: Sequence[str] = ()) -> None:
     (pki / "tokens.csv").write_text("\n".join(lines) + "\n")
 
 
+#: Files of the API server's webhook client identity (under pki/): the CA an operator is given
+#: (``--webhook-client-ca``) and the certificate the API server presents to admission webhooks.
+WEBHOOK_CLIENT_CA = "webhook-client-ca.crt"
+
+
+def write_webhook_client(pki: Path) -> list[str]:
+    """A CA of its own and the API server's client certificate for admission webhooks, presented
+    through its admission configuration; the kube-apiserver flags that load it.
+
+    The GPU-share webhooks answer only a client whose certificate this CA signed
+    (docs/trust-gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
+    Every webhook gets the certificate (``*``); one that asks for none ignores it.
+    """
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mpijob-local-webhook-client-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (pki / "webhook-client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (pki / "webhook-client.key").write_bytes(pem_key(key))
+    (pki / "webhook-client.key").chmod(0o600)
+    (pki / "admission-kubeconfig.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "users": [
+                    {
+                        "name": "*",
+                        "user": {
+                            "client-certificate": str(pki / "webhook-client.crt"),
+                            "client-key": str(pki / "webhook-client.key"),
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    webhook = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(pki / "admission-kubeconfig.yaml"),
+    }
+    (pki / "admission-config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "AdmissionConfiguration",
+                "plugins": [
+                    {"name": name, "configuration": webhook}
+                    for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+                ],
+            }
+        )
+    )
+    return [f"--admission-control-config-file={pki / 'admission-config.yaml'}"]
+
+
 def audit_policy() -> str:
     """Every request once, at Metadata level (who, verb, resource; no bodies)."""
     return yaml.safe_dump(
@@ -466,11 +560,20 @@ def ensure_real_nodes(state: State, count: int) -> None:
     realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api)
 
 
+def restart_reason(state: State) -> str:
+    """Why a running cluster must restart to be what this file starts; empty: it need not."""
+    if state.stages != stages_digest():
+        return "hack/kwok/stages.yaml changed since the cluster started"
+    if not (state_dir() / "pki" / WEBHOOK_CLIENT_CA).exists():
+        return "the cluster's API server presents no webhook client certificate"
+    return ""
+
+
 def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
     t0 = time.monotonic()
     state = State.load()
-    if state and healthy(state) and state.stages != stages_digest():
-        say("hack/kwok/stages.yaml changed since the cluster started; restarting it")
+    if state and healthy(state) and (why := restart_reason(state)):
+        say(f"{why}; restarting it")
         down(quiet=True)
         state = None
     if state and healthy(state):
@@ -576,6 +679,7 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
             "--v=1",
+            *write_webhook_client(pki),
             *audit,
         ],
         state,

@@ -39,6 +39,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ ROOT = HACK.parent
 OVERLAYS = ROOT / "manifests" / "overlays"
 COMPONENTS = ROOT / "manifests" / "components"
 NAMESPACE = "mpi-operator"
+#: The fractional-gpus overlay's webhook Service; its Secret and ConfigMap are named after it.
+WEBHOOK_SERVICE = "mpijob-operator-webhook"
 OPERATOR = "mpijob-operator"
 UPSTREAM_NAME = "mpi-operator"
 GPU_PRESENT = "nvidia.com/gpu.present"
@@ -231,6 +234,28 @@ def retag(image: str, tag: str) -> str:
     return new
 
 
+def webhook_keys() -> None:
+    """What the fractional-gpus overlay asks of a cluster admin: the webhooks' serving certificate
+    (a Secret every replica mounts) and the CA of the API server's webhook client certificate
+    (a ConfigMap; hack/cluster.py made both the CA and the API server's admission configuration).
+    The operator's pods wait for them (ContainerCreating) and start once they exist."""
+    from mpijob.handlers.fractional import serving_certificate
+
+    with tempfile.TemporaryDirectory() as folder:
+        cert = serving_certificate(NAMESPACE, WEBHOOK_SERVICE, Path(folder))
+        secret = kubectl(
+            "create", "secret", "tls", f"{WEBHOOK_SERVICE}-tls", "-n", NAMESPACE,
+            f"--cert={cert.certfile}", f"--key={cert.keyfile}", "--dry-run=client", "-o", "yaml",
+        )  # fmt: skip
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=secret)
+    ca = cluster.state_dir() / "pki" / cluster.WEBHOOK_CLIENT_CA
+    config_map = kubectl(
+        "create", "configmap", f"{WEBHOOK_SERVICE}-client-ca", "-n", NAMESPACE,
+        f"--from-file=ca.crt={ca}", "--dry-run=client", "-o", "yaml",
+    )  # fmt: skip
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=config_map)
+
+
 def deploy(
     overlay: str = "standalone",
     *,
@@ -264,6 +289,8 @@ def deploy(
         namespaces=namespaces,
     )
     kubectl("apply", "--server-side", "--force-conflicts", "-k", str(dest))
+    if overlay == "fractional-gpus":
+        webhook_keys()
     install = Install(
         overlay=overlay,
         namespace=NAMESPACE,
@@ -297,12 +324,21 @@ def undeploy() -> None:
     kubectl(
         "delete", "clusterrolebinding,clusterrole", "mpijob-operator-webhooks", "--ignore-not-found"
     )
+    # Its share-records policy too: later tests see the cluster without it.
+    kubectl(
+        "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        "mpijob-gpu-share-records", "--ignore-not-found",
+    )  # fmt: skip
     # The pods carry only their workload's labels; none left is not an error.
     kubectl(
         "wait", "--for=delete", "pod", "-n", NAMESPACE, "--timeout=120s",
         "-l", "app.kubernetes.io/name in (mpijob-operator,mpijob-agent)", check=False,
     )  # fmt: skip
     kubectl("delete", "lease", OPERATOR, "-n", NAMESPACE, "--ignore-not-found")
+    kubectl(
+        "delete", "-n", NAMESPACE, f"secret/{WEBHOOK_SERVICE}-tls",
+        f"configmap/{WEBHOOK_SERVICE}-client-ca", "--ignore-not-found",
+    )  # fmt: skip
     # The real nodes as they were: no GPU label, no topology from the simulated agent.
     st = realnode.NodeState.load(cluster.state_dir())
     for i in range(st.count if st else 0):

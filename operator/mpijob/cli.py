@@ -212,6 +212,20 @@ def main(ctx: click.Context) -> None:
     "that cannot reach Service IPs, such as the local cluster's).",
 )
 @click.option(
+    "--webhook-client-ca",
+    default=DEFAULTS.webhook_client_ca,
+    metavar="FILE",
+    help="PEM CA of the API server's webhook client certificate: the webhooks then answer only "
+    "clients presenting a certificate it signed (docs/trust-gpu-shares.md).",
+)
+@click.option(
+    "--webhook-cert-dir",
+    default=DEFAULTS.webhook_cert_dir,
+    metavar="DIR",
+    help="Serve the webhooks with tls.crt/tls.key (and ca.crt) from DIR, e.g. a mounted Secret "
+    "shared by every replica; empty: a self-signed certificate made at each start.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default="text",

@@ -91,6 +91,18 @@ class OperatorSettings:
     """Reach the webhooks at this HTTPS URL instead of through the Service (an API server that
     cannot reach Service IPs, e.g. the local cluster); its host goes into the certificate."""
 
+    webhook_client_ca: str = ""
+    """PEM file of the CA that signs the API server's webhook client certificate: the webhooks
+    then answer only clients that present a certificate it signed (TLS client authentication;
+    the API server presents one through its admission configuration). Empty: any client that
+    reaches the port may call them (a warning at start)."""
+
+    webhook_cert_dir: str = ""
+    """Directory holding the webhooks' serving certificate (``tls.crt``, ``tls.key``, and
+    ``ca.crt`` when a CA signed it), e.g. a mounted Secret: every replica then serves the one
+    certificate the configurations' CA bundle names. Empty: a self-signed certificate made at
+    every start (one replica)."""
+
     kubeconfig: str | None = None
     """Path of a kubeconfig; unset means $KUBECONFIG, else in a pod its service account, else
     ~/.kube/config."""

@@ -12,14 +12,18 @@ so later modules see the cluster as it was.
 
 from __future__ import annotations
 
+import base64
 import collections
 import copy
 import json
 import os
 import random
 import shutil
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from mpijob.api.fractional import Placed, Share
-from mpijob.desired.fractional import WEBHOOK_CONFIGURATION, client_env
+from mpijob.desired.fractional import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
@@ -176,12 +180,20 @@ def shares(
             str(port),
             "--webhook-url",
             f"https://127.0.0.1:{port}",
+            "--webhook-client-ca",
+            str(pki(share_nodes) / "webhook-client-ca.crt"),
             *extra,
         )
         wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
         return op
 
     return start
+
+
+def pki(cluster: Cluster) -> Path:
+    """The local cluster's keys (hack/cluster.py): the API server's webhook client certificate
+    and the CA the operator is given to verify it."""
+    return cluster.kubeconfig.parent / "pki"
 
 
 def webhook_answers(cluster: Cluster, namespace: str) -> bool:
@@ -246,9 +258,24 @@ def gated(pod: client.V1Pod) -> bool:
     )
 
 
+def decided(pod: client.V1Pod) -> bool:
+    """The operator's placement pass has looked at the pod: placed, or told why it waits."""
+    annotations = pod.metadata.annotations or {}
+    return keys.GPU_SHARE in annotations or annotations.get(keys.GPU_SHARE_WAITING) not in (
+        None,
+        ADMITTED,
+    )
+
+
 def wait_gated(cluster: Cluster, namespace: str, name: str) -> client.V1Pod:
+    """The pod waits behind the gate, with the reason the placement pass wrote."""
     return wait_until(
-        lambda: (p := cluster.core.read_namespaced_pod(name, namespace)) and gated(p) and p,
+        lambda: (
+            (p := cluster.core.read_namespaced_pod(name, namespace))
+            and gated(p)
+            and decided(p)
+            and p
+        ),
         timeout=60,
         what=f"{name} SchedulingGated",
     )
@@ -496,14 +523,14 @@ def test_concurrent_pods_never_overcommit_a_gpu(
 
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(make, range(100)))
-    # Every pod is admitted: placed at once, or behind the gate until a GPU has room.
+    # Every pod is admitted, behind the gate until the operator places it or tells it why not.
     assert {status for _, status in results} == {201}, results
     names = [name for name, _ in results]
 
     def settled() -> tuple[list[client.V1Pod], list[client.V1Pod]] | None:
         pods = [share_nodes.core.read_namespaced_pod(n, namespace) for n in names]
         running = [p for p in pods if p.status.phase == "Running"]
-        waiting = [p for p in pods if gated(p)]
+        waiting = [p for p in pods if gated(p) and decided(p)]
         return (running, waiting) if len(running) + len(waiting) == len(pods) else None
 
     running, waiting = wait_until(settled, timeout=120, what="every pod Running or gated")
@@ -910,3 +937,219 @@ def test_a_tenant_may_not_forge_share_records_or_lift_the_share_gate(
     assert keys.GPU_SHARE_UUID not in (later.metadata.annotations or {})
     mine = share_nodes.core.read_namespaced_pod("mine", namespace)
     assert mine.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
+
+
+def review(name: str, body: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """An AdmissionReview of a pod's creation, as the API server would send it."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"forged-{name}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": TENANT},
+            "object": {**body, "metadata": {**body["metadata"], "namespace": namespace}},
+            "dryRun": False,
+        },
+    }
+
+
+def test_the_webhook_answers_the_api_server_alone(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """AdmissionReviews POSTed straight to the webhook (as a pod that reaches its port would)
+    are refused at TLS: the webhook asks for a client certificate that only the API server has
+    (its admission configuration, hack/cluster.py). The tenant's pods still pass through the API
+    server, and nothing any of it did holds a share: the victim is placed."""
+    shares()
+    hooks = client.AdmissionregistrationV1Api(share_nodes.api)
+    url = hooks.read_mutating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks[0]
+    assert url.client_config.url.endswith(f"/{MUTATE_ID}")
+    ca = base64.b64decode(url.client_config.ca_bundle).decode()
+    forged = [
+        review(f"squat-{i}", pod_body(f"squat-{i}", GPU_GIB, 100, "share-node-1"), namespace)
+        for i in range(GPUS)
+    ]
+
+    def post(context: ssl.SSLContext, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            url.client_config.url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+            return result
+
+    anyone = ssl.create_default_context(cadata=ca)
+    for body in forged:
+        with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)) as refused:
+            post(anyone, body)
+        # TLS 1.3 reports the refusal on the first read: an alert or the connection closed;
+        # never an HTTP answer.
+        assert not isinstance(refused.value, urllib.error.HTTPError), refused.value
+    # The API server's own certificate is answered: the refusal above is the missing one.
+    apiserver = ssl.create_default_context(cadata=ca)
+    apiserver.load_cert_chain(
+        pki(share_nodes) / "webhook-client.crt", pki(share_nodes) / "webhook-client.key"
+    )
+    answered = post(apiserver, forged[0])["response"]
+    assert answered["allowed"] is True
+    assert answered["uid"] == "forged-squat-0"
+    # A tenant's share pod goes through the API server as ever, and is placed.
+    tenant.create_namespaced_pod(namespace, pod_body("victim", 1, 5, node="share-node-1"))
+    (victim,) = wait_running(share_nodes, namespace, ["victim"])
+    assert placed(victim).node == "share-node-1"
+
+
+def test_a_share_pod_the_api_server_refuses_after_the_webhook_holds_nothing(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """A ResourceQuota refuses the tenant's whole-GPU pods after the webhook admitted them
+    (quota is checked last): they never exist, so they hold nothing, and the victim's share is
+    placed on that node at its first decision."""
+    shares()
+    share_nodes.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "no-pods"},
+            "spec": {"hard": {"pods": "0"}},
+        },
+        namespace,
+    )
+    refusals = []
+    for i in range(GPUS):
+        with pytest.raises(ApiException) as caught:
+            tenant.create_namespaced_pod(
+                namespace, pod_body(f"refused-{i}", GPU_GIB, 100, node="share-node-1")
+            )
+        refusals.append(caught.value)
+    assert all(r.status == 403 and "quota" in str(r.body) for r in refusals), refusals
+    share_nodes.kubectl("delete", "resourcequota", "no-pods", "-n", namespace)
+    wait_until(
+        lambda: not share_nodes.core.list_namespaced_resource_quota(namespace).items,
+        what="the quota gone",
+    )
+
+    def admitted() -> client.V1Pod | None:
+        try:
+            return create(share_nodes, namespace, pod_body("victim", 1, 5, node="share-node-1"))
+        except ApiException as e:
+            if "quota" in str(e.body):  # the quota admission's cache still has it
+                return None
+            raise
+
+    wait_until(admitted, what="the victim admitted")
+    victim = wait_until(
+        lambda: (
+            (p := share_nodes.core.read_namespaced_pod("victim", namespace)) and decided(p) and p
+        ),
+        what="the victim's placement decided",
+    )
+    assert keys.GPU_SHARE in (victim.metadata.annotations or {}), victim.metadata.annotations
+    assert placed(victim).node == "share-node-1"
+
+
+def test_two_replicas_serve_one_certificate_and_only_the_leader_places(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    start_operator: Callable[..., OperatorProcess],
+    tenant: client.CoreV1Api,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Two replicas, as a Deployment of two behind one Service: both serve the one mounted
+    certificate, so the CA bundle in the configurations (applied by whichever started last)
+    verifies either; the standby's webhook gates the tenant's pods and the leader alone places
+    them (every GPUSharePlaced Event is the Lease holder's), never overcommitting a GPU."""
+    from mpijob.handlers.fractional import serving_certificate
+
+    serving_certificate(namespace, "replicas", tmp_path, url="https://127.0.0.1")
+    ports = [free_port(), free_port()]
+    # The Lease's namespace is the operator's own, which the webhooks exempt: not the tenant's.
+    lock = f"lock-{namespace[-5:]}"  # short: a certificate's name has 64 characters at most
+    share_nodes.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=lock)))
+    request.addfinalizer(lambda: share_nodes.core.delete_namespace(lock))
+
+    def replica(port: int) -> OperatorProcess:
+        return start_operator(
+            "--leader-elect",
+            "--lock-namespace",
+            lock,
+            "--fractional-gpus",
+            "--webhook-port",
+            str(port),
+            "--webhook-url",
+            f"https://127.0.0.1:{port}",
+            "--webhook-client-ca",
+            str(pki(share_nodes) / "webhook-client-ca.crt"),
+            "--webhook-cert-dir",
+            str(tmp_path),
+        )
+
+    leader = replica(ports[0])
+    wait_until(lambda: leader.metric("mpi_operator_is_leader") == 1, timeout=30, what="a leader")
+    standby = replica(ports[1])
+    hooks = client.AdmissionregistrationV1Api(share_nodes.api)
+
+    def configured() -> Any:
+        return hooks.read_mutating_webhook_configuration(WEBHOOK_CONFIGURATION).webhooks[0]
+
+    wait_until(
+        lambda: configured().client_config.url.startswith(f"https://127.0.0.1:{ports[1]}/"),
+        what="the standby's configuration applied",
+    )
+    wait_until(lambda: webhook_answers(share_nodes, namespace), timeout=60, what="the webhooks")
+    assert standby.metric("mpi_operator_is_leader") == 0
+
+    # Either replica's certificate is verified by the one bundle the configurations carry.
+    context = ssl.create_default_context(
+        cadata=base64.b64decode(configured().client_config.ca_bundle).decode()
+    )
+    context.load_cert_chain(
+        pki(share_nodes) / "webhook-client.crt", pki(share_nodes) / "webhook-client.key"
+    )
+    for port in ports:
+        probe = urllib.request.Request(
+            f"https://127.0.0.1:{port}/{MUTATE_ID}",
+            data=json.dumps(review("probe", pod_body("probe", 1, 5), namespace)).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(probe, context=context, timeout=10) as answer:
+            assert json.loads(answer.read())["response"]["allowed"] is True
+
+    names = [f"pair-{i}" for i in range(6)]
+    for name in names:
+        tenant.create_namespaced_pod(namespace, pod_body(name, 7, 50, node="share-node-1"))
+    pods = wait_running(share_nodes, namespace, names[:4])
+    assert_not_overcommitted(pods)
+    lease = (
+        share_nodes.resource("coordination.k8s.io/v1", "Lease")
+        .get(name="mpijob-operator", namespace=lock)
+        .to_dict()
+    )
+
+    def placed_events() -> list[Any] | None:
+        found = [
+            e
+            for e in share_nodes.core.list_namespaced_event(namespace).items
+            if e.reason == keys.REASON_GPU_SHARE_PLACED
+        ]
+        return found if len(found) >= 4 else None
+
+    events = wait_until(placed_events, what="four GPUSharePlaced Events")
+    assert {e.reporting_instance for e in events} == {lease["spec"]["holderIdentity"]}
+    # 4 GPUs x 2 shares of 50% fit 8; the node takes all six.
+    assert_not_overcommitted(wait_running(share_nodes, namespace, names))

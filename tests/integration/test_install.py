@@ -114,6 +114,17 @@ def test_fractional_overlay_serves_the_webhooks_beside_the_operator() -> None:
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in ports
+    # Every replica serves the Secret's certificate and answers only the API server's client
+    # certificate, whose CA the ConfigMap holds (docs/trust-gpu-shares.md).
+    args = operator_args(docs)
+    mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[mounts[args["webhook_cert_dir"]]]["secret"] == {
+        "secretName": "mpijob-operator-webhook-tls"
+    }
+    ca_dir, ca_file = args["webhook_client_ca"].rsplit("/", 1)
+    assert ca_file == "ca.crt"
+    assert volumes[mounts[ca_dir]]["configMap"] == {"name": "mpijob-operator-webhook-client-ca"}
 
 
 def test_kubeflow_overlay_adds_upstreams_aggregated_roles() -> None:

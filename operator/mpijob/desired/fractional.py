@@ -202,6 +202,25 @@ def waiting_edits(reason: str) -> PodEdits:
     )
 
 
+#: Why a share pod waits from its creation until the operator's placement pass has looked at it:
+#: the webhook gates every share pod and places none (a hold made at admission would outlive a
+#: pod the API server then refuses, or an AdmissionReview that never was a pod).
+ADMITTED: Final = "the operator places its GPU share once the pod exists"
+
+
+def waiting_patch(pod: Mapping[str, Any], reason: str) -> list[dict[str, Any]]:
+    """The JSON patch writing why a gated pod still waits; it fails as a whole when the pod is
+    no longer behind our gate (placed since it was read), so a placed pod never shows a reason."""
+    gates = [g.get("name") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+    if keys.GPU_SHARE_GATE not in gates:
+        return []
+    where = f"/spec/schedulingGates/{gates.index(keys.GPU_SHARE_GATE)}/name"
+    return [
+        {"op": "test", "path": where, "value": keys.GPU_SHARE_GATE},
+        *json_patch(pod, PodEdits(annotations={keys.GPU_SHARE_WAITING: reason})),
+    ]
+
+
 def pod_edits(
     pod: Mapping[str, Any],
     placed: Placed | str,

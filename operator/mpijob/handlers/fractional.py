@@ -1,5 +1,5 @@
-"""GPU shares at pod creation: Kopf's mutating and validating webhooks over one ledger, and the
-placement of pods that had to wait.
+"""GPU shares: Kopf's mutating and validating webhooks that gate share pods at creation, and the
+leader's placement of gated pods over one ledger.
 
 Off unless the operator runs with ``--fractional-gpus``. Then :func:`register` adds to the
 registry: a watch of ``core_mem`` nodes (what the ledger can place on), a watch of pods holding
@@ -12,26 +12,28 @@ policy, timeout, match conditions and namespace selector are ours
 (:func:`mpijob.desired.fractional.webhook_configurations`).
 
 One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
-concurrent admissions never overcommit a GPU. At start, before the webhooks serve, the ledger is
+concurrent placements never overcommit a GPU. At start, before the webhooks serve, the ledger is
 rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`FractionalAdmission.
-rebuild`); the watches keep it current from then on. A decision holds the share at once,
-pending: if the pod never appears (a later webhook or the API server refused it), the hold
-lapses after :data:`PENDING_SECONDS`. A dry run places without holding.
+rebuild`); the watches keep it current from then on.
 
-A valid share that no eligible GPU has room for now is admitted behind the scheduling gate
-``mpijob.io/gpu-share`` (Pending, ``SchedulingGated``), with the reason in
-``mpijob.io/gpu-share-waiting``. One background task (:meth:`FractionalAdmission.
-run_placement`) places waiting pods whenever a share is freed, a node changes or a pod comes to
-wait: one patch writes the placement and removes the gate. A waiting pod holds nothing, so a
-restart loses nothing: the watch's listing brings the waiting pods back.
+The webhooks only validate and gate: every valid share pod is admitted behind the scheduling
+gate ``mpijob.io/gpu-share`` (Pending, ``SchedulingGated``), holding nothing, so a request that
+never becomes a pod (one the API server refuses after the webhook ran, an AdmissionReview sent
+by hand) leaves no trace. One background task of the leader (:meth:`FractionalAdmission.
+run_placement`) places gated pods once the watch sees them, and again whenever a share is freed
+or a node changes: one patch writes the placement and removes the gate; a pod that does not fit
+gets the reason in ``mpijob.io/gpu-share-waiting``. A placement holds its share pending until
+the watch sees the record (it lapses after :data:`PENDING_SECONDS` otherwise). A gated pod
+holds nothing, so a restart or a change of leader loses nothing: the watch's listing brings the
+gated pods back.
 
 Eligible nodes are those the pod's node selector and required node affinity admit and whose
 ``NoSchedule``/``NoExecute`` taints it tolerates, and the share goes only to a node with room
 for the pod's other requests (:class:`~mpijob.admission.node_room.NodeRoom`: its allocatable
 against every bound pod's requests and every share pinned there, which is why the pod watch
-also counts bound pods without a share). A worker of an MPIJob reserves shares
-for all the job's workers at once (all or nothing, see :meth:`FractionalAdmission.mutate`), at
-admission or, when they wait, at placement.
+also counts bound pods without a share). The first worker of an MPIJob to be placed reserves
+shares for all the job's workers at once (all or nothing, :meth:`Ledger.place_all`); the
+reservations of workers whose pods never come lapse like any pending hold.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import ssl
 import tempfile
 import time
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +70,13 @@ from mpijob.api.fractional import Placed, Share, read_request
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.desired.fractional import (
+    ADMITTED,
     MUTATE_ID,
     VALIDATE_ID,
     json_patch,
     placement_edits,
     pod_edits,
+    waiting_patch,
     webhook_configurations,
 )
 from mpijob.handlers.kube import ApiError, Kube, path
@@ -181,9 +185,6 @@ class FractionalAdmission:
         gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
         if placed is None:
             if keys.GPU_SHARE_WAITING in annotations and not gone and _gated(body):
-                if key not in self.waiting:
-                    reason = annotations[keys.GPU_SHARE_WAITING]
-                    self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
                 self.waiting[key] = body
                 metrics.GPU_SHARE_WAITING.set(len(self.waiting))
                 self.wake.set()
@@ -290,13 +291,13 @@ class FractionalAdmission:
         return share
 
     async def mutate(self, body: dict[str, Any], *, dryrun: bool) -> list[dict[str, Any]]:
-        """The JSON patch placing the pod's share, or holding it back behind the scheduling gate
-        when no eligible GPU has room now (:meth:`place_waiting` places it later).
+        """The JSON patch giving a share pod its environment and holding it behind the
+        scheduling gate; the leader's placement pass (:meth:`place_waiting`) places it once the
+        pod exists. Nothing is held here: a request the API server then refuses (a quota, a
+        later webhook) or an AdmissionReview that never was a pod leaves the ledger as it was.
 
-        Only nodes the pod may run on are considered (:func:`eligible_nodes`). The first worker
-        of an MPIJob to arrive reserves a share for every worker of its job, all or nothing
-        (:meth:`Ledger.place_all`); the others then take their reserved share. A reservation
-        whose pod never comes lapses like any pending hold.
+        A worker of an MPIJob with more workers than the opted-in GPUs could ever take is
+        refused (one integer read, no list built).
         """
         share = self.validate(body)
         if share is None:
@@ -307,19 +308,7 @@ class FractionalAdmission:
                 most = self.ledger.capacity(share)
             if count > most:
                 raise kopf.AdmissionError(_too_many(body, count, most), code=422)
-        if dryrun:
-            count = None
-        async with self.lock:
-            placed = self._place(body, share, count, hold=not dryrun)
-        if not isinstance(placed, Placed) and not dryrun:
-            meta = body.get("metadata") or {}
-            log.info(
-                "GPU share of pod %s/%s waits: %s",
-                meta.get("namespace"),
-                meta.get("name") or meta.get("generateName", "") + "*",
-                placed,
-            )
-        return json_patch(body, pod_edits(body, placed, runtime_class=self.runtime_class))
+        return json_patch(body, pod_edits(body, ADMITTED, runtime_class=self.runtime_class))
 
     async def place_waiting(self, patch: PatchPod) -> int:
         """Place every waiting pod that fits now, oldest first; how many were placed.
@@ -327,12 +316,14 @@ class FractionalAdmission:
         A later pod that fits may go before an earlier one that does not, as the scheduler
         itself does. Each placement is one patch (record, UUID, node affinity, gate removed);
         a patch the API server refuses (the pod went, or changed under us) gives the hold back.
-        A pass tries one pod of each shape (share, requests, node constraints; or MPIJob) at
-        most once after it failed, and lets the event loop run between pods: a thousand
-        waiting replicas of one Job cost one decision per pass, not a stalled webhook.
+        A pod that still does not fit gets the reason in ``mpijob.io/gpu-share-waiting`` and a
+        Waiting Event, once per reason. A pass decides for one pod of each shape (share,
+        requests, node constraints; or MPIJob) at most once after it failed, and lets the
+        event loop run between pods: a thousand waiting replicas of one Job cost one decision
+        per pass, not a stalled loop.
         """
         done = 0
-        failed: set[str] = set()
+        failed: dict[str, str] = {}
         queue = sorted(
             self.waiting.items(),
             key=lambda item: str((item[1].get("metadata") or {}).get("creationTimestamp") or ""),
@@ -342,6 +333,7 @@ class FractionalAdmission:
                 continue  # placed, gone or changed meanwhile: its next turn reads it afresh
             shape = _shape(body)
             if shape in failed:
+                await self._still_waits(patch, body, failed[shape])
                 continue
             await asyncio.sleep(0)
             share = read_request(body.get("spec")).share
@@ -349,14 +341,15 @@ class FractionalAdmission:
                 continue
             count = await self._workers(body)
             async with self.lock:
-                if count is not None and count > self.ledger.capacity(share):
-                    failed.add(shape)  # refused at admission; the GPUs shrank since
-                    continue
-                placed = self._place(
-                    body, share, count, hold=True, claim=f"pod-{body['metadata'].get('uid')}"
+                most = self.ledger.capacity(share) if count is not None else 0
+                placed = (
+                    _too_many(body, count, most)  # the GPUs shrank since its admission
+                    if count is not None and count > most
+                    else self._place(body, share, count, claim=f"pod-{body['metadata'].get('uid')}")
                 )
             if not isinstance(placed, Placed):
-                failed.add(shape)
+                failed[shape] = placed
+                await self._still_waits(patch, body, placed)
                 continue
             meta = body["metadata"]
             try:
@@ -386,13 +379,45 @@ class FractionalAdmission:
             )
         return done
 
-    async def run_placement(self, patch: PatchPod) -> None:
-        """Place waiting pods whenever something frees room (and after a lapse of holds)."""
+    async def _still_waits(self, patch: PatchPod, body: dict[str, Any], reason: str) -> None:
+        """Tell a pod that could not be placed why (once per reason: its annotation and an
+        Event)."""
+        meta = body.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(keys.GPU_SHARE_WAITING) == reason:
+            return
+        ops = waiting_patch(body, reason)
+        if not ops:
+            return
+        try:
+            await patch(meta["namespace"], meta["name"], ops)
+        except ApiError as error:  # gone or placed meanwhile: its next event tells
+            log.info("Could not write why pod %s waits: %s", meta.get("name"), error.message)
+            return
+        log.info("GPU share of pod %s/%s waits: %s", meta["namespace"], meta["name"], reason)
+        self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
+
+    async def run_placement(self, patch: PatchPod, leading: asyncio.Event | None = None) -> None:
+        """Place waiting pods whenever something frees room or a pod comes to wait (and after
+        a lapse of holds), only while this replica leads (``leading``; None: always).
+
+        One writer of placements: every replica's webhook gates and validates alone, and its
+        ledger follows the records the leader writes (the pod watch), so two replicas never
+        hand out one share twice. A patch that races a former leader's fails on the gate's
+        ``test`` and gives nothing to the pod twice.
+        """
+
+        async def place() -> int:
+            if leading is not None and not leading.is_set():
+                return 0
+            return await self.place_waiting(patch)
+
+        if leading is not None:
+            await leading.wait()
         await on_wake(
             self.wake,
             PENDING_SECONDS,
             lambda: bool(self.waiting),
-            lambda: self.place_waiting(patch),
+            place,
             "Placing waiting GPU shares",
         )
 
@@ -403,15 +428,10 @@ class FractionalAdmission:
         return await self.workers_of(worker.namespace, worker.job)
 
     def _place(
-        self,
-        body: dict[str, Any],
-        share: Share,
-        count: int | None,
-        *,
-        hold: bool,
-        claim: str = "",
+        self, body: dict[str, Any], share: Share, count: int | None, *, claim: str
     ) -> Placed | str:
-        """Under the lock: ``share`` placed for ``body`` (held unless not ``hold``), or why not."""
+        """Under the lock: ``share`` placed and held for the existing pod ``body`` (pending
+        until the watch sees its record), or why not."""
         spec = body.get("spec") or {}
         now = self._clock()
         lapsed = self.ledger.expire(now)
@@ -420,22 +440,18 @@ class FractionalAdmission:
         allowed = eligible_nodes(spec, self._nodes)
         requests = pod_requests(spec)
         worker = worker_of(body)
-        claim = claim or f"claim-{uuid.uuid4()}"
-        if worker is not None and count is not None and worker.index < count and hold:
+        if worker is not None and count is not None and worker.index < count:
             placed = self._place_workers(worker, count, share, allowed, requests, now)
         else:
             placed = self.ledger.place(
                 claim,
                 share,
                 allowed,
-                pending_until=now + PENDING_SECONDS if hold else None,
+                pending_until=now + PENDING_SECONDS,
                 room=lambda node: self.room.fits(node, requests),
             )
             if isinstance(placed, Placed):
-                if hold:
-                    self.room.add(_room_key(claim), placed.node, requests)
-                else:
-                    self.ledger.release(claim)
+                self.room.add(_room_key(claim), placed.node, requests)
         if lapsed:
             self.export(list(self.ledger.nodes))
         elif isinstance(placed, Placed):
@@ -661,13 +677,37 @@ def serving_certificate(
     return ServingCertificate(certfile, keyfile, base64.b64encode(pem).decode("ascii"))
 
 
-def configure_server(settings: kopf.OperatorSettings, cert: ServingCertificate, port: int) -> None:
-    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself."""
+def mounted_certificate(directory: Path) -> ServingCertificate:
+    """The serving certificate in ``directory`` (``tls.crt``, ``tls.key``, optional ``ca.crt``,
+    as a ``kubernetes.io/tls`` Secret or cert-manager mounts it). Every replica serves it, so the
+    one CA bundle the configurations carry verifies whichever replica the Service picks."""
+    certfile, keyfile, cafile = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
+    bundle = cafile.read_bytes() if cafile.exists() else certfile.read_bytes()
+    return ServingCertificate(certfile, keyfile, base64.b64encode(bundle).decode("ascii"))
+
+
+def configure_server(
+    settings: kopf.OperatorSettings, cert: ServingCertificate, port: int, *, client_ca: str = ""
+) -> None:
+    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself.
+
+    With ``client_ca`` (a PEM file) the TLS handshake requires a client certificate it signed:
+    only the API server, which presents one through its admission configuration, is answered;
+    any other client is refused before a request is read.
+    """
+    if not client_ca:
+        log.warning(
+            "The GPU-share webhooks answer any client that reaches port %d: set"
+            " --webhook-client-ca so that only the API server is answered",
+            port,
+        )
     settings.admission.server = kopf.WebhookServer(
         addr="0.0.0.0",  # all interfaces: the Service reaches the pod on its IP
         port=port,
         certfile=str(cert.certfile),
         pkeyfile=str(cert.keyfile),
+        verify_mode=ssl.CERT_REQUIRED if client_ca else None,
+        verify_cafile=client_ca or None,
     )
     settings.admission.managed = None
 

@@ -143,12 +143,21 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
             await kube.list("v1", "Node", None, labels=selector),
             await kube.list("v1", "Pod", None),
         )
-        cert = fractional.serving_certificate(
-            ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
+        cert = (
+            fractional.mounted_certificate(Path(ours.webhook_cert_dir))
+            if ours.webhook_cert_dir
+            else fractional.serving_certificate(
+                ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
+            )
         )
-        fractional.configure_server(settings, cert, ours.webhook_port)
+        fractional.configure_server(
+            settings, cert, ours.webhook_port, client_ca=ours.webhook_client_ca
+        )
         rt.workers.run(
-            shares.run_placement(fractional.pod_patcher(kube)), name="gpu-share-placement"
+            shares.run_placement(
+                fractional.pod_patcher(kube), leader.leading if leader is not None else None
+            ),
+            name="gpu-share-placement",
         )
         await fractional.apply_configurations(
             kube.request,

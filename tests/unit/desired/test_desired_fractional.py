@@ -234,3 +234,17 @@ def test_placing_a_waiting_pod_later_never_touches_its_runtime_class() -> None:
     assert not [
         op for op in json_patch(body, placement_edits(PLACED)) if "runtimeClassName" in op["path"]
     ]
+
+
+def test_why_a_pod_waits_is_written_only_while_it_is_gated() -> None:
+    from mpijob.desired.fractional import ADMITTED, waiting_patch
+
+    pod = cuda_sample()
+    gated = apply(pod, json_patch(pod, pod_edits(pod, ADMITTED)))
+    told = apply(gated, waiting_patch(gated, "no GPU has 2 GiB free"))
+    assert told["metadata"]["annotations"][keys.GPU_SHARE_WAITING] == "no GPU has 2 GiB free"
+    placed = apply(gated, json_patch(gated, placement_edits(PLACED)))
+    # A reason computed from a stale body fails as a whole once the pod was placed.
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        apply(placed, waiting_patch(gated, "late"))
+    assert waiting_patch(placed, "late") == []

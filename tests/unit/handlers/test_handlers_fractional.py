@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 from typing import Any
 
@@ -16,6 +17,7 @@ from cryptography import x509
 from mpijob import keys, metrics
 from mpijob.api.fractional import Placed, Share
 from mpijob.desired.fractional import (
+    ADMITTED,
     MATCH_SHARE_PODS,
     MUTATE_ID,
     VALIDATE_ID,
@@ -94,20 +96,53 @@ def waiting_of(body: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[dict[st
 
 
 async def waits(admission: FractionalAdmission, body: dict[str, Any]) -> str:
-    return waiting_of(body, await admission.mutate(body, dryrun=False))[1]
+    """Why ``body`` waits after the placement pass (the pod is then deleted)."""
+    final, reason = waiting_of(body, await decided(admission, body))
+    await admission.on_pod(final, "DELETED")
+    return reason
+
+
+_serial = itertools.count()
+
+
+async def decided(
+    admission: FractionalAdmission, body: dict[str, Any], *, seen: bool = True
+) -> list[dict[str, Any]]:
+    """What becomes of ``body`` as JSON patch: admitted by the webhook (gated), created, seen by
+    the watch and through the leader's placement pass (and its record seen, unless not
+    ``seen``). Only this pod is placed; other waiting pods stay as they were."""
+    gated = jsonpatch.apply_patch(body, await admission.mutate(body, dryrun=False))
+    if gated == body:
+        return []
+    meta = gated["metadata"]
+    meta.setdefault("name", f"{meta.get('generateName', 'pod-')}{next(_serial)}")
+    meta.setdefault("uid", f"uid-{meta['name']}")
+    meta.setdefault("creationTimestamp", "2026-11-24T19:00:00Z")
+    key = f"{meta['namespace']}/{meta['name']}"
+    patches = Patches()
+    patches.pods[key] = gated
+    others = {k: v for k, v in admission.waiting.items() if k != key}
+    await admission.on_pod(gated, "ADDED")
+    admission.waiting = {key: admission.waiting[key]}
+    await admission.place_waiting(patches)
+    admission.waiting.update(others)
+    final = patches.pods[key]
+    if seen:
+        await admission.on_pod(final, "MODIFIED")
+    return jsonpatch.make_patch(body, final).patch
 
 
 async def test_the_cuda_sample_gets_its_gpu_env_and_annotation() -> None:
     admission = await admission_with(node("gpu-a"))
     body = pod()
-    patched, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    patched, record = placed_of(body, await decided(admission, body))
     env = resolve_env(patched["spec"]["containers"][0]["env"], patched["metadata"]["annotations"])
     assert env[keys.ENV_NVIDIA_VISIBLE_DEVICES] == record.uuid
     assert env[keys.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
     assert env[keys.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=2G"
     assert record.node == "gpu-a"
     assert record.share.memory_gib == 2
-    assert record.claim.startswith("claim-")
+    assert record.claim == "pod-uid-cuda-sample-0"  # the pod's uid: it exists
 
 
 async def test_binpack_three_then_a_fourth_on_another_gpu() -> None:
@@ -115,7 +150,7 @@ async def test_binpack_three_then_a_fourth_on_another_gpu() -> None:
     gpus = []
     for _ in range(4):
         body = pod()
-        gpus.append(placed_of(body, await admission.mutate(body, dryrun=False))[1].gpu)
+        gpus.append(placed_of(body, await decided(admission, body))[1].gpu)
     assert gpus[0] == gpus[1] == gpus[2] != gpus[3]
 
 
@@ -137,33 +172,39 @@ async def test_a_share_no_gpu_could_ever_hold_is_refused() -> None:
 
 async def test_a_share_that_fits_nowhere_now_waits_behind_the_gate_holding_nothing() -> None:
     admission = await admission_with(node("gpu-a", gpus=1, memory=15))
-    await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    await decided(admission, pod(memory="10", core="50"))
     reason = await waits(admission, pod(memory="10", core="50"))
     assert reason == "no GPU of 1 eligible node(s) has 10 GiB and 50% free"
     assert len(admission.ledger) == 1
-    dry = pod(memory="10", core="50")
-    assert waiting_of(dry, await admission.mutate(dry, dryrun=True))[1] == reason
 
 
 async def test_pods_without_a_share_are_left_alone() -> None:
     admission = await admission_with(node("gpu-a"))
     body = {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c"}]}}
-    assert await admission.mutate(body, dryrun=False) == []
+    assert await decided(admission, body) == []
 
 
-async def test_a_dry_run_holds_nothing() -> None:
+async def test_the_webhook_gates_every_share_pod_and_holds_nothing() -> None:
+    """Admissions that never become pods (refused later by the API server, or AdmissionReviews
+    sent by hand), dry runs or not: the ledger holds nothing, the next pod is placed."""
     admission = await admission_with(node("gpu-a", gpus=1, memory=15))
-    for _ in range(5):
-        assert await admission.mutate(pod(memory="10", core="50"), dryrun=True)
+    for dryrun in (False, True, False):
+        body = pod(memory="10", core="50")
+        patched, reason = waiting_of(body, await admission.mutate(body, dryrun=dryrun))
+        assert reason == ADMITTED
+        assert patched["spec"]["containers"][0]["env"]  # its environment, whatever its GPU
     assert len(admission.ledger) == 0
+    assert admission.waiting == {}
+    placed_of(pod(memory="10", core="50"), await decided(admission, pod(memory="10", core="50")))
 
 
-async def test_a_hold_whose_pod_never_appears_lapses() -> None:
+async def test_a_placement_whose_record_the_watch_never_sees_lapses() -> None:
     clock = Clock()
     admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
-    await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    await decided(admission, pod(memory="10", core="50"), seen=False)
+    assert len(admission.ledger) == 1
     clock.now += fractional.PENDING_SECONDS + 1
-    await admission.mutate(pod(memory="10", core="50"), dryrun=False)  # the first one lapsed
+    await decided(admission, pod(memory="10", core="50"))  # the first one lapsed
     assert len(admission.ledger) == 1
 
 
@@ -171,7 +212,7 @@ async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
     clock = Clock()
     admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
     body = pod(memory="10", core="50")
-    patched, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    patched, record = placed_of(body, await decided(admission, body))
     patched["metadata"]["name"] = "cuda-sample-x1"
     await admission.on_pod(patched, "ADDED")
     clock.now += fractional.PENDING_SECONDS + 1
@@ -179,13 +220,13 @@ async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
     patched["status"] = {"phase": "Succeeded"}
     await admission.on_pod(patched, "MODIFIED")
     assert admission.ledger.held(record.claim) is None
-    assert await admission.mutate(pod(memory="10", core="50"), dryrun=False)
+    assert await decided(admission, pod(memory="10", core="50"))
 
 
 async def test_after_a_restart_the_listing_rebuilds_the_ledger() -> None:
     first = await admission_with(node("gpu-a", gpus=1, memory=15))
     body = pod(memory="10", core="50")
-    patched, _ = placed_of(body, await first.mutate(body, dryrun=False))
+    patched, _ = placed_of(body, await decided(first, body))
     restarted = await admission_with()
     await restarted.on_pod(patched, None)  # pods may be listed before their node
     await restarted.on_node(node("gpu-a", gpus=1, memory=15), None)
@@ -202,16 +243,20 @@ async def test_a_node_that_opts_out_takes_no_more_shares() -> None:
 async def test_concurrent_admissions_never_overcommit() -> None:
     admission = await admission_with(*(node(f"gpu-{i}", gpus=2, memory=30) for i in range(3)))
 
-    async def one(i: int) -> Placed | None:
-        body = pod(memory=str(1 + i % 4), core=str(5 * (1 + i % 6)))
-        ops = await admission.mutate(body, dryrun=False)
-        if any(op["path"] == "/spec/schedulingGates" for op in ops):
-            waiting_of(body, ops)
-            return None
-        return placed_of(body, ops)[1]
+    patches = Patches()
 
-    results = await asyncio.gather(*(one(i) for i in range(100)))
-    held = [r for r in results if r is not None]
+    async def one(i: int) -> None:
+        body = pod(memory=str(1 + i % 4), core=str(5 * (1 + i % 6)))
+        gated, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
+        gated["metadata"].update(name=f"p-{i}", uid=f"uid-{i}", creationTimestamp=f"{i:04d}")
+        patches.pods[f"default/p-{i}"] = gated
+        await admission.on_pod(gated, "ADDED")
+
+    await asyncio.gather(*(one(i) for i in range(100)))
+    assert len(admission.ledger) == 0
+    await admission.place_waiting(patches)  # one pass at a time, as run_placement runs them
+    records = [p["metadata"]["annotations"].get(keys.GPU_SHARE) for p in patches.pods.values()]
+    held = [r for r in (Placed.loads(x) for x in records if x) if r is not None]
     assert 0 < len(held) < 100
     for name, state in admission.ledger.nodes.items():
         for gpu in state.gpus.values():
@@ -268,9 +313,9 @@ def test_the_configurations_fail_closed_for_share_pods_only_and_spare_the_operat
 async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones() -> None:
     first = await admission_with(node("gpu-a", gpus=1, memory=15))
     running = pod(memory="10", core="50")
-    running, _ = placed_of(running, await first.mutate(running, dryrun=False))
+    running, _ = placed_of(running, await decided(first, running))
     done = pod(memory="4", core="40")
-    done, _ = placed_of(done, await first.mutate(done, dryrun=False))
+    done, _ = placed_of(done, await decided(first, done))
     done["status"] = {"phase": "Succeeded"}
     plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
     restarted = FractionalAdmission(clock=Clock())
@@ -279,7 +324,7 @@ async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones
     )
     assert len(restarted.ledger) == 1
     body = pod(memory="4", core="50")
-    placed_of(body, await restarted.mutate(body, dryrun=False))
+    placed_of(body, await decided(restarted, body))
     await waits(restarted, pod(memory="1", core="5"))
 
 
@@ -331,15 +376,13 @@ def workers(count: int) -> fractional.WorkersOf:
 async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
     admission = await admission_with(node("gpu-a"))
     admission.workers_of = workers(4)
-    _, first = placed_of(
-        worker_pod("train", 0), await admission.mutate(worker_pod("train", 0), dryrun=False)
-    )
+    _, first = placed_of(worker_pod("train", 0), await decided(admission, worker_pod("train", 0)))
     assert first.claim == "mpijob/team/train/uid-train/worker-0"
     assert len(admission.ledger) == 4  # the other three are held for their pods
     records = [first]
     for i in (1, 2, 3):
         body = worker_pod("train", i)
-        records.append(placed_of(body, await admission.mutate(body, dryrun=False))[1])
+        records.append(placed_of(body, await decided(admission, body))[1])
     assert len(admission.ledger) == 4
     assert [r.claim for r in records] == [
         f"mpijob/team/train/uid-train/worker-{i}" for i in range(4)
@@ -349,21 +392,21 @@ async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
 
 async def test_workers_that_do_not_all_fit_hold_nothing() -> None:
     admission = await admission_with(node("gpu-a", gpus=3, memory=45))
-    await admission.mutate(pod(memory="10", core="100"), dryrun=False)  # one GPU taken
+    await decided(admission, pod(memory="10", core="100"))  # one GPU taken
     admission.workers_of = workers(3)
     reason = await waits(admission, worker_pod("big", 0, memory="10", core="100"))
     assert "the 3 workers of MPIJob big are placed all or nothing" in reason
     assert len(admission.ledger) == 1
     # A job of two such workers fits the two GPUs left.
     admission.workers_of = workers(2)
-    await admission.mutate(worker_pod("pair", 0, memory="10", core="100"), dryrun=False)
+    await decided(admission, worker_pod("pair", 0, memory="10", core="100"))
     assert len(admission.ledger) == 3
 
 
 async def test_a_hostile_worker_count_is_refused_naming_the_field_without_a_list() -> None:
     admission = await admission_with(node("gpu-a"), node("gpu-b"))
     admission.workers_of = workers(2**31 - 1)
-    for dryrun in (False, True):
+    for dryrun in (False, True):  # the webhook reads one integer and builds no list
         with pytest.raises(kopf.AdmissionError) as refused:
             await admission.mutate(worker_pod("hog", 0), dryrun=dryrun)
         message = str(refused.value)
@@ -373,7 +416,7 @@ async def test_a_hostile_worker_count_is_refused_naming_the_field_without_a_list
     assert len(admission.ledger) == 0
     # The largest job that could ever fit is still placed or waits, never refused.
     admission.workers_of = workers(32)
-    await admission.mutate(worker_pod("most", 0), dryrun=False)
+    await decided(admission, worker_pod("most", 0))
     assert len(admission.ledger) == 32
 
 
@@ -407,7 +450,7 @@ async def test_a_record_written_by_hand_on_a_pod_without_a_share_holds_nothing()
     await admission.on_pod(other, "ADDED")
     assert len(admission.ledger) == 0
     victim = pod(memory="1", core="5")
-    placed_of(victim, await admission.mutate(victim, dryrun=False))
+    placed_of(victim, await decided(admission, victim))
 
     restarted = await admission_with()
     await restarted.rebuild([node("gpu-a", gpus=2, memory=30)], [*squatters, other])
@@ -426,7 +469,7 @@ async def test_a_record_on_a_gpu_the_node_lacks_blocks_nothing() -> None:
     await admission.on_pod(body, "ADDED")
     await admission.on_node(node("gpu-a", gpus=1, memory=15), "MODIFIED")  # recounted
     victim = pod(memory="1", core="5")
-    placed_of(victim, await admission.mutate(victim, dryrun=False))
+    placed_of(victim, await decided(admission, victim))
     body["status"] = {"phase": "Succeeded"}
     await admission.on_pod(body, "MODIFIED")  # its release leaves the counts right
     assert admission.ledger.nodes["gpu-a"].compute_pods == 1
@@ -440,8 +483,8 @@ async def test_a_waiting_pod_keeps_no_record_it_was_sent_with() -> None:
         keys.GPU_SHARE: Placed("gpu-a", 0, "", Share(14, 50)).dumps(),
         keys.GPU_SHARE_UUID: "all",
     }
-    await admission.mutate(pod(memory="14", core="50"), dryrun=False)
-    patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
+    await decided(admission, pod(memory="14", core="50"))
+    patched, _ = waiting_of(body, await decided(admission, body))
     assert keys.GPU_SHARE_UUID not in patched["metadata"]["annotations"]
 
 
@@ -449,10 +492,10 @@ async def test_unadmitted_worker_reservations_lapse() -> None:
     clock = Clock()
     admission = await admission_with(node("gpu-a"), clock=clock)
     admission.workers_of = workers(4)
-    await admission.mutate(worker_pod("train", 0), dryrun=False)
+    await decided(admission, worker_pod("train", 0))
     clock.now += fractional.PENDING_SECONDS + 1
-    await admission.mutate(pod(), dryrun=False)  # any admission expires what lapsed first
-    assert len(admission.ledger) == 1
+    await decided(admission, pod())  # any placement expires what lapsed first
+    assert len(admission.ledger) == 2  # worker 0 and that pod; the 3 reservations lapsed
 
 
 async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
@@ -463,7 +506,7 @@ async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
     admission = await admission_with(node("gpu-a"), tainted, spread)
     body = pod()
     body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-c"}
-    assert placed_of(body, await admission.mutate(body, dryrun=False))[1].node == "gpu-c"
+    assert placed_of(body, await decided(admission, body))[1].node == "gpu-c"
     affinity = pod()
     affinity["spec"]["affinity"] = {
         "nodeAffinity": {
@@ -481,13 +524,13 @@ async def test_only_nodes_the_pod_may_run_on_are_considered() -> None:
     # gpu-b's taint is not tolerated
     assert (await waits(admission, affinity)).startswith("no opted-in node")
     affinity["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
-    assert placed_of(affinity, await admission.mutate(affinity, dryrun=False))[1].node == "gpu-b"
+    assert placed_of(affinity, await decided(admission, affinity))[1].node == "gpu-b"
 
 
 async def test_share_gauges_follow_the_ledger() -> None:
     admission = await admission_with(node("gauge-node"))
     body = pod()
-    _, record = placed_of(body, await admission.mutate(body, dryrun=False))
+    _, record = placed_of(body, await decided(admission, body))
     labels = ("gauge-node", str(record.gpu))
     assert metrics.GPU_SHARE_PERCENTAGE.labels(*labels)._value.get() == 30
     assert metrics.GPU_SHARE_MEMORY.labels(*labels)._value.get() == 2
@@ -542,7 +585,7 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     )
     patches = Patches()
     first = pod(memory="10", core="50")
-    first, _ = placed_of(first, await admission.mutate(first, dryrun=False))
+    first, _ = placed_of(first, await decided(admission, first))
     first["metadata"]["name"] = "first"
     await admission.on_pod(first, "ADDED")
     await admitted_waiting(admission, patches, pod(memory="10", core="50"), "second")
@@ -564,7 +607,7 @@ async def test_a_waiting_pod_is_placed_once_a_share_is_freed() -> None:
     assert second["spec"]["affinity"]["nodeAffinity"]
     assert admission.waiting == {}
     assert metrics.GPU_SHARE_WAITING._value.get() == 0
-    assert events == [
+    assert [e for e in events if e[0] == "second"] == [
         ("second", "GPUShareWaiting", "no GPU of 1 eligible node(s) has 10 GiB and 50% free"),
         ("second", "GPUSharePlaced", "Placed on gpu-a GPU 0; the scheduler may bind it now"),
     ]
@@ -589,7 +632,7 @@ async def test_a_waiting_pod_that_went_gives_its_hold_back() -> None:
     nowhere["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "elsewhere"}
     await admitted_waiting(admission, patches, nowhere, "never")
     blocker = pod(memory="10", core="50")
-    blocker, _ = placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    blocker, _ = placed_of(blocker, await decided(admission, blocker))
     body = await admitted_waiting(admission, patches, pod(memory="10", core="50"), "gone")
     await admission.on_pod(blocker, "DELETED")
     patches.refuse = ApiError(404, "NotFound", "pods gone not found")
@@ -604,12 +647,12 @@ async def test_waiting_workers_are_placed_together() -> None:
     admission.workers_of = workers(2)
     patches = Patches()
     blocker = pod(memory="15", core="100")
-    blocker, _ = placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    blocker, _ = placed_of(blocker, await decided(admission, blocker))
     blocker["metadata"]["name"] = "blocker"
     await admission.on_pod(blocker, "ADDED")
     for i in (0, 1):
         body = worker_pod("pair", i, memory="10", core="100")
-        patched, reason = waiting_of(body, await admission.mutate(body, dryrun=False))
+        patched, reason = waiting_of(body, await decided(admission, body))
         assert "all or nothing" in reason
         patched["metadata"].update(uid=f"uid-{i}", creationTimestamp="2026-11-24T19:00:0{i}Z")
         patches.pods[f"team/pair-worker-{i}"] = patched
@@ -646,7 +689,7 @@ async def test_a_share_goes_only_where_the_node_has_room_for_the_pod_s_other_req
     await admission.on_pod(bound("busy", "gpu-a", "63"), "ADDED")
     body = pod()
     body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
-    assert placed_of(body, await admission.mutate(body, dryrun=False))[1].node == "gpu-b"
+    assert placed_of(body, await decided(admission, body))[1].node == "gpu-b"
     # gpu-b now has 62 cpus left, held for the pinned pod before it is even bound.
     await admission.on_pod(bound("busier", "gpu-b", "62"), "ADDED")
     reason = await waits(admission, copy_of(body))
@@ -679,7 +722,7 @@ async def test_workers_are_placed_only_where_all_of_them_have_room() -> None:
     await admission.on_pod(bound("busy-b", "gpu-b", "60"), "ADDED")
     first = worker_pod("train", 0)
     first["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
-    _, record = placed_of(first, await admission.mutate(first, dryrun=False))
+    _, record = placed_of(first, await decided(admission, first))
     held = [admission.ledger.held(f"mpijob/team/train/uid-train/worker-{i}") for i in range(4)]
     # Four 25% shares would binpack on one GPU, but each node has room for two such pods.
     assert sorted(h.node for h in held if h) == ["gpu-a", "gpu-a", "gpu-b", "gpu-b"]
@@ -694,7 +737,7 @@ async def test_a_pass_decides_once_for_waiting_pods_of_one_shape() -> None:
     admission = await admission_with(node("gpu-a", gpus=1, memory=15))
     patches = Patches()
     blocker = pod(memory="15", core="100")
-    placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    placed_of(blocker, await decided(admission, blocker))
     for i in range(20):
         await admitted_waiting(admission, patches, pod(memory="10", core="50"), f"same-{i}")
     await admitted_waiting(admission, patches, pod(memory="1", core="5"), "other")
@@ -716,13 +759,13 @@ async def test_a_gate_removed_by_hand_is_reported_once() -> None:
     admission.events = lambda obj, event: posted.append((event.type, event.reason))
     patches = Patches()
     blocker = pod(memory="15", core="100")
-    placed_of(blocker, await admission.mutate(blocker, dryrun=False))
+    placed_of(blocker, await decided(admission, blocker))
     body = await admitted_waiting(admission, patches, pod(memory="10", core="50"), "escaped")
     body["spec"]["schedulingGates"] = []
     body["spec"]["nodeName"] = "gpu-a"
     await admission.on_pod(body, "MODIFIED")
     await admission.on_pod(body, "MODIFIED")
-    assert posted == [("Normal", "GPUShareWaiting"), ("Warning", "GPUShareGateRemoved")]
+    assert posted == [("Normal", "GPUSharePlaced"), ("Warning", "GPUShareGateRemoved")]
     assert admission.waiting == {}
     assert admission.room.holds("default/escaped")  # it takes room on its node like any pod
 
@@ -731,8 +774,52 @@ async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_nam
     admission = FractionalAdmission(clock=Clock(), runtime_class="nvidia")
     await admission.on_node(node("gpu-a"), None)
     body = pod()
-    patched, _ = placed_of(body, await admission.mutate(body, dryrun=False))
+    patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
     assert patched["spec"]["runtimeClassName"] == "nvidia"
     plain = await admission_with(node("gpu-b"))
-    patched, _ = placed_of(body, await plain.mutate(body, dryrun=False))
+    patched, _ = waiting_of(body, await plain.mutate(body, dryrun=False))
     assert "runtimeClassName" not in patched["spec"]
+
+
+async def test_only_the_leader_places() -> None:
+    """The standby's webhook gates; its placement pass waits for the Lease, and places nothing
+    while it is not held."""
+    admission = await admission_with(node("gpu-a"))
+    patches = Patches()
+    await admitted_waiting(admission, patches, pod(), "gated")
+    leading = asyncio.Event()
+    task = asyncio.create_task(admission.run_placement(patches, leading))
+    await asyncio.sleep(0.05)
+    assert keys.GPU_SHARE not in patches.pods["default/gated"]["metadata"]["annotations"]
+    assert len(admission.ledger) == 0
+    leading.set()
+    admission.wake.set()
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]:
+            break
+    task.cancel()
+    assert keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]
+
+
+def test_the_webhooks_require_the_api_server_s_client_certificate(tmp_path: Any) -> None:
+    import ssl
+
+    cert = fractional.serving_certificate("ns", "svc", tmp_path)
+    settings = kopf.OperatorSettings()
+    fractional.configure_server(settings, cert, 9443, client_ca=str(cert.certfile))
+    server = settings.admission.server
+    assert isinstance(server, kopf.WebhookServer)
+    assert server.verify_mode == ssl.CERT_REQUIRED
+    assert server.verify_cafile == str(cert.certfile)
+    fractional.configure_server(settings, cert, 9443)
+    assert settings.admission.server.verify_mode is None  # type: ignore[union-attr]
+
+
+def test_a_mounted_certificate_s_ca_is_the_bundle(tmp_path: Any) -> None:
+    made = fractional.serving_certificate("ns", "svc", tmp_path)
+    assert fractional.mounted_certificate(tmp_path).ca_bundle == made.ca_bundle
+    (tmp_path / "ca.crt").write_bytes(b"CA PEM")
+    mounted = fractional.mounted_certificate(tmp_path)
+    assert base64.b64decode(mounted.ca_bundle) == b"CA PEM"
+    assert mounted.certfile == tmp_path / "tls.crt"
