@@ -37,7 +37,6 @@ EXPECTATION_SECONDS = 60.0
 CHILD_INDICES = {
     "services_by_job": "Service",
     "configmaps_by_job": "ConfigMap",
-    "secrets_by_job": "Secret",
     "launchers_by_job": "Job",
     "podgroups_by_job": "PodGroup",
 }
@@ -54,6 +53,12 @@ class Cache:
     server_minor: int | None = None
     """The API server's Kubernetes minor version (read at startup): whether its quotas charge
     claims to ``requests.nvidia.com/gpu`` depends on it."""
+    secrets: dict[JobKey, JSON | None] = field(default_factory=dict)
+    """Per job: its SSH Secret as last read or written (key names only), None when a read found
+    none. Secrets are not watched: a cluster-wide list and watch would stream every Secret of
+    the cluster to the operator. The reconciler reads the job's own by name before it creates
+    anything that mounts it (:func:`needs_secret`), so a deleted one is made again before it
+    is needed."""
     parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
     """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
     for every waiting job every few seconds, and most have not changed since."""
@@ -97,6 +102,8 @@ class Cache:
             )
             for index, kind in CHILD_INDICES.items()
         }
+        secret = self.secrets.get(key)
+        ours["Secret"] = secret if secret and names.is_controlled_by(secret, uid) else None
         pods = [dict(p) for p in self._all("pods_by_job", key)]
         claims = {
             _name(c): c for c in self._all("claims_by_job", key) if names.is_controlled_by(c, uid)
@@ -120,6 +127,26 @@ class Cache:
             secret=ours["Secret"],
             claims=claims,
         )
+
+    def knows_secret(self, key: JobKey) -> bool:
+        """Whether the job's SSH Secret was read or written since this process started."""
+        return key in self.secrets
+
+    def saw_secret(self, key: JobKey, secret: JSON | None) -> None:
+        """The job's SSH Secret as the API server just returned it (None: it has none); only
+        what the sync checks is kept, never the keys themselves."""
+        if secret is None:
+            self.secrets[key] = None
+            return
+        meta = secret.get("metadata") or {}
+        kept = ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
+        self.secrets[key] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {k: meta[k] for k in kept if k in meta},
+            "type": secret.get("type"),
+            "data": dict.fromkeys(secret.get("data") or {}, ""),
+        }
 
     def pods(self, key: JobKey) -> list[JSON]:
         """Every pod labelled with the job's name (whatever job instance controls it)."""
@@ -148,6 +175,7 @@ class Cache:
         self.expected.pop(key, None)
         self.written.pop(key, None)
         self.parsed.pop(key, None)
+        self.secrets.pop(key, None)
 
     def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
         pending = self.expected.get(key)

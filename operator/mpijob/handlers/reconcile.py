@@ -17,7 +17,7 @@ is written last, only when it changed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -73,19 +73,17 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     seen = rt.cache.observe(key, job)
     if await _placement_gone(rt, key, job, body, seen, gate, now):
         return
-    plan = sync.plan(
-        job,
-        seen,
-        now,
-        sync.Options(
-            cluster_domain=rt.settings.cluster_domain,
-            gang=gang,
-            priority_values=rt.cache.priority_values() if gang.enabled else {},
-            admitted=gate.admitted,
-            placement=gate.placement,
-            gpu_binding=rt.gpu_binding,
-        ),
+    options = sync.Options(
+        cluster_domain=rt.settings.cluster_domain,
+        gang=gang,
+        priority_values=rt.cache.priority_values() if gang.enabled else {},
+        admitted=gate.admitted,
+        placement=gate.placement,
+        gpu_binding=rt.gpu_binding,
     )
+    plan = sync.plan(job, seen, now, options)
+    if await _read_secret(rt, key, job, plan.actions, seen.pods):
+        plan = sync.plan(job, rt.cache.observe(key, job), now, options)
     if gate.release is not None:
         plan.actions.append(gate.release)
     result = status.next_status(job, plan.projected, now, admission=gate.outcome)
@@ -169,6 +167,33 @@ def checked(
 # --- actions -------------------------------------------------------------------------------------
 
 
+def _needs_secret(action: sync.Action) -> bool:
+    """Whether ``action`` writes the SSH Secret or creates what mounts it (a pod, the launcher)."""
+    match action:
+        case sync.Create(obj=obj) | sync.Replace(obj=obj):
+            return obj.get("kind") in ("Secret", "Pod", "Job")
+    return False
+
+
+async def _read_secret(
+    rt: Runtime, key: JobKey, job: api.MPIJob, actions: list[sync.Action], pods: Sequence[JSON]
+) -> bool:
+    """Read the job's SSH Secret from the API server while it is needed; whether it did (then
+    the plan is made again from what it read).
+
+    Secrets are not watched (see :mod:`mpijob.handlers.cache`), so the operator's memory of one
+    may be stale. It is read before the plan writes it or creates what mounts it, and while a
+    pod of the job is Pending (a launcher pod the Job controller made again waits there for a
+    Secret deleted by hand), so a deleted Secret is made again when a pod needs it, and one that
+    exists is never made twice after a restart. A job whose pods all run reads none."""
+    pending = any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods)
+    if not pending and not any(_needs_secret(a) for a in actions):
+        return False
+    secret = await rt.kube.get("v1", "Secret", job.namespace, names.ssh_secret_name(job))
+    rt.cache.saw_secret(key, secret)
+    return True
+
+
 async def _apply(
     rt: Runtime,
     key: JobKey,
@@ -193,7 +218,9 @@ async def _apply(
             fresher = versions.get((obj["kind"], meta["name"]))
             if fresher:
                 obj = {**obj, "metadata": {**meta, "resourceVersion": fresher}}
-            await rt.kube.replace(obj)
+            replaced = await rt.kube.replace(obj)
+            if obj["kind"] == "Secret":
+                rt.cache.saw_secret(key, replaced)
         case sync.Delete(api_version=version, kind=kind, name=name, uid=uid):
             await rt.kube.delete(version, kind, job.namespace, name, uid=uid)
 
@@ -263,7 +290,9 @@ async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JS
             )
             rt.recorder.post(body, events.warning(keys.REASON_RESOURCE_EXISTS, message))
             raise OwnershipError(message) from None
-        rt.cache.expect(key, {**live, "apiVersion": obj["apiVersion"], "kind": obj["kind"]})
+        created = live
+    if obj["kind"] == "Secret":
+        rt.cache.saw_secret(key, created)  # not watched: no event will tell the cache
         return
     rt.cache.expect(key, {**created, "apiVersion": obj["apiVersion"], "kind": obj["kind"]})
 

@@ -2,11 +2,13 @@
 
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
 controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label; the
-Service, hostfile ConfigMap, SSH Secret, launcher Job and PodGroup by their controller owner
-reference. So a child deleted or edited by hand triggers the sync that restores it. A child's
-event asks for the sync :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one
-sync. Each index keeps only what the reconciler reads (of a Secret, its key names, never the
-key material).
+Service, hostfile ConfigMap, launcher Job and PodGroup by their controller owner reference. So
+a child deleted or edited by hand triggers the sync that restores it. Secrets are not watched:
+a watch would bring every Secret of the cluster to the operator, which needs only its jobs' SSH
+Secrets; the reconciler reads a job's by name before it creates a pod that mounts it (see
+:mod:`mpijob.handlers.cache`). A child's event asks for the sync
+:data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
+what the reconciler reads.
 
 A child's index function is also its trigger: Kopf calls an index for every event but a
 deletion (which only drops the entry), so the children's event handlers are filtered to
@@ -285,16 +287,6 @@ async def configmaps_by_job(
     return {key: _child(body, data=dict(body.get("data") or {}))}
 
 
-async def secrets_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
-) -> dict[JobKey, JSON]:
-    """Only the key names: the sync checks the key set; the keys themselves stay in the API."""
-    if not (key := _owned(body, namespace, name, memo)):
-        return {}
-    data = dict.fromkeys(body.get("data") or {}, "")
-    return {key: _child(body, type=body.get("type"), data=data)}
-
-
 async def launchers_by_job(
     body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
 ) -> dict[JobKey, JSON]:
@@ -433,7 +425,6 @@ INDICES = (
     "nodes_by_name",
     "services_by_job",
     "configmaps_by_job",
-    "secrets_by_job",
     "launchers_by_job",
     "podgroups_by_job",
     "priorities_by_name",
@@ -474,7 +465,6 @@ def register(
     children = [
         (("v1", "services"), services_by_job),
         (("v1", "configmaps"), configmaps_by_job),
-        (("v1", "secrets"), secrets_by_job),
         (("batch", "v1", "jobs"), launchers_by_job),
     ]
     if gang_api_version:

@@ -25,22 +25,27 @@ pytestmark = pytest.mark.unit
 
 
 class RecordingKube:
-    """Answers nothing: records each request so the test can say none was sent."""
+    """Records each request so the test can say none was sent; keeps the Secrets it created
+    (the reconciler reads those, unwatched, by name)."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, Any]] = []
         self.calls: list[tuple[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []
+        self.secrets: dict[str, dict[str, Any]] = {}
 
     def __getattr__(self, verb: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:
             self.requests.append((verb, args))
             self.calls.append((verb, (args, kwargs)))
             if verb == "get":
-                return None
+                return self.secrets.get(args[3]) if args[1] == "Secret" else None
             if verb == "delete":
                 return True
             if verb == "create":
-                return {**args[0], "metadata": {**args[0]["metadata"], "uid": "new"}}
+                created = {**args[0], "metadata": {**args[0]["metadata"], "uid": "new"}}
+                if created["kind"] == "Secret":
+                    self.secrets[created["metadata"]["name"]] = created
+                return created
             if verb == "replace_status":  # the API returns the object as written
                 return {**args[0], "metadata": {**args[0]["metadata"], "resourceVersion": "2"}}
             return {"metadata": {"resourceVersion": "2"}}
@@ -168,18 +173,20 @@ def valid_job() -> dict[str, Any]:
     )
 
 
-def index_created(rt: Runtime, kube: RecordingKube, *, but: str = "") -> None:
-    """Put what the reconcile created into the indices, as the watches would, except ``but``."""
+def index_created(rt: Runtime, kube: RecordingKube, *, but: tuple[str, ...] = ()) -> None:
+    """Put what the reconcile created into the indices, as the watches would, except ``but``
+    (Secrets are not watched)."""
     by_index = {
         "Service": "services_by_job",
         "ConfigMap": "configmaps_by_job",
-        "Secret": "secrets_by_job",
         "Job": "launchers_by_job",
         "Pod": "pods_by_job",
     }
     for verb, args in kube.requests:
         obj = args[0] if verb == "create" else None
-        if obj is None or f"{obj['kind']}/{obj['metadata']['name']}" == but:
+        if obj is None or obj["kind"] == "Secret":
+            continue
+        if f"{obj['kind']}/{obj['metadata']['name']}" in but:
             continue
         store = rt.cache.indices.setdefault(by_index[obj["kind"]], {})
         store.setdefault(("bar", "foo"), []).append({**obj, "status": {}})
@@ -206,21 +213,66 @@ async def test_a_sync_before_the_watch_catches_up_creates_nothing_twice() -> Non
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert first == 6
-    assert kube.requests == [], "expectations stand in for the missing watch events"
+    # The pods are Pending: the job's Secret is read (see the next test), nothing is written.
+    assert {verb for verb, _ in kube.requests} <= {"get"}, "expectations stand in for the events"
 
 
 @pytest.mark.parametrize(
     "deleted",
-    ["Service/foo", "ConfigMap/foo-config", "Secret/foo-ssh", "Pod/foo-worker-1"],
+    [
+        ("Service/foo",),
+        ("ConfigMap/foo-config",),
+        ("Pod/foo-worker-1",),
+        ("Secret/foo-ssh", "Pod/foo-worker-1"),
+    ],
 )
-async def test_a_child_deleted_by_hand_is_created_again(deleted: str) -> None:
+async def test_a_child_deleted_by_hand_is_created_again(deleted: tuple[str, ...]) -> None:
     rt, kube, _ = runtime(valid_job())
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube, but=deleted)
-    rt.cache.seen(("bar", "foo"), *deleted.split("/"))  # the DELETED event
+    for child in deleted:
+        rt.cache.seen(("bar", "foo"), *child.split("/"))  # the DELETED event
+    if "Secret/foo-ssh" in deleted:
+        kube.secrets.clear()
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.created() == [deleted]
+    assert kube.created() == list(deleted)
+
+
+async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_created() -> None:
+    """Secrets are not watched: a sync that creates nothing reads none; one that creates a
+    worker reads the job's Secret first, and one that exists is not made again."""
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    index_created(rt, kube)
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods Pending
+
+    for pod in rt.cache.indices["pods_by_job"][("bar", "foo")]:
+        pod["status"] = {"phase": "Running"}
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert [verb for verb, _ in kube.requests] == ["replace_status"]  # Running; no read
+
+    kube.requests.clear()
+    rt.cache.indices["pods_by_job"][("bar", "foo")].pop()  # a worker deleted
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert [(v, a[1:]) for v, a in kube.requests if v == "get"] == [
+        ("get", ("Secret", "bar", "foo-ssh"))
+    ]
+    assert kube.created() == ["Pod/foo-worker-1"]
+
+
+async def test_after_a_restart_the_first_sync_finds_the_ssh_secret_and_makes_none() -> None:
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    index_created(rt, kube)
+    rt.cache.secrets.clear()  # a new process remembers no Secret
+    rt.cache.indices["pods_by_job"][("bar", "foo")].pop()
+    kube.requests.clear()
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.created() == ["Pod/foo-worker-1"]
 
 
 async def test_resume_replaces_the_launcher_with_the_version_its_status_patch_returned() -> None:

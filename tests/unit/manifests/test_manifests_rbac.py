@@ -28,7 +28,7 @@ OPERATOR_CLUSTER = (
     | grants("", "pods", "get list watch create delete")
     | grants("", "services", "get list watch create patch")
     | grants("", "configmaps", "get list watch create patch")
-    | grants("", "secrets", "get list watch create update")
+    | grants("", "secrets", "get create update")
     | grants("", "events", "list create patch")
     | grants("batch", "jobs", "get list watch create patch update delete")
     | grants("batch", "jobs/status", "patch")
@@ -59,9 +59,9 @@ def test_no_wildcards_and_no_secret_deletion_or_patching() -> None:
     cluster, namespaced = operator_permissions()
     everything = cluster | namespaced
     assert not any("*" in part for grant in everything for part in grant)
-    # Secrets are watched (a deleted SSH Secret must come back, as upstream's informer sees);
-    # the operator only ever replaces its own, never deletes or patches anyone's.
-    assert not {("", "secrets", "delete"), ("", "secrets", "patch")} & everything
+    # Secrets are read by name, never listed or watched (a watch would bring every Secret of
+    # the cluster to the operator); it only ever replaces its own, never deletes or patches.
+    assert not {("", "secrets", verb) for verb in ("list", "watch", "delete", "patch")} & everything
 
 
 def test_bindings_name_the_operator_service_account() -> None:
