@@ -362,26 +362,35 @@ def gpus_taken(
         claim = claims.get(claim_name)
         if claim is None or (claim.get("status") or {}).get("allocated"):
             continue
-        for c in (pod.get("status") or {}).get("conditions") or []:
-            if (c.get("type"), c.get("status"), c.get("reason")) != (
-                "PodScheduled",
-                "False",
-                "Unschedulable",
-            ):
-                continue
+        if (stuck := _unschedulable(pod, now)) is None:
+            continue
+        waited, message = stuck
+        if waited < grace:
+            left = grace - waited
+            recheck = left if recheck is None else min(recheck, left)
+            continue
+        ids = (meta.get("annotations") or {}).get(keys.GPU_IDS, "?")
+        return Taken(
+            f"worker {meta.get('name')}'s GPUs [{ids}] could not be allocated for "
+            f"{int(waited)}s (another claim holds one: "
+            f"{message or 'unschedulable'}); placing the job anew"
+        )
+    return Taken(recheck=recheck)
+
+
+def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] | None:
+    """Seconds ``pod`` has been unschedulable (``PodScheduled=False``, reason ``Unschedulable``)
+    and the scheduler's message; None while it is not."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
             since = parse_time(c.get("lastTransitionTime"))
             waited = (now - since).total_seconds() if since is not None else 0.0
-            if waited < grace:
-                left = grace - waited
-                recheck = left if recheck is None else min(recheck, left)
-                continue
-            ids = (meta.get("annotations") or {}).get(keys.GPU_IDS, "?")
-            return Taken(
-                f"worker {meta.get('name')}'s GPUs [{ids}] could not be allocated for "
-                f"{int(waited)}s (another claim holds one: "
-                f"{c.get('message') or 'unschedulable'}); placing the job anew"
-            )
-    return Taken(recheck=recheck)
+            return waited, str(c.get("message") or "")
+    return None
 
 
 def unschedulable_workers(
@@ -404,24 +413,18 @@ def unschedulable_workers(
             continue
         if (pod.get("spec") or {}).get("nodeName") or _finished(pod) or _terminating(pod):
             continue
-        for c in (pod.get("status") or {}).get("conditions") or []:
-            if (c.get("type"), c.get("status"), c.get("reason")) != (
-                "PodScheduled",
-                "False",
-                "Unschedulable",
-            ):
-                continue
-            since = parse_time(c.get("lastTransitionTime"))
-            waited = (now - since).total_seconds() if since is not None else 0.0
-            if waited < seconds:
-                left = seconds - waited
-                recheck = left if recheck is None else min(recheck, left)
-                continue
-            return Taken(
-                f"worker {pod_name} has been unschedulable for {int(waited)}s "
-                f"({c.get('message') or 'no reason given'}); its placement is released and the "
-                f"job is queued again in {int(seconds)}s"
-            )
+        if (stuck := _unschedulable(pod, now)) is None:
+            continue
+        waited, message = stuck
+        if waited < seconds:
+            left = seconds - waited
+            recheck = left if recheck is None else min(recheck, left)
+            continue
+        return Taken(
+            f"worker {pod_name} has been unschedulable for {int(waited)}s "
+            f"({message or 'no reason given'}); its placement is released and the "
+            f"job is queued again in {int(seconds)}s"
+        )
     return Taken(recheck=recheck)
 
 
