@@ -638,13 +638,9 @@ def run_suite(
         "USE_EXISTING_SCHEDULER_PLUGINS": "true",
         "USE_EXISTING_VOLCANO_SCHEDULER": "true",
     }
-    # One retry per spec, ginkgo's own flakeAttempts: "suspended on creation" updates the object
-    # its create returned, and loses with 409 whenever any controller's first status write lands
-    # in between (upstream's operator included; see the README). A retried spec is still in the
-    # log, and one that fails twice fails the run.
+    # No flake retries: every spec must pass on its first attempt.
     argv = [
-        str(binary), "-test.v", "-ginkgo.v", "-ginkgo.noColor", "-ginkgo.flakeAttempts=2",
-        f"-ginkgo.reportFile={report}",
+        str(binary), "-test.v", "-ginkgo.v", "-ginkgo.noColor", f"-ginkgo.reportFile={report}",
     ]  # fmt: skip
     if skip:
         argv.append("-ginkgo.skip=" + "|".join(re.escape(s) for s in skip))
