@@ -2,11 +2,12 @@
 
 ``test/e2e`` of the pinned kubeflow/mpi-operator (``MPI_OPERATOR_VERSION``), built from the Go
 module proxy by ``hack/build-bins.sh e2e``, runs its fourteen specs on the local cluster: MPI jobs
-in real containers on the real node, the operator as the Deployment ``mpi-operator/mpi-operator``
-the suite scales and edits, scheduler-plugins' scheduler as its second scheduler and a stand-in
-for Volcano's, and a webhook that makes the suite's un-retried updates of that Deployment
-unconditional so the Deployment controller's status writes cannot fail them with 409 Conflict
-(tests/support/upstream_e2e.py says how each is made; the README's Tests section why).
+in real containers on the real node, the operator from its own image as the Deployment
+``mpi-operator/mpi-operator`` the suite scales and edits, scheduler-plugins' scheduler as its
+second scheduler and a stand-in for Volcano's, and a webhook that makes the suite's un-retried
+updates of that Deployment unconditional so the Deployment controller's status writes cannot fail
+them with 409 Conflict (tests/support/upstream_e2e.py says how each is made; the README's Tests
+section why).
 Each spec is printed with PASS, FAIL or SKIP, then the counts; every spec must pass. A spec whose
 image the real node lacks is skipped rather than left to time out, and fails this test all the
 same.
@@ -14,6 +15,7 @@ same.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,9 @@ from kubernetes.client.rest import ApiException
 from support import upstream_e2e as e2e
 from support.kube import ROOT, Cluster
 from support.realnode import ready_real_node
-from support.wait import wait_until
+
+sys.path.insert(0, str(ROOT / "hack"))
+import incluster  # hack/incluster.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -34,19 +38,15 @@ SUITE_TIMEOUT = 1800
 SPEC_COUNT = 14
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def operator_deployment(crds: Cluster) -> Iterator[Cluster]:
-    """The standalone install's namespace, ServiceAccount and RBAC, and the suite's Deployment."""
-    crds.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-k",
-        str(ROOT / "manifests/overlays/standalone"),
-    )
-    crds.apply(e2e.operator_deployment())
+    """The operator installed from its image as upstream's install names it (hack/incluster.py
+    ``deploy --upstream-names``): Deployment ``mpi-operator/mpi-operator``, on the real node,
+    watching every namespace (the suite's are random)."""
+    ready_real_node(crds)
+    incluster.deploy("standalone", upstream_names=True)
     yield crds
-    crds.kubectl("delete", "deployment", e2e.DEPLOYMENT, "-n", e2e.NAMESPACE, "--wait=false")
+    incluster.undeploy()
 
 
 def test_upstream_e2e_suite_passes(
@@ -63,7 +63,6 @@ def test_upstream_e2e_suite_passes(
     t0 = time.monotonic()
     with (
         e2e.real_node_only(cluster, node),
-        e2e.OperatorPods(cluster, tmp_path) as operators,
         e2e.sched_plugins_scheduler(cluster, tmp_path),
         e2e.VolcanoStandIn(cluster, node),
         e2e.UnconditionalSpecUpdates(cluster, tmp_path) as webhook,
@@ -73,6 +72,7 @@ def test_upstream_e2e_suite_passes(
             binary, cluster, tmp_path, sorted(unrunnable), timeout=SUITE_TIMEOUT
         )
     wall = e2e.elapsed(t0)
+    replica_sets = e2e.replica_sets(cluster)
 
     seen = {r.name: r for r in results}
     lines = []
@@ -89,8 +89,8 @@ def test_upstream_e2e_suite_passes(
     failed = len(lines) - passed
     with capsys.disabled():
         print(
-            f"\nupstream e2e (kubeflow/mpi-operator test/e2e), operator processes started: "
-            f"{operators.started}; the suite's Deployment updates made unconditional: "
+            f"\nupstream e2e (kubeflow/mpi-operator test/e2e), the operator's ReplicaSets: "
+            f"{len(replica_sets)}; the suite's Deployment updates made unconditional: "
             f"{webhook.unconditional}"
         )
         print("\n".join(lines))
@@ -99,46 +99,11 @@ def test_upstream_e2e_suite_passes(
     failures = "\n\n".join(f"{r.name}:\n{r.message[:3000]}" for r in results if r.outcome == "FAIL")
     assert passed == SPEC_COUNT, f"suite exit {code}; log {log}\n{failures}"
     assert code == 0, log
-    # The suite restarted the Deployment's pod for each gang-scheduling and cluster-domain spec.
-    assert operators.started >= 4
+    # The suite restarted the operator with a flag appended for each gang-scheduling and the
+    # cluster-domain spec: a ReplicaSet for each besides the install's.
+    assert len(replica_sets) >= 4, replica_sets
     # Each of those set-ups updated the Deployment through the webhook at least once.
     assert webhook.unconditional >= 4
-
-
-def test_deployment_pods_are_operator_processes_with_their_args(
-    operator_deployment: Cluster, tmp_path: Path
-) -> None:
-    """The stand-in for the operator's pod follows the Deployment as a kubelet would: scaled to
-    0 it stops, scaled back with an appended flag it runs with that flag."""
-    cluster = operator_deployment
-    apps = client.AppsV1Api(cluster.api)
-    with e2e.OperatorPods(cluster, tmp_path) as operators:
-        e2e.wait_available(cluster)
-        (first,) = operators.processes.values()
-        assert "--cluster-domain=example.org" not in first.args
-
-        apps.patch_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE, {"spec": {"replicas": 0}})
-        wait_until(
-            lambda: not operators.processes and first.proc.poll() is not None,
-            timeout=60,
-            what="the operator process to stop",
-        )
-        deployment = apps.read_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE)
-        args = [*deployment.spec.template.spec.containers[0].args, "--cluster-domain=example.org"]
-        deployment.spec.template.spec.containers[0].args = args
-        deployment.spec.replicas = 1
-        apps.replace_namespaced_deployment(e2e.DEPLOYMENT, e2e.NAMESPACE, deployment)
-
-        def restarted() -> list[e2e.HostProcess]:
-            return [
-                p
-                for p in operators.processes.values()
-                if p.ready and p.args[-2:] == ["--cluster-domain=example.org", p.args[-1]]
-            ]
-
-        (second,) = wait_until(restarted, timeout=120, what="the operator with the new flag")
-        assert second.proc.poll() is None
-        assert len(operators.processes) == 1
 
 
 def test_only_the_suites_updates_of_the_deployment_are_unconditional(

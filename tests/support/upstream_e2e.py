@@ -7,15 +7,9 @@ and what stands in for each here:
 
 - **The operator as the Deployment ``mpi-operator/mpi-operator``**, which the gang-scheduling and
   cluster-domain specs scale to 0 and back to 1 with a flag appended to the container's args,
-  waiting on ``status.availableReplicas``. The local cluster runs no operator image, so
-  :class:`OperatorPods` makes each pod of that Deployment an operator process on this machine:
-  the Deployment is ours (``manifests/base/deployment.yaml``, renamed), its pods name a scheduler
-  nobody runs, so they stay unbound, and for every such pod one ``python -m mpijob`` runs with
-  exactly that pod's args, as the install's ServiceAccount (a token bound to the pod, so it dies
-  with it); once its ``/healthz`` answers, the pod is marked Ready, and the ReplicaSet and
-  Deployment controllers count it available as they would a kubelet's. A deleted pod stops its
-  process; a process that exits is restarted and its pod marked unready meanwhile. The only change
-  to the args is the metrics port: a pod's port is its own, a host process needs a free one.
+  waiting on ``status.availableReplicas``: the operator from its own image, installed as users
+  install it with upstream's Deployment name (hack/incluster.py ``deploy --upstream-names``), so
+  the kubelet of the real node runs each of those edits. The test module installs it.
 - **scheduler-plugins' scheduler**, installed by upstream's suite as a second scheduler named
   ``scheduler-plugins-scheduler``: the same scheduler-plugins build the local cluster runs, started
   under that name with the Coscheduling profile of ``hack/cluster.py``.
@@ -38,23 +32,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import json
 import os
 import re
-import signal
 import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -65,15 +55,12 @@ from kubernetes.client.rest import ApiException
 
 from mpijob import keys
 from mpijob.desired.quantity import Quantity
-from support.kube import ROOT, Cluster, kubectl_binary
+from support.kube import ROOT, Cluster
 from support.operator import free_port
 from support.wait import wait_until
 
 NAMESPACE = "mpi-operator"
 DEPLOYMENT = "mpi-operator"
-SERVICE_ACCOUNT = "mpijob-operator"
-# No scheduler serves this name: the Deployment's pods stay unbound and are our host processes.
-HOST_PROCESS_SCHEDULER = "mpijob-host-process"
 SCHED_PLUGINS_SCHEDULER = "scheduler-plugins-scheduler"
 VOLCANO_SCHEDULER = "volcano"
 REAL_NODE_ROLE = "mpijob.io/real-node"
@@ -98,181 +85,6 @@ def suite_binary() -> Path:
     if not path.exists():
         subprocess.run([str(ROOT / "hack" / "build-bins.sh"), "e2e"], check=True)
     return path
-
-
-# --- the operator Deployment -------------------------------------------------------------------
-
-
-def operator_deployment() -> dict[str, Any]:
-    """The install's Deployment as the suite names it, its pods left to :class:`OperatorPods`."""
-    out = subprocess.run(
-        [kubectl_binary(), "kustomize", str(ROOT / "manifests" / "overlays" / "standalone")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    (ours,) = [
-        d
-        for d in yaml.safe_load_all(out.stdout)
-        if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "mpijob-operator"
-    ]
-    deployment = copy.deepcopy(ours)
-    labels = {"app.kubernetes.io/name": DEPLOYMENT, "app.kubernetes.io/component": "operator"}
-    deployment["metadata"] = {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels}
-    deployment["spec"]["selector"] = {"matchLabels": labels}
-    template = deployment["spec"]["template"]
-    template["metadata"]["labels"] = labels
-    template["spec"]["schedulerName"] = HOST_PROCESS_SCHEDULER
-    return deployment
-
-
-def _args_for_host(args: list[str], port: int) -> list[str]:
-    """The pod's args with the metrics port replaced by a free one of this machine."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--monitoring-port":
-            skip = True
-            continue
-        if not arg.startswith("--monitoring-port="):
-            out.append(arg)
-    return [*out, f"--monitoring-port={port}"]
-
-
-@dataclass
-class HostProcess:
-    pod_uid: str
-    pod_name: str
-    args: list[str]
-    port: int
-    proc: subprocess.Popen[bytes]
-    ready: bool = False
-
-
-class OperatorPods:
-    """Runs one operator process per pod of the Deployment (see the module's docstring)."""
-
-    def __init__(self, cluster: Cluster, log_dir: Path) -> None:
-        self.cluster = cluster
-        self.log_dir = log_dir
-        self.core = client.CoreV1Api(_new_api(cluster))
-        self.processes: dict[str, HostProcess] = {}
-        self.started = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="operator-pods", daemon=True)
-        self._admin = yaml.safe_load(cluster.kubeconfig.read_text())
-
-    def __enter__(self) -> OperatorPods:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        for uid in list(self.processes):
-            self._end(uid)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                self._pass()
-            except Exception as exc:  # a transient API error: the next pass sees the state anew
-                print(f"[operator-pods] {exc!r}", file=sys.stderr)
-
-    def _pass(self) -> None:
-        selector = f"app.kubernetes.io/name={DEPLOYMENT}"
-        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
-        live = {p.metadata.uid: p for p in pods if not p.metadata.deletion_timestamp}
-        for uid in [u for u in self.processes if u not in live]:
-            self._end(uid)
-        for uid, pod in live.items():
-            running = self.processes.get(uid)
-            if running is None or running.proc.poll() is not None:
-                if running is not None:
-                    self._set_ready(pod, False)
-                self._start(pod)
-                continue
-            if not running.ready and _healthy(running.port):
-                self._set_ready(pod, True)
-                running.ready = True
-
-    def _start(self, pod: client.V1Pod) -> None:
-        container = pod.spec.containers[0]
-        port = free_port()
-        args = _args_for_host(list(container.args or []), port)
-        kubeconfig = self._token_kubeconfig(pod)
-        log = (self.log_dir / f"operator-{pod.metadata.name}.log").open("ab")
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod.metadata.name}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mpijob", *args], stdout=log, stderr=subprocess.STDOUT, env=env
-        )
-        log.close()
-        self.processes[pod.metadata.uid] = HostProcess(
-            pod.metadata.uid, pod.metadata.name, args, port, proc
-        )
-        self.started += 1
-
-    def _end(self, uid: str) -> None:
-        running = self.processes.pop(uid)
-        if running.proc.poll() is None:
-            running.proc.send_signal(signal.SIGTERM)
-            try:
-                running.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                running.proc.kill()
-                running.proc.wait()
-
-    def _token_kubeconfig(self, pod: client.V1Pod) -> Path:
-        token = self.cluster.kubectl(
-            "create",
-            "token",
-            pod.spec.service_account_name or SERVICE_ACCOUNT,
-            "-n",
-            NAMESPACE,
-            "--bound-object-kind=Pod",
-            f"--bound-object-name={pod.metadata.name}",
-            f"--bound-object-uid={pod.metadata.uid}",
-            "--duration=2h",
-        ).strip()
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "local", "cluster": self._admin["clusters"][0]["cluster"]}],
-            "users": [{"name": "pod", "user": {"token": token}}],
-            "contexts": [{"name": "pod", "context": {"cluster": "local", "user": "pod"}}],
-            "current-context": "pod",
-        }
-        path = self.log_dir / f"{pod.metadata.name}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
-
-    def _set_ready(self, pod: client.V1Pod, ready: bool) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        value = "True" if ready else "False"
-        conditions = [
-            {"type": t, "status": value, "lastTransitionTime": now}
-            for t in ("Initialized", "ContainersReady", "Ready")
-        ]
-        status: dict[str, Any] = {"conditions": conditions}
-        if ready:
-            status |= {"phase": "Running", "startTime": now}
-        try:
-            self.core.patch_namespaced_pod_status(pod.metadata.name, NAMESPACE, {"status": status})
-        except ApiException as e:
-            if e.status != 404:  # the pod went meanwhile: the next pass ends its process
-                raise
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _new_api(cluster: Cluster) -> client.ApiClient:
@@ -638,13 +450,9 @@ def run_suite(
         "USE_EXISTING_SCHEDULER_PLUGINS": "true",
         "USE_EXISTING_VOLCANO_SCHEDULER": "true",
     }
-    # One retry per spec, ginkgo's own flakeAttempts: "suspended on creation" updates the object
-    # its create returned, and loses with 409 whenever any controller's first status write lands
-    # in between (upstream's operator included; see the README). A retried spec is still in the
-    # log, and one that fails twice fails the run.
+    # No flake retries: every spec must pass on its first attempt.
     argv = [
-        str(binary), "-test.v", "-ginkgo.v", "-ginkgo.noColor", "-ginkgo.flakeAttempts=2",
-        f"-ginkgo.reportFile={report}",
+        str(binary), "-test.v", "-ginkgo.v", "-ginkgo.noColor", f"-ginkgo.reportFile={report}",
     ]  # fmt: skip
     if skip:
         argv.append("-ginkgo.skip=" + "|".join(re.escape(s) for s in skip))
@@ -679,6 +487,20 @@ def read_report(path: Path) -> list[Spec]:
         else:
             out.append(Spec(name, "PASS", seconds))
     return out  # a failed BeforeSuite or AfterSuite is a case of that name
+
+
+def replica_sets(cluster: Cluster) -> list[str]:
+    """The operator Deployment's ReplicaSets: one per pod template it has had."""
+    apps = client.AppsV1Api(cluster.api)
+    found = apps.list_namespaced_replica_set(NAMESPACE).items
+    return sorted(
+        rs.metadata.name
+        for rs in found
+        if any(
+            o.kind == "Deployment" and o.name == DEPLOYMENT
+            for o in rs.metadata.owner_references or []
+        )
+    )
 
 
 def wait_available(cluster: Cluster, timeout: float = 120) -> None:

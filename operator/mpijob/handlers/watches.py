@@ -102,7 +102,7 @@ async def mpijob_event(
         key, body.metadata.get("resourceVersion")
     ):
         return  # the echo of our own status write: the sync that wrote it saw this state
-    rt.workers.enqueue(key)
+    rt.workers.enqueue_rate_limited(key)
 
 
 # --- pods ---------------------------------------------------------------------------------------

@@ -69,6 +69,11 @@ class Workers:
         self.queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self.queue))
 
+    def enqueue_rate_limited(self, key: JobKey) -> None:
+        """Reconcile ``key`` once its backoff has passed (an MPIJob's own event, as upstream's
+        ``AddRateLimited``; see :data:`mpijob.handlers.workqueue.BASE_DELAY_SECONDS`)."""
+        self.queue.add_rate_limited(key)
+
     def enqueue_after(self, key: JobKey, delay: float) -> None:
         """Reconcile ``key`` again in ``delay`` seconds (a state that changes with time alone)."""
         self.queue.add_after(key, delay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import kopf
@@ -12,6 +13,7 @@ from mpijob.admission import quota
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
 from mpijob.handlers.workers import Workers
+from mpijob.handlers.workqueue import BASE_DELAY_SECONDS
 
 pytestmark = pytest.mark.unit
 
@@ -22,22 +24,35 @@ def _event(version: str) -> kopf.Body:
     return kopf.Body({"metadata": {"namespace": "ns", "name": "pi", "resourceVersion": version}})
 
 
-async def _queued_after(type: str, version: str) -> int:
+async def _event_seen(type: str | None, version: str) -> Workers:
     rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
     rt.cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
     memo = {"runtime": rt}
     await mpijob_event(namespace="ns", name="pi", type=type, body=_event(version), memo=memo)
     assert rt.workers.indexed.is_set()  # an event handler runs only once the indices are full
-    return len(rt.workers.queue)
+    return rt.workers
 
 
 async def test_the_echo_of_our_own_status_write_asks_for_no_sync() -> None:
-    assert await _queued_after("MODIFIED", "2") == 0
+    assert KEY not in (await _event_seen("MODIFIED", "2")).queue
 
 
 async def test_any_other_version_of_the_job_asks_for_its_sync() -> None:
-    assert await _queued_after("MODIFIED", "3") == 1
-    assert await _queued_after(None, "2") == 1  # listed at start: always synced
+    for type, version in [("MODIFIED", "3"), ("ADDED", "2"), (None, "2")]:  # None: listed at start
+        workers = await _event_seen(type, version)
+        assert await asyncio.wait_for(workers.queue.get(), 1) == KEY
+
+
+async def test_a_job_event_waits_the_base_delay_as_upstreams_add_rate_limited() -> None:
+    """Not at once: a client that creates a job and then updates the object its create returned
+    gets that update in before our first status write, as with upstream's controller."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    workers = await _event_seen("ADDED", "1")
+    assert len(workers.queue) == 0  # nothing to take yet
+    assert KEY in workers.queue  # its timer runs
+    assert await asyncio.wait_for(workers.queue.get(), 1) == KEY
+    assert loop.time() - start >= BASE_DELAY_SECONDS * 0.9  # a timer may fire a clock tick early
 
 
 async def test_the_quota_index_keeps_only_gpu_limits_and_scopes_of_gpu_quotas() -> None:

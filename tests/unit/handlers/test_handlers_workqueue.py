@@ -44,4 +44,16 @@ async def test_delayed_add_arrives_after_its_delay() -> None:
     queue: WorkQueue[str] = WorkQueue()
     queue.add_after("ns/a", 0.05)
     assert len(queue) == 0
+    assert "ns/a" in queue  # waiting on its timer
+    assert "ns/b" not in queue
     assert await asyncio.wait_for(queue.get(), 1) == "ns/a"
+
+
+async def test_a_key_is_in_the_queue_while_it_waits_not_while_it_is_processed() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("ns/a")
+    assert "ns/a" in queue
+    key = await queue.get()
+    assert key not in queue
+    queue.add(key)
+    assert key in queue  # comes back once done
