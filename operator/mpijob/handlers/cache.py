@@ -53,6 +53,9 @@ class Cache:
     server_minor: int | None = None
     """The API server's Kubernetes minor version (read at startup): whether its quotas charge
     claims to ``requests.nvidia.com/gpu`` depends on it."""
+    hypernodes: list[JSON] = field(default_factory=list)
+    """Volcano's HyperNodes (name, tier and members), as last listed (see
+    :func:`mpijob.handlers.watches.follow_hypernodes`)."""
     secrets: dict[JobKey, JSON | None] = field(default_factory=dict)
     """Per job: its SSH Secret as last read or written (key names only), None when a read found
     none. Secrets are not watched: a cluster-wide list and watch would stream every Secret of
@@ -272,11 +275,7 @@ class Cache:
             quotas,
             claims,
             claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
-            hypernodes=[
-                dict(h)
-                for store in self.indices.get("hypernodes_by_name", {}).values()
-                for h in store
-            ],
+            hypernodes=self.hypernodes,
         )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:

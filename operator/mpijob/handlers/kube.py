@@ -71,6 +71,9 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
         "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
     ),
+    ("topology.volcano.sh/v1alpha1", "HyperNode"): Kind(
+        "/apis/topology.volcano.sh/v1alpha1", "hypernodes", namespaced=False
+    ),
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): Kind(
         "/apis/resource.nvidia.com/v1beta1", "computedomains"
     ),

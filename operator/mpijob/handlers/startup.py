@@ -134,6 +134,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         get_object=kube.get,
     )
     rt.workers.run(rt.admission.run_forever(), name="admission")
+    fabric = memo.get("fabric")
+    if fabric is not None and fabric_labels.hypernode_tiers(fabric):
+        rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
     if ours.fractional_gpus:
         shares: fractional.FractionalAdmission = memo["fractional"]
         shares.workers_of = fractional.workers_reader(kube)
@@ -257,13 +260,7 @@ def registry_for(
         gang_api = keys.VOLCANO_POD_GROUP_API_VERSION
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
-    fabric = memo.get("fabric") if memo is not None else None
-    watches.register(
-        registry,
-        gang_api_version=gang_api,
-        dra=binding is GpuBinding.DRA,
-        hypernodes=fabric is not None and bool(fabric_labels.hypernode_tiers(fabric)),
-    )
+    watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     if ours.fractional_gpus:
         shares = fractional.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
         fractional.register(registry, shares)

@@ -26,6 +26,8 @@ objects. They are async and never block: Kopf would otherwise run each call in a
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import kopf
@@ -34,7 +36,10 @@ from mpijob import keys, metrics
 from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
+from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 POD_SUMMARY_METADATA = (
     "name",
@@ -405,15 +410,42 @@ async def priorities_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, 
 # --- Volcano HyperNodes (a fabric on HyperNode tiers) ---------------------------------------
 
 
-async def hypernodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]:
-    """What a node's place in the fabric is read from: the tier and the members."""
-    return {name: {"metadata": {"name": name}, "spec": dict(body.spec)}}
+#: How often Volcano's HyperNodes are listed. They are few, cluster-scoped and change when an
+#: admin rewires the fabric, so a list every few seconds costs little.
+HYPERNODE_POLL_SECONDS = 10.0
 
 
-async def hypernode_event(memo: Any, **_: Any) -> None:
-    rt = _runtime(memo)
-    if rt.admission is not None:
-        rt.admission.wake()  # a domain appeared, grew or went
+async def follow_hypernodes(rt: Runtime) -> None:
+    """Keep the cache's HyperNodes (the tier and the members of each) current, and wake the
+    admission when they change.
+
+    Listed rather than watched: Kopf starts a watch the moment Volcano's CRD appears, and the
+    API server may answer that first list with a 404 before it serves the new kind, which ends
+    Kopf's watch for good. A list that finds no such kind means no HyperNodes."""
+    while True:
+        try:
+            items = await rt.kube.list(keys.HYPERNODE_API_VERSION, "HyperNode", None, urgent=False)
+        except ApiError as e:
+            if not e.not_found:
+                log.warning("Listing Volcano's HyperNodes failed: %s", e.message)
+                await asyncio.sleep(HYPERNODE_POLL_SECONDS)
+                continue
+            items = []
+        seen = sorted(
+            (
+                {
+                    "metadata": {"name": (h.get("metadata") or {}).get("name")},
+                    "spec": h.get("spec") or {},
+                }
+                for h in items
+            ),
+            key=lambda h: str(h["metadata"]["name"]),
+        )
+        if seen != rt.cache.hypernodes:
+            rt.cache.hypernodes = seen
+            if rt.admission is not None:
+                rt.admission.wake()  # a domain appeared, grew or went
+        await asyncio.sleep(HYPERNODE_POLL_SECONDS)
 
 
 #: Every index registered above, by the name handlers receive it under.
@@ -433,7 +465,6 @@ INDICES = (
     "slices_by_node",
     "gpu_classes_by_name",
     "quotas_by_namespace",
-    "hypernodes_by_name",
 )
 
 
@@ -442,13 +473,10 @@ def register(
     *,
     gang_api_version: str | None,
     dra: bool = False,
-    hypernodes: bool = False,
 ) -> None:
     """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
     ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
-    otherwise), Volcano's HyperNodes only when the fabric reads HyperNode tiers. Kopf watches a
-    kind only while the API serves it, so a HyperNode CRD installed later is picked up then,
-    and none installed leaves every HyperNode level without domains."""
+    otherwise). Volcano's HyperNodes are listed, not watched (:func:`follow_hypernodes`)."""
     mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
     kopf.index(*mpijobs, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
@@ -484,7 +512,3 @@ def register(
         kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
         kopf.index(group, version, "resourceslices", registry=registry)(slices_by_node)
         kopf.index(group, version, "deviceclasses", registry=registry)(gpu_classes_by_name)
-    if hypernodes:
-        group, version = keys.HYPERNODE_API_VERSION.split("/")
-        kopf.index(group, version, keys.HYPERNODE_PLURAL, registry=registry)(hypernodes_by_name)
-        kopf.on.event(group, version, keys.HYPERNODE_PLURAL, registry=registry)(hypernode_event)

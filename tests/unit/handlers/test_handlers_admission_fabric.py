@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -282,21 +284,42 @@ async def test_without_hypernodes_a_required_tier_waits_and_the_rest_still_run()
     assert isinstance(h.last("free"), queue.Admit)
 
 
-def test_the_hypernode_watch_is_registered_only_for_a_fabric_on_hypernode_tiers() -> None:
-    import kopf
+async def test_hypernodes_are_listed_until_volcanos_kind_is_served_and_wake_the_admission() -> None:
+    """Listed, not watched: a 404 (Volcano's CRD absent, or not served yet) means none; the
+    next list that finds them stores them and wakes the admission."""
+    from mpijob.handlers import watches
 
-    from mpijob.handlers import startup
-    from mpijob.settings import OperatorSettings
+    answers: list[Any] = [ApiError(404, "NotFound", "page not found"), HYPERNODES, HYPERNODES]
 
-    def watched(fabric_in_memo: Any) -> set[str]:
-        memo = kopf.Memo(fabric=fabric_in_memo)
-        registry = startup.registry_for(OperatorSettings(), memo=memo)
-        handlers = registry._indexing.get_all_handlers()
-        return {h.selector.group for h in handlers if h.selector is not None and h.selector.group}
+    class Kube:
+        async def list(self, api_version: str, kind: str, *_: Any, **__: Any) -> Any:
+            assert (api_version, kind) == (keys.HYPERNODE_API_VERSION, "HyperNode")
+            answer = answers.pop(0) if answers else HYPERNODES
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
 
-    assert "topology.volcano.sh" in watched(HYPERNODE_FABRIC)
-    assert "topology.volcano.sh" not in watched(NVL72)
-    assert "topology.volcano.sh" not in watched(None)
+    woken: list[bool] = []
+    rt = SimpleNamespace(
+        kube=Kube(),
+        cache=SimpleNamespace(hypernodes=[]),
+        admission=SimpleNamespace(wake=lambda: woken.append(True)),
+    )
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise asyncio.CancelledError
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(watches.asyncio, "sleep", sleep)
+        with pytest.raises(asyncio.CancelledError):
+            await watches.follow_hypernodes(rt)  # type: ignore[arg-type]
+    assert {h["metadata"]["name"] for h in rt.cache.hypernodes} == {
+        h["metadata"]["name"] for h in HYPERNODES
+    }
+    assert woken == [True], "woken once: when they appeared, not for an unchanged list"
 
 
 # --- A level annotation the fabric lacks: the job is Invalid, naming the annotation ------------

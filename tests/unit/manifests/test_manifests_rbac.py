@@ -40,7 +40,7 @@ OPERATOR_CLUSTER = (
     | grants("resource.k8s.io", "resourceslices", "list watch")
     | grants("resource.k8s.io", "deviceclasses", "get list watch")
     | grants("resource.nvidia.com", "computedomains", "get create")
-    | grants("topology.volcano.sh", "hypernodes", "list watch")
+    | grants("topology.volcano.sh", "hypernodes", "list")
     | grants("", "resourcequotas", "list watch")
     | grants("", "nodes", "get list watch")
     | grants("", "namespaces", "list watch")
