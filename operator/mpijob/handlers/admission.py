@@ -38,7 +38,8 @@ from mpijob.api.errors import aggregate
 from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.handlers.kube import ApiError
+from mpijob.handlers.kube_api import KubeApi
 from mpijob.handlers.workers import on_wake
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
@@ -54,7 +55,7 @@ NO_ELIGIBLE_NODE = (
 )
 
 
-async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
+async def store_decision(kube: KubeApi, obj: dict[str, Any]) -> None:
     """Create a job's PlacementDecision; one left by the same job (it was scaled since, so it
     no longer describes it) is replaced. One left by an earlier job of the same name stays until
     that job's pods are gone: a 409 saying so."""

@@ -79,7 +79,8 @@ from mpijob.desired.fractional import (
     waiting_patch,
     webhook_configurations,
 )
-from mpijob.handlers.kube import ApiError, Kube, path
+from mpijob.handlers.kube import ApiError, path
+from mpijob.handlers.kube_api import KubeApi
 from mpijob.handlers.workers import on_wake
 
 log = logging.getLogger(__name__)
@@ -541,7 +542,7 @@ def _gated(body: dict[str, Any]) -> bool:
     return any(g.get("name") == keys.GPU_SHARE_GATE for g in gates)
 
 
-def pod_patcher(kube: Kube) -> PatchPod:
+def pod_patcher(kube: KubeApi) -> PatchPod:
     """Send a JSON patch to a pod."""
 
     async def patch(namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
@@ -555,7 +556,7 @@ def pod_patcher(kube: Kube) -> PatchPod:
     return patch
 
 
-def workers_reader(kube: Kube) -> WorkersOf:
+def workers_reader(kube: KubeApi) -> WorkersOf:
     """How many workers an MPIJob has, read from the API server (None: no such job)."""
 
     async def workers_of(namespace: str, name: str) -> int | None:

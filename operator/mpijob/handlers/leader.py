@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import metrics
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.handlers.kube import ApiError
+from mpijob.handlers.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def _now() -> str:
 class LeaderElector:
     """Campaigns in a task of the running loop; ``leading`` is set while this replica leads."""
 
-    def __init__(self, *, namespace: str, name: str, kube: Kube) -> None:
+    def __init__(self, *, namespace: str, name: str, kube: KubeApi) -> None:
         self.leading = asyncio.Event()
         self.identity = identity()
         self._namespace = namespace

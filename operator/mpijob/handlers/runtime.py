@@ -18,7 +18,7 @@ from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube import Kube
+from mpijob.handlers.kube_api import KubeApi
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.workers import Workers
 from mpijob.settings import OperatorSettings
@@ -47,7 +47,7 @@ class JobMetrics:
 @dataclass
 class Runtime:
     settings: OperatorSettings
-    kube: Kube
+    kube: KubeApi
     recorder: Recorder
     deferred: DeferredPatches
     workers: Workers

@@ -35,6 +35,7 @@ from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
 from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.kube import ApiError, Kube, connection_info
+from mpijob.handlers.kube_api import KubeApi
 from mpijob.handlers.leader import LeaderElector
 from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
@@ -189,7 +190,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
 HEALTHY_WITHIN_SECONDS = 30.0
 
 
-async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
+async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:
     """The ``--gpu-binding`` mode on this cluster, logged with its reason.
 
     Two reads: the ``resource.k8s.io/v1`` discovery document and the ``gpu.nvidia.com``
@@ -224,7 +225,7 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
     return choice
 
 
-async def server_minor(kube: Kube) -> int | None:
+async def server_minor(kube: KubeApi) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
     check then counts the operator's claims itself, see :mod:`mpijob.admission.quota`)."""
     try:
@@ -280,7 +281,7 @@ NEEDED_CRDS = (
 )
 
 
-async def check_crds(kube: Kube) -> None:
+async def check_crds(kube: KubeApi) -> None:
     """Raise :class:`MissingCRD`, naming the fix, when a kind the operator watches is not
     served: Kopf would otherwise wait for it silently and never reconcile anything. Any other
     failure (the API server still starting) is left to Kopf's own retries."""
