@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import kopf
 import pytest
 
 from mpijob.handlers import kube
 from mpijob.handlers.kube import TokenBucket, bucket_of
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -27,6 +29,7 @@ def test_mpijobs_podgroups_and_the_lease_have_their_own_buckets_as_upstreams_cli
     assert core not in own
 
 
+@virtual_time
 async def test_an_event_waits_until_no_urgent_request_waits() -> None:
     bucket = TokenBucket(qps=50, burst=1)
     order: list[str] = []
@@ -45,11 +48,13 @@ async def test_an_event_waits_until_no_urgent_request_waits() -> None:
     assert order == ["first", "child-0", "child-1", "child-2", "event"]
 
 
+@virtual_time
 async def test_without_urgent_requests_an_event_is_not_held() -> None:
     bucket = TokenBucket(qps=50, burst=2)
     await asyncio.wait_for(bucket.take(urgent=False), timeout=0.01)
 
 
+@virtual_time
 async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
     bucket = TokenBucket(qps=100, burst=21)
     for _ in range(12):  # 9 left: fewer than the 10 kept for urgent requests
@@ -60,6 +65,7 @@ async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
     await asyncio.wait_for(waiting, timeout=0.1)  # 10 ms later the bucket holds 11 again
 
 
+@virtual_time
 async def test_under_sustained_load_a_request_that_is_not_urgent_still_gets_its_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -101,17 +107,20 @@ async def test_a_late_wake_costs_no_rate() -> None:
 
 
 async def test_a_list_reads_every_page_with_its_selectors() -> None:
-    class Pages:
+    class Pages(kube.Kube):
+        """The adapter with its HTTP layer answered from here: two pages."""
+
         def __init__(self) -> None:
+            super().__init__(kopf.ConnectionInfo(server="https://api.invalid"))
             self.queries: list[dict[str, str]] = []
 
-        async def request(self, method: str, url: str, **kw: Any) -> dict[str, Any]:
+        async def request(self, method: str, url: str, *_: Any, **kw: Any) -> dict[str, Any]:
             self.queries.append(dict(kw["query"]))
             more = {"continue": "next"} if len(self.queries) == 1 else {}
             return {"metadata": more, "items": [{"page": len(self.queries)}]}
 
     api = Pages()
-    items = await kube.Kube.list(api, "v1", "Event", "ns", fields="source=x")  # type: ignore[arg-type]
+    items = await api.list("v1", "Event", "ns", fields="source=x")
     assert items == [{"page": 1}, {"page": 2}]
     assert api.queries == [
         {"limit": "500", "fieldSelector": "source=x"},
