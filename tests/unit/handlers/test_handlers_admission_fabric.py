@@ -15,6 +15,7 @@ from mpijob.desired.sync import _place
 from mpijob.handlers.admission import Admission
 from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, fabric, fabric_labels, topologies
+from support import jobs
 from support.fake_kube import FakeKube
 from support.virtual_time import virtual_time
 
@@ -45,35 +46,19 @@ def tray(name: str, clique: str) -> dict[str, Any]:
 RACKS = [tray(f"c{c}-t{t:02d}", f"uuid.{c}") for c in range(2) for t in range(18)]
 
 
-TEMPLATE = {
-    "spec": {
-        "containers": [
-            {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: 4}}}
-        ]
-    }
-}
+TEMPLATE = jobs.gpu_template(4)
 
 
 def job(name: str, workers: int, **annotations: str) -> api.MPIJob:
-    template = TEMPLATE
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "annotations": {keys.GPU_TOPOLOGY: "true", **annotations},
-        },
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template},
-                "Worker": {"replicas": workers, "template": template},
-            }
-        },
+    metadata = {
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "annotations": {keys.GPU_TOPOLOGY: "true", **annotations},
     }
-    return api.with_defaults(api.parse(body))
+    return jobs.parsed(
+        jobs.body(
+            name, "ns", launcher=TEMPLATE, worker=TEMPLATE, workers=workers, metadata=metadata
+        )
+    )
 
 
 class Harness:

@@ -20,6 +20,7 @@ from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.runtime import Runtime
 from mpijob.handlers.workers import Workers
 from mpijob.settings import OperatorSettings
+from support import jobs
 from support.fake_kube import FakeKube
 
 pytestmark = pytest.mark.unit
@@ -53,18 +54,8 @@ def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, FakeKube, RecordingRecord
 
 
 def job(name: str = "foo", namespace: str = "bar", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": "uid-foo",
-            "resourceVersion": "1",
-            "creationTimestamp": "2024-05-01T10:00:00Z",
-        },
-        "spec": spec,
-    }
+    created = {"resourceVersion": "1", "creationTimestamp": "2024-05-01T10:00:00Z"}
+    return jobs.body(name, namespace, uid="uid-foo", metadata=created, **spec)
 
 
 async def test_do_nothing_with_invalid_key() -> None:
