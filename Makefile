@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -64,16 +64,20 @@ test-integration: install ## Run the integration tests only (the same set-up as 
 	bash hack/test-deps.sh
 	$(PY) -m pytest -m integration
 
-lint: install ## ruff, mypy, the import-layer contracts, generated dashboards up to date
-	$(VENV)/bin/ruff check operator tests bench hack dashboards
-	$(VENV)/bin/ruff format --check operator tests bench hack dashboards
+lint: install ## ruff, mypy, the import-layer contracts, generated dashboards and docs/reference.md up to date
+	$(VENV)/bin/ruff check operator tests bench hack dashboards docs
+	$(VENV)/bin/ruff format --check operator tests bench hack dashboards docs
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) dashboards/generate.py --check
+	$(PY) docs/generate_reference.py --check
 	$(PY) hack/gen-install.py --check
 
 dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
 	$(PY) dashboards/generate.py
+
+reference: install ## Regenerate docs/reference.md from keys.py and metrics.py (docs/generate_reference.py)
+	$(PY) docs/generate_reference.py
 
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/

@@ -226,7 +226,7 @@ def write_webhook_client(pki: Path) -> list[str]:
     through its admission configuration; the kube-apiserver flags that load it.
 
     The GPU-share webhooks answer only a client whose certificate this CA signed
-    (docs/trust-gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
+    (docs/gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
     Every webhook gets the certificate (``*``); one that asks for none ignores it.
     """
     import datetime as dt

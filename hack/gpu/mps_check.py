@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks on a real NVIDIA GPU that a fractional share is limited the way the README says.
+"""Checks on a real NVIDIA GPU that a fractional share is limited the way docs/gpu-shares.md says.
 
 Run as root on a GPU machine with the NVIDIA driver, the MPS binaries, PyTorch and
 nvidia-ml-py (never in CI):

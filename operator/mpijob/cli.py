@@ -216,7 +216,7 @@ def main(ctx: click.Context) -> None:
     default=DEFAULTS.webhook_client_ca,
     metavar="FILE",
     help="PEM CA of the API server's webhook client certificate: the webhooks then answer only "
-    "clients presenting a certificate it signed (docs/trust-gpu-shares.md).",
+    "clients presenting a certificate it signed (docs/gpu-shares.md).",
 )
 @click.option(
     "--webhook-cert-dir",

@@ -6,8 +6,8 @@ in real containers on the real node, the operator from its own image as the Depl
 ``mpi-operator/mpi-operator`` the suite scales and edits, scheduler-plugins' scheduler as its
 second scheduler and a stand-in for Volcano's, and a webhook that makes the suite's un-retried
 updates of that Deployment unconditional so the Deployment controller's status writes cannot fail
-them with 409 Conflict (tests/support/upstream_e2e.py says how each is made; the README's Tests
-section why).
+them with 409 Conflict (tests/support/upstream_e2e.py says how each is made; docs/compatibility.md
+why).
 Each spec is printed with PASS, FAIL or SKIP, then the counts; every spec must pass. A spec whose
 image the real node lacks is skipped rather than left to time out, and fails this test all the
 same.
