@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.handlers.kube import configuration
+from mpijob.platform.credentials import configuration
 
 JSON = dict[str, Any]
 

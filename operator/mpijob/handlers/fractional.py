@@ -79,8 +79,8 @@ from mpijob.desired.fractional import (
     waiting_patch,
     webhook_configurations,
 )
-from mpijob.handlers.kube import ApiError, Kube, path
-from mpijob.handlers.workers import on_wake
+from mpijob.platform.kube import ApiError, Kube, path
+from mpijob.platform.workers import on_wake
 
 log = logging.getLogger(__name__)
 

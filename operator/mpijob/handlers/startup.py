@@ -33,15 +33,15 @@ from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.handlers import fractional, reconcile, watches
 from mpijob.handlers.admission import Admission, store_decision
-from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube import ApiError, Kube, connection_info
-from mpijob.handlers.leader import LeaderElector
-from mpijob.handlers.recorder import Recorder
 from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import Workers
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.kube import ApiError, Kube, connection_info
+from mpijob.platform.leader import LeaderElector
+from mpijob.platform.recorder import Recorder
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)

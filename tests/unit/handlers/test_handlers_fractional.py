@@ -27,7 +27,7 @@ from mpijob.desired.fractional import (
 )
 from mpijob.handlers import fractional
 from mpijob.handlers.fractional import FractionalAdmission
-from mpijob.handlers.kube import ApiError
+from mpijob.platform.kube import ApiError
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
