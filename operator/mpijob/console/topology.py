@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from mpijob import keys
-from mpijob.admission.fractional import read_node
 from mpijob.api import gpu_ids
-from mpijob.api.fractional import PERCENT_MAX, Placed
 from mpijob.placement.model import PcieLevel, Topology
+from mpijob.shares.ledger import read_node
+from mpijob.shares.request import PERCENT_MAX, Placed
 
 JSON = Mapping[str, Any]
 

@@ -12,9 +12,9 @@ as the API server defaults it. Quantities are exact; a malformed amount counts a
 server refuses it before any pod exists).
 
 Used wherever a pod's requests are read: the room a node has left for a GPU share
-(:mod:`mpijob.admission.node_room`), the GPUs a pod no decision placed holds
-(:mod:`mpijob.admission.topology`), and the GPUs a namespace's pods hold against its quota
-(:mod:`mpijob.admission.quota`).
+(:mod:`mpijob.shares.node_room`), the GPUs a pod no decision placed holds
+(:mod:`mpijob.gang.topology`), and the GPUs a namespace's pods hold against its quota
+(:mod:`mpijob.gang.quota`).
 """
 
 from __future__ import annotations

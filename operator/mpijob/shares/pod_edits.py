@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from mpijob import keys
-from mpijob.api.fractional import ContainerShare, Placed, read_request
+from mpijob.shares.request import ContainerShare, Placed, read_request
 
 MPS_VOLUME: Final = "mpijob-mps"
 #: The device index a client limit names: the container sees only its GPU, as device 0.

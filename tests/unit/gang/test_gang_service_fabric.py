@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import queue, topology
 from mpijob.desired import compute_domain
 from mpijob.desired.sync import _place
-from mpijob.handlers.admission import Admission
+from mpijob.gang import queue, topology
+from mpijob.gang.service import Admission
 from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, fabric, fabric_labels, topologies
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import topology
+from mpijob.gang import topology
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from mpijob import keys
-from mpijob.admission.queue import Decision, Wait
 from mpijob.api import MPIJob
+from mpijob.gang.queue import Decision, Wait
 
 
 def local_queue(job: MPIJob) -> str | None:

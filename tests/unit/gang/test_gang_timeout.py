@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpijob.admission import timeout
 from mpijob.api import MPIJob
+from mpijob.gang import timeout
 from support.gang_jobs import job
 
 pytestmark = pytest.mark.unit

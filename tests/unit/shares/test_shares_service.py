@@ -15,8 +15,10 @@ import pytest
 from cryptography import x509
 
 from mpijob import keys, metrics
-from mpijob.api.fractional import Placed, Share
-from mpijob.desired.fractional import (
+from mpijob.handlers.kube import ApiError
+from mpijob.shares import service as fractional
+from mpijob.shares import tls, webhook
+from mpijob.shares.pod_edits import (
     ADMITTED,
     MATCH_SHARE_PODS,
     MUTATE_ID,
@@ -25,9 +27,8 @@ from mpijob.desired.fractional import (
     resolve_env,
     webhook_configurations,
 )
-from mpijob.handlers import fractional
-from mpijob.handlers.fractional import FractionalAdmission
-from mpijob.handlers.kube import ApiError
+from mpijob.shares.request import Placed, Share
+from mpijob.shares.service import FractionalAdmission
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
@@ -268,14 +269,14 @@ async def test_concurrent_admissions_never_overcommit() -> None:
 
 def test_register_adds_both_webhooks_and_both_watches() -> None:
     registry = kopf.OperatorRegistry()
-    fractional.register(registry, FractionalAdmission())
+    webhook.register(registry, FractionalAdmission())
     ids = {h.id for h in registry._webhooks.get_all_handlers()}
     assert ids == {MUTATE_ID, VALIDATE_ID}
     assert len(registry._watching.get_all_handlers()) == 2
 
 
 def test_the_serving_certificate_names_the_service(tmp_path: Any) -> None:
-    cert = fractional.serving_certificate("mpi-operator", "mpijob-operator-webhook", tmp_path)
+    cert = tls.serving_certificate("mpi-operator", "mpijob-operator-webhook", tmp_path)
     loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
     names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "mpijob-operator-webhook.mpi-operator.svc" in names.get_values_for_type(x509.DNSName)
@@ -341,7 +342,7 @@ def test_a_url_replaces_the_service_and_enters_the_certificate(tmp_path: Any) ->
         "url": f"https://127.0.0.1:19443/{MUTATE_ID}",
         "caBundle": "Q0E=",
     }
-    cert = fractional.serving_certificate("ns", "svc", tmp_path, url="https://127.0.0.1:19443")
+    cert = tls.serving_certificate("ns", "svc", tmp_path, url="https://127.0.0.1:19443")
     loaded = x509.load_pem_x509_certificate(cert.certfile.read_bytes())
     names = loaded.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
@@ -805,21 +806,21 @@ async def test_only_the_leader_places() -> None:
 def test_the_webhooks_require_the_api_server_s_client_certificate(tmp_path: Any) -> None:
     import ssl
 
-    cert = fractional.serving_certificate("ns", "svc", tmp_path)
+    cert = tls.serving_certificate("ns", "svc", tmp_path)
     settings = kopf.OperatorSettings()
-    fractional.configure_server(settings, cert, 9443, client_ca=str(cert.certfile))
+    webhook.configure_server(settings, cert, 9443, client_ca=str(cert.certfile))
     server = settings.admission.server
     assert isinstance(server, kopf.WebhookServer)
     assert server.verify_mode == ssl.CERT_REQUIRED
     assert server.verify_cafile == str(cert.certfile)
-    fractional.configure_server(settings, cert, 9443)
+    webhook.configure_server(settings, cert, 9443)
     assert settings.admission.server.verify_mode is None  # type: ignore[union-attr]
 
 
 def test_a_mounted_certificate_s_ca_is_the_bundle(tmp_path: Any) -> None:
-    made = fractional.serving_certificate("ns", "svc", tmp_path)
-    assert fractional.mounted_certificate(tmp_path).ca_bundle == made.ca_bundle
+    made = tls.serving_certificate("ns", "svc", tmp_path)
+    assert tls.mounted_certificate(tmp_path).ca_bundle == made.ca_bundle
     (tmp_path / "ca.crt").write_bytes(b"CA PEM")
-    mounted = fractional.mounted_certificate(tmp_path)
+    mounted = tls.mounted_certificate(tmp_path)
     assert base64.b64decode(mounted.ca_bundle) == b"CA PEM"
     assert mounted.certfile == tmp_path / "tls.crt"

@@ -8,8 +8,8 @@ the fix: memory a positive whole number, percentage a multiple of 5 within 5..10
 without memory in the same container, no pod mixing memory-only and memory+compute containers,
 no whole GPUs (``nvidia.com/gpu``) beside a share, no share in init containers.
 
-Pure; read by the fractional ledger (:mod:`mpijob.admission.fractional`), the pod edits
-(:mod:`mpijob.desired.fractional`) and, later, the admission webhook.
+Pure; read by the fractional ledger (:mod:`mpijob.shares.ledger`), the pod edits
+(:mod:`mpijob.shares.pod_edits`) and, later, the admission webhook.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpijob.admission import queue as admission_queue
-from mpijob.admission.queue import Admit, TimedOut, Wait, WaitingJob
+from mpijob.gang import queue as admission_queue
+from mpijob.gang.queue import Admit, TimedOut, Wait, WaitingJob
 from support.gang_jobs import job, template
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import outcome, queue, topology
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.admission import Admission
+from mpijob.gang import outcome, queue, topology
+from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, topologies

@@ -11,7 +11,7 @@ node holding memory-only shares takes no compute share and the reverse. Within a
 in use), otherwise (spread, the default) the one with the most. Across nodes, binpack nodes come
 first, fullest first; then spread nodes, emptiest first. Ties go to the lower name and index,
 so a decision is deterministic. The caller's ``room`` check (the node's cpu, memory and pods,
-:class:`mpijob.admission.node_room.NodeRoom`) is asked of candidate nodes in that order, only
+:class:`mpijob.shares.node_room.NodeRoom`) is asked of candidate nodes in that order, only
 of those whose GPUs could take the share.
 
 :meth:`Ledger.place_all` places several shares (an MPIJob's workers) all or nothing, largest
@@ -20,7 +20,7 @@ the cluster after a restart; holdings on nodes or GPUs the ledger does not know 
 and counted once the node is set. Cost per decision: one pass over the nodes on per-node
 summaries, then over the GPUs of the candidates in order until one fits.
 
-Pure; the I/O shell (:mod:`mpijob.handlers.fractional`) feeds it nodes and pod facts.
+Pure; the I/O shell (:mod:`mpijob.shares.service`) feeds it nodes and pod facts.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
-from mpijob.admission.topology import admits
-from mpijob.api.fractional import PERCENT_MAX, Placed, Share, read_request
+from mpijob.gang.topology import admits
 from mpijob.placement import codec
+from mpijob.shares.request import PERCENT_MAX, Placed, Share, read_request
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import quota
-from mpijob.admission.quota import Charged, Held, Limit
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.gang import quota
+from mpijob.gang.quota import Charged, Held, Limit
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ passes it. With our own admission it bounds the wait instead: a job still not ad
 many seconds after its creation fails with reason ``GangScheduleTimeout``. Unset, 0 or negative
 means no deadline, as 0 means "the scheduler's default" to scheduler-plugins, not "fail at once".
 
-Pure: ``now`` is passed in. Used by :mod:`mpijob.admission.queue` and by the handler, which
+Pure: ``now`` is passed in. Used by :mod:`mpijob.gang.queue` and by the handler, which
 requeues a waiting job for its deadline.
 """
 

@@ -23,7 +23,7 @@ writes lowers it.
 Scopes are matched as the API server matches them: a pod quota's scopes against the pod
 template (a GPU pod is never ``BestEffort``); a scoped quota never charges a claim, so a scoped
 ``requests.nvidia.com/gpu`` quota is kept by the operator alone even where claims are mapped.
-Pure; called by :mod:`mpijob.handlers.admission` once per waiting job and pass.
+Pure; called by :mod:`mpijob.gang.service` once per waiting job and pass.
 """
 
 from __future__ import annotations

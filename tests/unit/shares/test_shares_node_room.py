@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from mpijob.admission.node_room import NodeRoom, pod_requests
+from mpijob.shares.node_room import NodeRoom, pod_requests
 
 
 def container(**requests: str) -> dict[str, Any]:

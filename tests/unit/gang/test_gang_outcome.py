@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpijob.admission.outcome import ConditionChange, outcome
-from mpijob.admission.queue import Admit, TimedOut, Wait, WaitingJob
 from mpijob.api import MPIJobStatus
 from mpijob.desired import conditions
 from mpijob.desired.events import Event
+from mpijob.gang.outcome import ConditionChange, outcome
+from mpijob.gang.queue import Admit, TimedOut, Wait, WaitingJob
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ on the first listing rebuilds the ledger after a restart) or waiting for one
 is Kopf's, with a serving certificate of its own (:func:`serving_certificate`), and the webhook
 configurations are applied by the operator (:func:`apply_configurations`) so that their failure
 policy, timeout, match conditions and namespace selector are ours
-(:func:`mpijob.desired.fractional.webhook_configurations`).
+(:func:`mpijob.shares.pod_edits.webhook_configurations`).
 
 One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
 concurrent placements never overcommit a GPU. At start, before the webhooks serve, the ledger is
@@ -29,7 +29,7 @@ gated pods back.
 
 Eligible nodes are those the pod's node selector and required node affinity admit and whose
 ``NoSchedule``/``NoExecute`` taints it tolerates, and the share goes only to a node with room
-for the pod's other requests (:class:`~mpijob.admission.node_room.NodeRoom`: its allocatable
+for the pod's other requests (:class:`~mpijob.shares.node_room.NodeRoom`: its allocatable
 against every bound pod's requests and every share pinned there, which is why the pod watch
 also counts bound pods without a share). The first worker of an MPIJob to be placed reserves
 shares for all the job's workers at once (all or nothing, :meth:`Ledger.place_all`); the
@@ -39,48 +39,37 @@ reservations of workers whose pods never come lapse like any pending hold.
 from __future__ import annotations
 
 import asyncio
-import base64
-import datetime as dt
-import ipaddress
 import json
 import logging
-import ssl
-import tempfile
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
-import jsonpatch
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.admission.fractional import (
+from mpijob.api.errors import aggregate
+from mpijob.desired import events
+from mpijob.desired.events import Event
+from mpijob.handlers.kube import ApiError, Kube, path
+from mpijob.handlers.workers import on_wake
+from mpijob.shares.ledger import (
     Ledger,
     believed,
     eligible_nodes,
     node_facts,
     read_node,
 )
-from mpijob.admission.node_room import NodeRoom, pod_requests
-from mpijob.api.errors import aggregate
-from mpijob.api.fractional import Placed, Share, read_request
-from mpijob.desired import events
-from mpijob.desired.events import Event
-from mpijob.desired.fractional import (
+from mpijob.shares.node_room import NodeRoom, pod_requests
+from mpijob.shares.pod_edits import (
     ADMITTED,
-    MUTATE_ID,
-    VALIDATE_ID,
     json_patch,
     placement_edits,
     pod_edits,
     waiting_patch,
-    webhook_configurations,
 )
-from mpijob.handlers.kube import ApiError, Kube, path
-from mpijob.handlers.workers import on_wake
+from mpijob.shares.request import Placed, Share, read_request
 
 log = logging.getLogger(__name__)
 
@@ -567,178 +556,3 @@ def workers_reader(kube: Kube) -> WorkersOf:
         return replicas if isinstance(replicas, int) and replicas >= 0 else None
 
     return workers_of
-
-
-# --- Kopf wiring -------------------------------------------------------------------------------
-
-
-def register(registry: kopf.OperatorRegistry, admission: FractionalAdmission) -> None:
-    """Add the node and pod watches and both webhooks to ``registry``."""
-    core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
-
-    async def node_event(body: Any, type: str | None, **_: Any) -> None:
-        await admission.on_node(dict(body), type)
-
-    async def pod_event(body: Any, type: str | None, **_: Any) -> None:
-        await admission.on_pod(dict(body), type)
-
-    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
-        ops = await admission.mutate(dict(body), dryrun=dryrun)
-        if ops:
-            patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
-
-    def validate(body: Any, **_: Any) -> None:
-        admission.validate(dict(body))
-
-    kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
-
-    def counted(annotations: Any, spec: Any, **_: Any) -> bool:
-        """Share pods, waiting pods, and bound pods (their requests take room on nodes)."""
-        return (
-            keys.GPU_SHARE in annotations
-            or keys.GPU_SHARE_WAITING in annotations
-            or bool(spec.get("nodeName"))
-        )
-
-    kopf.on.event("v1", "pods", when=counted, registry=registry)(pod_event)
-    kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
-    kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
-        validate
-    )
-
-
-@dataclass(frozen=True)
-class ServingCertificate:
-    """The webhook server's key and self-signed certificate, as files and as a CA bundle."""
-
-    certfile: Path
-    keyfile: Path
-    ca_bundle: str
-    """Base64 of the certificate PEM, the ``caBundle`` of the webhook configurations."""
-
-
-def serving_certificate(
-    service_namespace: str,
-    service_name: str,
-    directory: Path | None = None,
-    *,
-    url: str = "",
-) -> ServingCertificate:
-    """A fresh P-256 key and a one-year self-signed certificate for the Service's DNS names
-    (and the host of ``url``, when the API server calls a URL instead).
-
-    Made at every start, so nothing secret is stored in the cluster; the configurations are
-    re-applied with the new bundle at the same start.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    names = [
-        service_name,
-        f"{service_name}.{service_namespace}",
-        f"{service_name}.{service_namespace}.svc",
-    ]
-    alternatives: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    host = urllib.parse.urlsplit(url).hostname if url else None
-    if host:
-        try:
-            alternatives.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            alternatives.append(x509.DNSName(host))
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    where = directory or Path(tempfile.mkdtemp(prefix="mpijob-webhook-"))
-    certfile, keyfile = where / "tls.crt", where / "tls.key"
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    certfile.write_bytes(pem)
-    keyfile.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    keyfile.chmod(0o600)
-    return ServingCertificate(certfile, keyfile, base64.b64encode(pem).decode("ascii"))
-
-
-def mounted_certificate(directory: Path) -> ServingCertificate:
-    """The serving certificate in ``directory`` (``tls.crt``, ``tls.key``, optional ``ca.crt``,
-    as a ``kubernetes.io/tls`` Secret or cert-manager mounts it). Every replica serves it, so the
-    one CA bundle the configurations carry verifies whichever replica the Service picks."""
-    certfile, keyfile, cafile = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
-    bundle = cafile.read_bytes() if cafile.exists() else certfile.read_bytes()
-    return ServingCertificate(certfile, keyfile, base64.b64encode(bundle).decode("ascii"))
-
-
-def configure_server(
-    settings: kopf.OperatorSettings, cert: ServingCertificate, port: int, *, client_ca: str = ""
-) -> None:
-    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself.
-
-    With ``client_ca`` (a PEM file) the TLS handshake requires a client certificate it signed:
-    only the API server, which presents one through its admission configuration, is answered;
-    any other client is refused before a request is read.
-    """
-    if not client_ca:
-        log.warning(
-            "The GPU-share webhooks answer any client that reaches port %d: set"
-            " --webhook-client-ca so that only the API server is answered",
-            port,
-        )
-    settings.admission.server = kopf.WebhookServer(
-        addr="0.0.0.0",  # all interfaces: the Service reaches the pod on its IP
-        port=port,
-        certfile=str(cert.certfile),
-        pkeyfile=str(cert.keyfile),
-        verify_mode=ssl.CERT_REQUIRED if client_ca else None,
-        verify_cafile=client_ca or None,
-    )
-    settings.admission.managed = None
-
-
-Request = Callable[..., Any]
-
-
-async def apply_configurations(
-    request: Request,
-    *,
-    service_namespace: str,
-    service_name: str,
-    port: int,
-    ca_bundle: str,
-    url: str = "",
-) -> None:
-    """Server-side apply both webhook configurations (``request`` is :meth:`Kube.request`)."""
-    for obj in webhook_configurations(
-        service_namespace=service_namespace,
-        service_name=service_name,
-        port=port,
-        ca_bundle=ca_bundle,
-        exempt_namespaces=(service_namespace, "kube-system"),
-        url=url,
-    ):
-        plural = obj["kind"].lower() + "s"
-        await request(
-            "PATCH",
-            f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}",
-            obj,
-            query={"fieldManager": "mpijob-operator", "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
-        log.info("Applied the %s for GPU shares", obj["kind"])

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from mpijob.admission import timeout
 from mpijob.api.models import MPIJob
+from mpijob.gang import timeout
 
 P = TypeVar("P")
 

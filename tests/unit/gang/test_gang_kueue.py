@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from mpijob import api, keys
-from mpijob.admission import kueue
-from mpijob.admission.queue import Admit, TimedOut, Wait, WaitingJob
+from mpijob.gang import kueue
+from mpijob.gang.queue import Admit, TimedOut, Wait, WaitingJob
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 - each node's place in the fabric, from its labels (:func:`locations`);
 - whether a node under a placed job was lost (:func:`lost_nodes`).
 
-Called by :mod:`mpijob.handlers.admission` and the reconciler.
+Called by :mod:`mpijob.gang.service` and the reconciler.
 """
 
 from __future__ import annotations
@@ -457,7 +457,7 @@ class Snapshot:
     slices: dict[str, dict[str, str]] = field(default_factory=dict)
     """Node -> device name -> GPU UUID, from the NVIDIA driver's ResourceSlices (dra mode)."""
     quotas: dict[str, list[JSON]] = field(default_factory=dict)
-    """Namespace -> its ResourceQuotas that limit GPUs (:mod:`mpijob.admission.quota`)."""
+    """Namespace -> its ResourceQuotas that limit GPUs (:mod:`mpijob.gang.quota`)."""
     claims: dict[JobKey, list[JSON]] = field(default_factory=dict)
     """Job key -> the ResourceClaims a job of that name controls (dra mode)."""
     claims_as_gpus: bool = False

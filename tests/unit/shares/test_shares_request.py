@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from mpijob.api.fractional import Placed, Share, asks_for_share, read_request
+from mpijob.shares.request import Placed, Share, asks_for_share, read_request
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpijob.admission import queue as admission_queue
-from mpijob.admission.queue import Admit, Wait, WaitingJob
+from mpijob.gang import queue as admission_queue
+from mpijob.gang.queue import Admit, Wait, WaitingJob
 from mpijob.placement import topologies
 from mpijob.placement.job import JobRequest, NodeState, NoFit, Placement, claim, place_job
 

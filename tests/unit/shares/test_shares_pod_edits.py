@@ -9,8 +9,7 @@ import jsonpatch
 import pytest
 
 from mpijob import keys
-from mpijob.api.fractional import ContainerShare, Placed, Share
-from mpijob.desired.fractional import (
+from mpijob.shares.pod_edits import (
     MPS_VOLUME,
     UUID_FIELD,
     client_env,
@@ -20,6 +19,7 @@ from mpijob.desired.fractional import (
     pod_edits,
     resolve_env,
 )
+from mpijob.shares.request import ContainerShare, Placed, Share
 
 UUID = "GPU-51db687b-8982-c807-8457-7a4fbbbe99ff"
 MEM = keys.GPU_MEM_RESOURCE
@@ -237,7 +237,7 @@ def test_placing_a_waiting_pod_later_never_touches_its_runtime_class() -> None:
 
 
 def test_why_a_pod_waits_is_written_only_while_it_is_gated() -> None:
-    from mpijob.desired.fractional import ADMITTED, waiting_patch
+    from mpijob.shares.pod_edits import ADMITTED, waiting_patch
 
     pod = cuda_sample()
     gated = apply(pod, json_patch(pod, pod_edits(pod, ADMITTED)))

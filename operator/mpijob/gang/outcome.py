@@ -11,11 +11,11 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
   the API server refused its decision (the message quotes it, naming the field and limit).
 * ``GangAdmitted=False``, reason ``GPUQuotaExceeded``, and a Warning Event: the job's GPUs would
   take its namespace past a ResourceQuota (the message names the quota, its limit, what is in
-  use and what the job needs); see :mod:`mpijob.admission.quota`.
+  use and what the job needs); see :mod:`mpijob.gang.quota`.
 * ``GangAdmitted=False``, reason ``PlacementWorkersRefused`` or ``PlacementWorkersUnschedulable``,
   and a Warning Event: the reconciler released the job's placement because its workers could
   not be created or scheduled; the job stays out of the line ``--placement-release-seconds``
-  (:func:`mpijob.admission.timeout.held_off_until`).
+  (:func:`mpijob.gang.timeout.held_off_until`).
 * On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).
@@ -31,9 +31,9 @@ from datetime import datetime
 from typing import Any, assert_never
 
 from mpijob import keys
-from mpijob.admission.queue import Admit, Decision, TimedOut, Wait
 from mpijob.desired import events
 from mpijob.desired.status import AdmissionOutcome, ConditionChange
+from mpijob.gang.queue import Admit, Decision, TimedOut, Wait
 
 
 def outcome(decision: Decision[Any], *, now: datetime) -> AdmissionOutcome:

@@ -3,10 +3,10 @@
 Jobs that opt into topology-aware placement wait here until the whole job fits. A pass (at most
 one at a time, under a lock, so two jobs never take the same GPU) first rebuilds the line from
 the live jobs (a deleted, suspended or finished job leaves it), orders every waiting job
-fairly, checks each against its namespace's GPU quotas (:mod:`mpijob.admission.quota`: a job
+fairly, checks each against its namespace's GPU quotas (:mod:`mpijob.gang.quota`: a job
 they have no room for waits, naming the quota, and blocks no one), places each with the
 placement engine against the GPUs that decisions and pods hold
-(see :func:`mpijob.admission.topology.holdings`; decisions this process wrote that the watch
+(see :func:`mpijob.gang.topology.holdings`; decisions this process wrote that the watch
 has not delivered yet included), and then, per job: records an admission as a
 PlacementDecision (written before any pod exists, so a restarted operator still knows it), or
 remembers why it waits (naming pods that hold GPUs outside our placement), or that it timed
@@ -32,12 +32,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, keys, metrics
-from mpijob.admission import queue, quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import aggregate
 from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.gang import queue, quota, topology
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
 from mpijob.placement import fabric_labels

@@ -11,7 +11,7 @@ A pod's requests are read as the scheduler reads them (:func:`pod_requests`, on
 :func:`mpijob.desired.requests.effective_requests`): init containers, sidecars and the pod
 overhead included. Quantities are exact (:mod:`mpijob.desired.quantity`).
 
-Pure; the I/O shell (:mod:`mpijob.handlers.fractional`) feeds it nodes and pods under the same
+Pure; the I/O shell (:mod:`mpijob.shares.service`) feeds it nodes and pods under the same
 lock as the share ledger.
 """
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from mpijob.admission.fractional import Ledger, NodeGpu, read_node
-from mpijob.api.fractional import Placed, Share
 from mpijob.placement import codec, topologies
+from mpijob.shares.ledger import Ledger, NodeGpu, read_node
+from mpijob.shares.request import Placed, Share
 
 
 def gpus(count: int = 4, memory: int = 15) -> list[NodeGpu]:
