@@ -10,7 +10,6 @@ allows exactly what is called here: ``get`` and ``patch`` nodes; ``patch`` ``nod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,8 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from mpijob.handlers.kube import configuration
-
-JSON = Mapping[str, Any]
+from mpijob.objects import JSON
 
 
 class NodeAnnotator:

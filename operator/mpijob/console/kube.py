@@ -18,8 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
 from mpijob.handlers.kube import configuration
-
-JSON = dict[str, Any]
+from mpijob.objects import JSON
 
 
 class ConsoleError(Exception):

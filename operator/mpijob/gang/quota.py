@@ -38,7 +38,7 @@ from mpijob import keys
 from mpijob.api import MPIJob, gpu_count
 from mpijob.desired import names, quantity
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.requests import effective_gpus
+from mpijob.desired.predicates import effective_gpus, terminal
 
 #: The quota resource names that limit GPUs, and what the API server charges under each.
 GPU_RESOURCES = (keys.QUOTA_GPU_REQUESTS, keys.QUOTA_GPU_CLAIM_DEVICES)
@@ -232,12 +232,7 @@ def held_by(
 ) -> Held:
     """What the decision of the job with ``uid`` holds: ``gpus``, of which its unfinished pods
     (any of ``pods``) request some and its claims (any of ``claims``) ask some."""
-    in_pods = sum(
-        _pod_gpus(p)
-        for p in pods
-        if names.is_controlled_by(p, uid)
-        and ((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
-    )
+    in_pods = sum(_pod_gpus(p) for p in pods if names.is_controlled_by(p, uid) and not terminal(p))
     in_claims = sum(_claim_devices(c) for c in claims if names.is_controlled_by(c, uid))
     return Held(gpus, in_pods, in_claims, worker_spec)
 

@@ -37,6 +37,7 @@ from mpijob.api.errors import aggregate
 from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.desired.predicates import admits
 from mpijob.gang import queue, quota, topology
 from mpijob.handlers.kube import ApiError, Kube
 from mpijob.handlers.workers import on_wake
@@ -112,7 +113,7 @@ class _Eligible:
                 matching = self.by_label.get((str(key_), str(value)), set())
                 names = set(matching) if names is None else names & matching
             candidates = self.nodes.keys() if names is None else names
-            found = frozenset(n for n in candidates if topology.admits(spec, self.nodes[n]))
+            found = frozenset(n for n in candidates if admits(spec, self.nodes[n]))
             self.seen[key] = found
         return found
 

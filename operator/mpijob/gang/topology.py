@@ -4,7 +4,7 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
   nodes their worker template's selector and node affinity admit (:func:`eligible`, on
-  :func:`admits`, which the GPU-share webhook also asks of any pod); a placed
+  :func:`mpijob.desired.predicates.admits`, which the share webhook also asks); a placed
   worker's template may not name its node (:func:`template_errors`);
 - a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
   operator writes, so that a restarted operator knows every reservation and no tenant can
@@ -32,14 +32,11 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
-from mpijob.desired.requests import effective_gpus
+from mpijob.desired.predicates import admits, effective_gpus, terminal
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
 
 # --- jobs ------------------------------------------------------------------------------------
 
@@ -83,54 +80,6 @@ def eligible(job: MPIJob, node: Mapping[str, Any]) -> bool:
     """
     worker = job.spec.worker
     return admits(((worker.template if worker is not None else {}).get("spec")) or {}, node)
-
-
-def admits(spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    """Whether a pod spec's ``nodeSelector`` and required node affinity admit ``node``.
-
-    Terms are ORed, expressions within a term ANDed, as the scheduler reads them; taints are
-    the scheduler's business.
-    """
-    meta = node.get("metadata") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    selector: Mapping[str, str] = spec.get("nodeSelector") or {}
-    if any(labels.get(k) != v for k, v in selector.items()):
-        return False
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-    fields = {"metadata.name": str(meta.get("name") or "")}
-    return any(
-        all(_matches(labels, e) for e in term.get("matchExpressions") or [])
-        and all(_matches(fields, e) for e in term.get("matchFields") or [])
-        and (term.get("matchExpressions") or term.get("matchFields"))
-        for term in terms
-    )
-
-
-def _matches(values: Mapping[str, str], expression: Mapping[str, Any]) -> bool:
-    key, op = expression.get("key", ""), expression.get("operator", "")
-    wanted = [str(v) for v in expression.get("values") or []]
-    present = key in values
-    match op:
-        case "In":
-            return present and values[key] in wanted
-        case "NotIn":
-            return not present or values[key] not in wanted
-        case "Exists":
-            return present
-        case "DoesNotExist":
-            return not present
-        case "Gt" | "Lt":
-            try:
-                have, bound = int(values[key]), int(wanted[0])
-            except (KeyError, IndexError, ValueError):
-                return False
-            return have > bound if op == "Gt" else have < bound
-    return False
 
 
 def request_of(job: MPIJob) -> JobRequest:
@@ -268,7 +217,7 @@ def placed_worker(pod: Mapping[str, Any], name: str, decision: Decision) -> int 
     """The index of the worker ``pod`` is in the decision for job ``name``, while it holds that
     worker's GPUs (bound to the assignment's node, not finished); None for any other pod."""
     meta = pod.get("metadata") or {}
-    if not names.is_controlled_by(pod, decision.uid) or _finished(pod):
+    if not names.is_controlled_by(pod, decision.uid) or terminal(pod):
         return None
     prefix = f"{name}{keys.WORKER_SUFFIX}-"
     pod_name = str(meta.get("name") or "")
@@ -305,7 +254,7 @@ def lost_nodes(
     for index, assignment in enumerate(decision.assignments):
         node = nodes.get(assignment.node)
         worker = workers.get(names.worker_name(job, index))
-        alive = worker is not None and not _finished(worker) and not _terminating(worker)
+        alive = worker is not None and not terminal(worker) and not _terminating(worker)
         if node is not None and (opted_in(node) or alive):
             continue
         found.append(f"node {assignment.node} {_unusable(node)}")
@@ -357,7 +306,7 @@ def gpus_taken(
     for pod in pods:
         meta = pod.get("metadata") or {}
         claim_name = (meta.get("annotations") or {}).get(keys.GPU_CLAIM)
-        if not claim_name or (pod.get("spec") or {}).get("nodeName") or _finished(pod):
+        if not claim_name or (pod.get("spec") or {}).get("nodeName") or terminal(pod):
             continue
         claim = claims.get(claim_name)
         if claim is None or (claim.get("status") or {}).get("allocated"):
@@ -411,7 +360,7 @@ def unschedulable_workers(
         pod_name = str(meta.get("name") or "")
         if not pod_name.startswith(prefix) or not names.is_controlled_by(pod, decision.uid):
             continue
-        if (pod.get("spec") or {}).get("nodeName") or _finished(pod) or _terminating(pod):
+        if (pod.get("spec") or {}).get("nodeName") or terminal(pod) or _terminating(pod):
             continue
         if (stuck := _unschedulable(pod, now)) is None:
             continue
@@ -525,7 +474,7 @@ def holdings(
     for pod in pods:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         count = _gpus_of(pod)
-        if not node or not count or _finished(pod) or _placed_by(pod, decisions):
+        if not node or not count or terminal(pod) or _placed_by(pod, decisions):
             continue
         meta = pod.get("metadata") or {}
         out.unplaced[node] = out.unplaced.get(node, 0) + count
@@ -553,10 +502,6 @@ def _placed_by(pod: Mapping[str, Any], decisions: Mapping[JobKey, Decision]) -> 
     ids = gpu_ids((meta.get("annotations") or {}).get(keys.GPU_IDS))
     node = (pod.get("spec") or {}).get("nodeName")
     return node == assignment.node and tuple(sorted(ids)) == assignment.gpus
-
-
-def _finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
 def _gpus_of(pod: Mapping[str, Any]) -> int:

@@ -31,8 +31,7 @@ import kopf
 import orjson
 
 from mpijob import keys, metrics
-
-JSON = dict[str, Any]
+from mpijob.objects import JSON
 
 REQUEST_TIMEOUT_SECONDS = 60.0
 

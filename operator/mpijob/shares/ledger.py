@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
-from mpijob.gang.topology import admits
+from mpijob.desired.predicates import admits, tolerates
 from mpijob.placement import codec
 from mpijob.shares.request import PERCENT_MAX, Placed, Share, read_request
 
@@ -479,31 +479,4 @@ def eligible_nodes(
     tainted = any((n.get("spec") or {}).get("taints") for n in nodes.values())
     if not spec.get("nodeSelector") and not affinity and not tainted:
         return None
-    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
-    return [
-        name
-        for name, node in nodes.items()
-        if admits(spec, node)
-        and all(
-            _tolerated(taint, tolerations) for taint in (node.get("spec") or {}).get("taints") or []
-        )
-    ]
-
-
-def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
-    effect = taint.get("effect")
-    if effect not in ("NoSchedule", "NoExecute"):
-        return True  # PreferNoSchedule only steers the scheduler
-    for toleration in tolerations:
-        if toleration.get("effect") and toleration.get("effect") != effect:
-            continue
-        operator = toleration.get("operator") or "Equal"
-        if not toleration.get("key"):
-            if operator == "Exists":
-                return True
-            continue
-        if toleration.get("key") != taint.get("key"):
-            continue
-        if operator == "Exists" or (toleration.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
+    return [name for name, node in nodes.items() if admits(spec, node) and tolerates(spec, node)]

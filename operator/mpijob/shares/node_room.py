@@ -7,9 +7,9 @@ its node, holding its share, while another node had room. :class:`NodeRoom` coun
 scheduler counts (NodeResourcesFit): per node, its ``status.allocatable`` against the requests of
 the pods bound to it or pinned there by a share, and one pod each.
 
-A pod's requests are read as the scheduler reads them (:func:`pod_requests`, on
-:func:`mpijob.desired.requests.effective_requests`): init containers, sidecars and the pod
-overhead included. Quantities are exact (:mod:`mpijob.desired.quantity`).
+A pod's requests are read as the scheduler reads them
+(:func:`mpijob.desired.predicates.pod_requests`): init containers, sidecars and the pod overhead
+included. Quantities are exact (:mod:`mpijob.desired.quantity`).
 
 Pure; the I/O shell (:mod:`mpijob.shares.service`) feeds it nodes and pods under the same
 lock as the share ledger.
@@ -21,20 +21,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from mpijob.desired.requests import amounts, effective_requests
-
-#: Every pod takes one of these.
-PODS = "pods"
+from mpijob.desired.predicates import amounts
 
 Requests = dict[str, Decimal]
-
-
-def pod_requests(spec: Mapping[str, Any]) -> Requests:
-    """What a pod with ``spec`` takes of a node (:func:`effective_requests`), one pod included;
-    malformed amounts count 0."""
-    total = effective_requests(spec)
-    total[PODS] = total.get(PODS, Decimal(0)) + 1
-    return total
 
 
 def _add(total: Requests, more: Mapping[str, Decimal]) -> None:

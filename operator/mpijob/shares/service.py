@@ -52,6 +52,7 @@ from mpijob import keys, metrics
 from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
+from mpijob.desired.predicates import pod_requests, terminal
 from mpijob.handlers.kube import ApiError, Kube, path
 from mpijob.handlers.workers import on_wake
 from mpijob.shares.ledger import (
@@ -61,7 +62,7 @@ from mpijob.shares.ledger import (
     node_facts,
     read_node,
 )
-from mpijob.shares.node_room import NodeRoom, pod_requests
+from mpijob.shares.node_room import NodeRoom
 from mpijob.shares.pod_edits import (
     ADMITTED,
     json_patch,
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a fresh hold waits for its pod to be seen before it lapses.
 PENDING_SECONDS: Final = 60.0
-_FINISHED = ("Succeeded", "Failed")
 
 _GPU_GAUGES: Final = (
     metrics.GPU_SHARE_MEMORY,
@@ -171,7 +171,7 @@ class FractionalAdmission:
         annotations = meta.get("annotations") or {}
         placed = believed(body)
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        gone = event_type == "DELETED" or (body.get("status") or {}).get("phase") in _FINISHED
+        gone = event_type == "DELETED" or terminal(body)
         if placed is None:
             if keys.GPU_SHARE_WAITING in annotations and not gone and _gated(body):
                 self.waiting[key] = body
@@ -247,7 +247,7 @@ class FractionalAdmission:
                 meta = body.get("metadata") or {}
                 key = f"{meta.get('namespace')}/{meta.get('name')}"
                 placed = believed(body)
-                if (body.get("status") or {}).get("phase") in _FINISHED:
+                if terminal(body):
                     continue
                 if placed is None:
                     self._count_bound(key, body, gone=False)

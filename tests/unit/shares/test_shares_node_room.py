@@ -5,7 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from mpijob.shares.node_room import NodeRoom, pod_requests
+from mpijob.desired.predicates import pod_requests
+from mpijob.shares.node_room import NodeRoom
 
 
 def container(**requests: str) -> dict[str, Any]:
