@@ -33,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from mpijob import keys
-from mpijob.admission.fractional import Ledger, NodeGpu
-from mpijob.admission.node_room import NodeRoom, pod_requests
-from mpijob.api.fractional import Placed, Share, read_request
-from mpijob.desired.fractional import (
+from mpijob.desired.predicates import pod_requests
+from mpijob.shares.ledger import Ledger, NodeGpu
+from mpijob.shares.node_room import NodeRoom
+from mpijob.shares.pod_edits import (
     ADMITTED,
     json_patch,
     placement_edits,
     pod_edits,
     waiting_patch,
 )
+from mpijob.shares.request import Placed, Share, read_request
 
 NODES = 1000
 GPUS = 8

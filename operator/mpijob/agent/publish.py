@@ -10,7 +10,6 @@ Uses the in-cluster service account in a pod, else the local kubeconfig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +17,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
+from mpijob.objects import JSON
 from mpijob.platform.credentials import configuration
-
-JSON = Mapping[str, Any]
 
 
 class NodeAnnotator:

@@ -17,9 +17,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
+from mpijob.objects import JSON
 from mpijob.platform.credentials import configuration
-
-JSON = dict[str, Any]
 
 
 class ConsoleError(Exception):

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from mpijob import api, keys, metrics
-from mpijob.admission import kueue, outcome, queue, timeout, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.fabric import fabric_level
@@ -32,6 +31,7 @@ from mpijob.desired.conditions import set_condition
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.status import AdmissionOutcome, Counter
+from mpijob.gang import kueue, outcome, queue, timeout, topology
 from mpijob.handlers.runtime import Runtime
 from mpijob.placement.fabric import Fabric
 from mpijob.platform.kube import ApiError

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from mpijob import metrics
 from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.admission import Admission
+from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.kube import Kube

@@ -4,7 +4,7 @@
 classes are :mod:`mpijob.platform.kopf_tuning`'s, applied here.
 Before Kopf starts, :func:`preflight` checks that the CRDs are served and picks the
 ``--gpu-binding`` mode, which decides the watches registered. With ``--fractional-gpus`` it
-also registers :mod:`~mpijob.handlers.fractional` (GPU-share webhooks), serves them with a
+also registers :mod:`~mpijob.shares.service` (GPU-share webhooks), serves them with a
 certificate made at start, and applies their configurations.
 """
 
@@ -22,11 +22,11 @@ import uvloop
 import yaml
 
 from mpijob import keys, metrics
-from mpijob.admission import quota
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
-from mpijob.handlers import fractional, reconcile, watches
-from mpijob.handlers.admission import Admission, store_decision
+from mpijob.gang import quota
+from mpijob.gang.service import Admission, store_decision
+from mpijob.handlers import reconcile, watches
 from mpijob.handlers.runtime import Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
@@ -38,6 +38,8 @@ from mpijob.platform.leader import LeaderElector
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from mpijob.shares import service as share_service
+from mpijob.shares import tls, webhook
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
         rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
     if ours.fractional_gpus:
-        shares: fractional.FractionalAdmission = memo["fractional"]
-        shares.workers_of = fractional.workers_reader(kube)
+        shares: share_service.FractionalAdmission = memo["fractional"]
+        shares.workers_of = share_service.workers_reader(kube)
         shares.events = rt.recorder.post
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
@@ -97,22 +99,22 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
             await kube.list("v1", "Pod", None),
         )
         cert = (
-            fractional.mounted_certificate(Path(ours.webhook_cert_dir))
+            tls.mounted_certificate(Path(ours.webhook_cert_dir))
             if ours.webhook_cert_dir
-            else fractional.serving_certificate(
+            else tls.serving_certificate(
                 ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
             )
         )
-        fractional.configure_server(
+        webhook.configure_server(
             settings, cert, ours.webhook_port, client_ca=ours.webhook_client_ca
         )
         rt.workers.run(
             shares.run_placement(
-                fractional.pod_patcher(kube), leader.leading if leader is not None else None
+                share_service.pod_patcher(kube), leader.leading if leader is not None else None
             ),
             name="gpu-share-placement",
         )
-        await fractional.apply_configurations(
+        await webhook.apply_configurations(
             kube.request,
             service_namespace=ours.lock_namespace,
             service_name=ours.webhook_service,
@@ -176,7 +178,7 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
 
 async def server_minor(kube: Kube) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
-    check then counts the operator's claims itself, see :mod:`mpijob.admission.quota`)."""
+    check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
     try:
         return quota.server_minor(await kube.request("GET", "/version"))
     except (ApiError, OSError) as error:
@@ -212,8 +214,8 @@ def registry_for(
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     if ours.fractional_gpus:
-        shares = fractional.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
-        fractional.register(registry, shares)
+        shares = share_service.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
+        webhook.register(registry, shares)
         if memo is not None:
             memo["fractional"] = shares
     return registry

@@ -33,9 +33,9 @@ from typing import Any
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
+from mpijob.gang import quota, topology
 from mpijob.handlers.runtime import Runtime
 from mpijob.platform.kube import ApiError
 

@@ -31,10 +31,9 @@ import kopf
 import orjson
 
 from mpijob import keys, metrics
+from mpijob.objects import JSON
 from mpijob.platform import credentials
 from mpijob.platform.ratelimit import TokenBucket
-
-JSON = dict[str, Any]
 
 REQUEST_TIMEOUT_SECONDS = 60.0
 

@@ -14,8 +14,8 @@ import pytest
 
 from mpijob import keys
 from mpijob.desired.events import Event
+from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
-from mpijob.handlers.admission import Admission
 from mpijob.handlers.runtime import Runtime
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.workers import Workers

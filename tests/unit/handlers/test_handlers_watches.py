@@ -9,7 +9,7 @@ import kopf
 import pytest
 
 from mpijob import keys
-from mpijob.admission import quota
+from mpijob.gang import quota
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
 from mpijob.platform.workers import Workers

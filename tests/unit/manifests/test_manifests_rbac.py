@@ -12,7 +12,7 @@ from manifests_files import (
     operator_permissions,
 )
 
-from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+from mpijob.shares.pod_edits import WEBHOOK_CONFIGURATION
 
 pytestmark = pytest.mark.unit
 

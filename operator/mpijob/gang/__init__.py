@@ -1,0 +1,13 @@
+"""Gang admission: our own all-or-nothing admission of topology-placed jobs, as pure decisions.
+
+* :mod:`queue` orders waiting jobs fairly and decides which are admitted, wait or time out;
+  :mod:`timeout` gives their deadlines.
+* :mod:`topology` translates between Kubernetes objects and the placement engine: what a job
+  asks for, which GPUs of which nodes are taken, and the decision recorded on the MPIJob.
+* :mod:`outcome` turns a decision into the conditions and Event the status function applies.
+* :mod:`quota` checks a job against its namespace's GPU quotas before it is admitted; :mod:`kueue`
+  words the wait of a job Kueue admitted but our placement cannot place yet.
+
+Its I/O shell is :mod:`mpijob.gang.service`; the rest imports the builders, placement and api,
+never kopf, aiohttp or the kubernetes client.
+"""
