@@ -55,10 +55,15 @@ NO_ELIGIBLE_NODE = (
 )
 
 
+class NotRecorded(Exception):
+    """A job's placement cannot be recorded now (its decision, or the ComputeDomain it needs):
+    the message says why, for the job's owner. The job waits; the others are admitted."""
+
+
 async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
     """Create a job's PlacementDecision; one left by the same job (it was scaled since, so it
     no longer describes it) is replaced. One left by an earlier job of the same name stays until
-    that job's pods are gone: a 409 saying so."""
+    that job's pods are gone: :class:`NotRecorded` saying so."""
     try:
         await kube.create(obj)
         return
@@ -68,13 +73,11 @@ async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
     meta = obj["metadata"]
     live = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
     if live is None:
-        raise ApiError(409, "Conflict", "the previous decision is being deleted; retrying")
+        raise NotRecorded("the previous decision is being deleted; retrying")
     if (live.get("spec") or {}).get("job", {}).get("uid") != obj["spec"]["job"]["uid"]:
-        raise ApiError(
-            409,
-            "AlreadyExists",
+        raise NotRecorded(
             f"PlacementDecision {meta['name']} of an earlier MPIJob of this name holds its GPUs "
-            "until that job's pods are gone",
+            "until that job's pods are gone"
         )
     version = (live.get("metadata") or {}).get("resourceVersion")
     await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
@@ -440,9 +443,10 @@ class Admission:
         return next((lv.name for lv in levels if lv.label == CLIQUE_LABEL), None)
 
     async def _ensure_domain(self, job: api.MPIJob) -> str:
-        """Create the job's ComputeDomain (or find its own); its name. Raises ApiError."""
+        """Create the job's ComputeDomain (or find its own); its name. Raises
+        :class:`NotRecorded` when it cannot be had, ApiError when the API fails."""
         if self.create_object is None:
-            raise ApiError(422, "Invalid", "this operator cannot create ComputeDomains")
+            raise NotRecorded("this operator cannot create ComputeDomains")
         body = compute_domain.compute_domain(job.name, job.namespace, job.metadata.uid)
         name = body["metadata"]["name"]
         try:
@@ -450,12 +454,10 @@ class Admission:
             return str(name)
         except ApiError as e:
             if e.status == 404:
-                raise ApiError(
-                    422,
-                    "NotServed",
+                raise NotRecorded(
                     f"{keys.COMPUTE_DOMAIN_API_VERSION} {keys.COMPUTE_DOMAIN_KIND} is not "
                     "served: the job spans nodes of one NVLink clique and needs NVIDIA's DRA "
-                    "driver (ComputeDomains) installed",
+                    "driver (ComputeDomains) installed"
                 ) from e
             if not e.conflict:
                 raise
@@ -465,10 +467,8 @@ class Admission:
                 keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
             )
         if live is None or not compute_domain.owned_by(live, job.metadata.uid):
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f"ComputeDomain {name} exists and belongs to something else than this job",
+            raise NotRecorded(
+                f"ComputeDomain {name} exists and belongs to something else than this job"
             )
         return str(name)
 
@@ -515,9 +515,10 @@ class Admission:
         if isinstance(decision, queue.Admit):
             # Written first: a failed write leaves the job waiting, never half admitted.
             live = self.live(key)
+            if live is None:  # deleted meanwhile
+                self.drop(key)
+                return
             try:
-                if live is None:
-                    raise ApiError(404, "NotFound", "the job is gone")
                 domain = ""
                 if live.metadata.uid in self.domains:
                     # Before the decision: the workers it lets the reconcile create claim the
@@ -526,15 +527,16 @@ class Admission:
                 await self.write_decision(
                     topology.decision_object(live, decision.placement, compute_domain=domain)
                 )
-            except ApiError as e:
-                if e.not_found:  # deleted meanwhile
+            except (NotRecorded, ApiError) as e:
+                if isinstance(e, ApiError) and e.not_found:  # deleted meanwhile
                     self.drop(key)
                     return
-                if e.status not in (400, 409, 422):
+                if isinstance(e, ApiError) and e.status not in (400, 409, 422):
                     raise  # the API is in trouble: the next pass retries
                 # This job's own decision is refused (or its predecessor's is still held):
                 # tell its owner, and admit the others.
-                message = f"the job fits, but its placement could not be recorded: {e.message}"
+                why = e.message if isinstance(e, ApiError) else str(e)
+                message = f"the job fits, but its placement could not be recorded: {why}"
                 decision = queue.Wait(decision.job, message, refused=True)
             else:
                 self.granted[key] = Grant(decision.job.uid, decision.placement, time.monotonic())

@@ -115,7 +115,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
             name="gpu-share-placement",
         )
         await webhook.apply_configurations(
-            kube.request,
+            kube.apply,
             service_namespace=ours.lock_namespace,
             service_name=ours.webhook_service,
             port=443,
@@ -151,12 +151,10 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
     """
     unknown = []
     try:
-        await kube.request("GET", "/apis/" + keys.DRA_API_VERSION)
-        served = True
+        served = await kube.resources(keys.DRA_API_VERSION) is not None
     except ApiError as error:
         served = False
-        if not error.not_found:
-            unknown.append(f"{keys.DRA_API_VERSION}: {error.status} {error.message}")
+        unknown.append(f"{keys.DRA_API_VERSION}: {error.status} {error.message}")
     device_class = False
     if served:
         try:
@@ -180,7 +178,7 @@ async def server_minor(kube: Kube) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
     check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
     try:
-        return quota.server_minor(await kube.request("GET", "/version"))
+        return quota.server_minor(await kube.version())
     except (ApiError, OSError) as error:
         log.warning("Could not read the API server's version: %s", error)
         return None
@@ -238,12 +236,10 @@ async def check_crds(kube: Kube) -> None:
     failure (the API server still starting) is left to Kopf's own retries."""
     for group_version, plural, source in NEEDED_CRDS:
         try:
-            served = await kube.request("GET", f"/apis/{group_version}")
+            served = await kube.resources(group_version) or {}
         except ApiError as e:
-            if not e.not_found:
-                log.warning("Could not check that %s is served: %s", group_version, e)
-                continue
-            served = {}
+            log.warning("Could not check that %s is served: %s", group_version, e)
+            continue
         if not any(r.get("name") == plural for r in served.get("resources") or []):
             raise MissingCRD(
                 f"{plural}.{group_version.split('/')[0]} ({group_version}) is not served: "

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 LEASE_SECONDS = 15
 RENEW_DEADLINE_SECONDS = 10
 RETRY_SECONDS = 2
-LEASE_API = "/apis/coordination.k8s.io/v1"
+LEASE_API_VERSION = "coordination.k8s.io/v1"
 
 
 def identity() -> str:
@@ -62,10 +62,6 @@ class LeaderElector:
         if self._task is not None:
             self._task.cancel()
 
-    @property
-    def _url(self) -> str:
-        return f"{LEASE_API}/namespaces/{self._namespace}/leases"
-
     async def _run(self) -> None:
         await self._wait_for_namespace()
         loop = asyncio.get_running_loop()
@@ -89,13 +85,10 @@ class LeaderElector:
         warned = False
         while True:
             try:
-                await self._kube.request("GET", f"/api/v1/namespaces/{self._namespace}")
-                return
-            except ApiError as e:
-                if not e.not_found:
-                    return  # no right to read namespaces, or a passing error: just campaign
-            except OSError:
-                return
+                if await self._kube.get("v1", "Namespace", None, self._namespace, retry=False):
+                    return
+            except (ApiError, OSError):
+                return  # no right to read namespaces, or a passing error: just campaign
             if not warned:
                 log.error(
                     "Leader election needs namespace %r for its Lease, and it does not exist: "
@@ -114,12 +107,11 @@ class LeaderElector:
             with contextlib.suppress(ApiError):
                 self._lease = await self._write(self._lease, now, renew=True)
                 return True
-        try:
-            lease = await self._kube.request("GET", f"{self._url}/{self._name}")
-        except ApiError as e:
-            if not e.not_found:
-                raise
-            self._lease = await self._kube.request("POST", self._url, self._body(now))
+        lease = await self._kube.get(
+            LEASE_API_VERSION, "Lease", self._namespace, self._name, retry=False
+        )
+        if lease is None:
+            self._lease = await self._kube.create(self._body(now), retry=False)
             return True
         self._lease = lease
         spec = lease.get("spec") or {}
@@ -139,12 +131,13 @@ class LeaderElector:
             spec["acquireTime"] = now
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec.update(holderIdentity=self.identity, leaseDurationSeconds=LEASE_SECONDS, renewTime=now)
-        body = {**lease, "spec": spec}
-        return await self._kube.request("PUT", f"{self._url}/{self._name}", body)
+        # Not retried here: the campaign's loop tries again on its own clock (RETRY_SECONDS),
+        # and a renewal must not outlive its deadline waiting on a busy API server.
+        return await self._kube.replace({**lease, "spec": spec}, retry=False)
 
     def _body(self, now: str) -> dict[str, Any]:
         return {
-            "apiVersion": "coordination.k8s.io/v1",
+            "apiVersion": LEASE_API_VERSION,
             "kind": "Lease",
             "metadata": {"name": self._name, "namespace": self._namespace},
             "spec": {

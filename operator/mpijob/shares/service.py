@@ -53,7 +53,7 @@ from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.desired.predicates import pod_requests, terminal
-from mpijob.platform.kube import ApiError, Kube, path
+from mpijob.platform.kube import ApiError, Kube
 from mpijob.platform.workers import on_wake
 from mpijob.shares.ledger import (
     Ledger,
@@ -534,12 +534,7 @@ def pod_patcher(kube: Kube) -> PatchPod:
     """Send a JSON patch to a pod."""
 
     async def patch(namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
-        await kube.request(
-            "PATCH",
-            path("v1", "Pod", namespace, name),
-            ops,
-            content_type="application/json-patch+json",
-        )
+        await kube.json_patch("v1", "Pod", namespace, name, ops)
 
     return patch
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jsonpatch
 import kopf
 
 from mpijob import keys
+from mpijob.objects import JSON
 from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
 from mpijob.shares.service import FractionalAdmission
 from mpijob.shares.tls import ServingCertificate
@@ -85,11 +86,8 @@ def configure_server(
     settings.admission.managed = None
 
 
-Request = Callable[..., Any]
-
-
 async def apply_configurations(
-    request: Request,
+    apply: Callable[[JSON], Awaitable[Any]],
     *,
     service_namespace: str,
     service_name: str,
@@ -97,7 +95,7 @@ async def apply_configurations(
     ca_bundle: str,
     url: str = "",
 ) -> None:
-    """Server-side apply both webhook configurations (``request`` is :meth:`Kube.request`)."""
+    """Server-side apply both webhook configurations (``apply`` is :meth:`Kube.apply`)."""
     for obj in webhook_configurations(
         service_namespace=service_namespace,
         service_name=service_name,
@@ -106,12 +104,5 @@ async def apply_configurations(
         exempt_namespaces=(service_namespace, "kube-system"),
         url=url,
     ):
-        plural = obj["kind"].lower() + "s"
-        await request(
-            "PATCH",
-            f"/apis/admissionregistration.k8s.io/v1/{plural}/{obj['metadata']['name']}",
-            obj,
-            query={"fieldManager": "mpijob-operator", "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
+        await apply(obj)
         log.info("Applied the %s for GPU shares", obj["kind"])
