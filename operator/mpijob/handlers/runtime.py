@@ -5,7 +5,7 @@
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
-Created in ``on.startup`` and kept in Kopf's ``memo``.
+Created in ``on.startup`` and kept in Kopf's ``memo`` (:class:`Memo`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
+from mpijob.placement.fabric import Fabric
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.kube import Kube
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from mpijob.shares.service import FractionalAdmission
 
 
 @dataclass
@@ -71,3 +73,25 @@ class Runtime:
         await self.recorder.close()
         await self.deferred.drain()
         await self.kube.aclose()
+
+
+@dataclass
+class Memo:
+    """What Kopf hands every handler as its ``memo``: what :func:`~mpijob.handlers.startup.run`
+    decided before Kopf started, and the :class:`Runtime` that ``on.startup`` builds (Kopf runs
+    it before any watch starts, so every handler finds it). Kopf gives each watched object a
+    shallow copy: they all share these objects."""
+
+    settings: OperatorSettings
+    gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
+    fabric: Fabric | None = None
+    shares: FractionalAdmission | None = None
+    """The GPU-share service (``--fractional-gpus``): its webhooks are registered with Kopf
+    before Kopf starts."""
+    runtime: Runtime | None = None
+
+    @property
+    def rt(self) -> Runtime:
+        if self.runtime is None:
+            raise RuntimeError("the runtime is built in on.startup, before any handler runs")
+        return self.runtime

@@ -27,7 +27,8 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.runtime import Runtime
+from mpijob.handlers.cache import Cache
+from mpijob.handlers.runtime import Memo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
@@ -44,8 +45,8 @@ from mpijob.shares import tls, webhook
 log = logging.getLogger(__name__)
 
 
-async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
-    ours: OperatorSettings = memo["settings"]
+async def startup(settings: kopf.OperatorSettings, memo: Memo, **kwargs: Any) -> None:
+    ours = memo.settings
     kopf_tuning.configure(settings, ours)
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
@@ -60,37 +61,42 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     else:
         metrics.IS_LEADER.set(1)
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
-    rt = Runtime(
-        settings=ours,
-        gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
-        kube=kube,
-        recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
-        deferred=DeferredPatches(kube),
-        workers=Workers(ours.threadiness, leader=leader),
+    cache = Cache(
+        # Indices are live mappings: empty now, complete when the workers open (see watches).
+        indices={name: kwargs[name] for name in watches.INDICES if name in kwargs},
+        server_minor=await server_minor(kube),
     )
-    # Indices are live mappings: empty now, complete when the workers open (see watches).
-    rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
-    rt.cache.server_minor = await server_minor(kube)
-    memo["runtime"] = rt
-    rt.admission = Admission(
+    workers = Workers(ours.threadiness, leader=leader)
+    admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
-        enqueue=rt.workers.enqueue,
-        snapshot=rt.cache.placement_snapshot,
-        live=rt.cache.job,
-        decision_of=rt.cache.decision,
-        priority_values=rt.cache.priority_values,
+        enqueue=workers.enqueue,
+        snapshot=cache.placement_snapshot,
+        live=cache.job,
+        decision_of=cache.decision,
+        priority_values=cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
-        binding=rt.gpu_binding,
-        fabric=memo.get("fabric"),
+        binding=memo.gpu_binding,
+        fabric=memo.fabric,
         create_object=kube.create,
         get_object=kube.get,
     )
-    rt.workers.run(rt.admission.run_forever(), name="admission")
-    fabric = memo.get("fabric")
+    rt = Runtime(
+        settings=ours,
+        gpu_binding=memo.gpu_binding,
+        kube=kube,
+        recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
+        deferred=DeferredPatches(kube),
+        workers=workers,
+        cache=cache,
+        admission=admission,
+    )
+    memo.runtime = rt
+    rt.workers.run(admission.run_forever(), name="admission")
+    fabric = memo.fabric
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
         rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
-    if ours.fractional_gpus:
-        shares: share_service.FractionalAdmission = memo["fractional"]
+    if memo.shares is not None:
+        shares = memo.shares
         shares.workers_of = share_service.workers_reader(kube)
         shares.events = rt.recorder.post
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
@@ -184,10 +190,9 @@ async def server_minor(kube: Kube) -> int | None:
         return None
 
 
-async def cleanup(memo: Any, **_: Any) -> None:
-    rt: Runtime | None = memo.get("runtime")
-    if rt is not None:
-        await rt.stop()
+async def cleanup(memo: Memo, **_: Any) -> None:
+    if memo.runtime is not None:
+        await memo.runtime.stop()
 
 
 def login(**_: Any) -> kopf.ConnectionInfo:
@@ -198,8 +203,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 def registry_for(
     ours: OperatorSettings,
     binding: GpuBinding = GpuBinding.ANNOTATIONS,
-    memo: kopf.Memo | None = None,
+    shares: share_service.FractionalAdmission | None = None,
 ) -> kopf.OperatorRegistry:
+    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -211,11 +217,8 @@ def registry_for(
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
-    if ours.fractional_gpus:
-        shares = share_service.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
+    if shares is not None:
         webhook.register(registry, shares)
-        if memo is not None:
-            memo["fractional"] = shares
     return registry
 
 
@@ -320,12 +323,17 @@ def run(ours: OperatorSettings, *, verbose: bool = False, json_logs: bool = Fals
     kopf_tuning.patch_kopf()
     fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    memo = kopf.Memo(settings=ours, gpu_binding=binding, fabric=fabric)
+    shares = (
+        share_service.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
+        if ours.fractional_gpus
+        else None
+    )
+    memo = Memo(settings=ours, gpu_binding=binding, fabric=fabric, shares=shares)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(
         kopf.operator(
-            registry=registry_for(ours, binding, memo),
+            registry=registry_for(ours, binding, shares),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

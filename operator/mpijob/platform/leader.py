@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,9 +44,18 @@ def _now() -> str:
 class LeaderElector:
     """Campaigns in a task of the running loop; ``leading`` is set while this replica leads."""
 
-    def __init__(self, *, namespace: str, name: str, kube: Kube) -> None:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        kube: Kube,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.leading = asyncio.Event()
         self.identity = identity()
+        self._clock = clock
+        """Monotonic seconds; the running loop's clock when None."""
         self._namespace = namespace
         self._name = name
         self._kube = kube
@@ -62,9 +72,11 @@ class LeaderElector:
         if self._task is not None:
             self._task.cancel()
 
+    def _monotonic(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
     async def _run(self) -> None:
         await self._wait_for_namespace()
-        loop = asyncio.get_running_loop()
         renewed = 0.0
         while True:
             try:
@@ -73,10 +85,10 @@ class LeaderElector:
                 log.warning("Leader election: %s", e)
                 acquired = False
             if acquired:
-                renewed = loop.time()
+                renewed = self._monotonic()
                 if not self.leading.is_set():
                     self._set(True)
-            elif self.leading.is_set() and loop.time() - renewed > RENEW_DEADLINE_SECONDS:
+            elif self.leading.is_set() and self._monotonic() - renewed > RENEW_DEADLINE_SECONDS:
                 self._set(False)
             await asyncio.sleep(RETRY_SECONDS)
 
@@ -115,12 +127,11 @@ class LeaderElector:
             return True
         self._lease = lease
         spec = lease.get("spec") or {}
-        loop = asyncio.get_running_loop()
         if spec != self._observed[0]:
-            self._observed = (spec, loop.time())
+            self._observed = (spec, self._monotonic())
         holder = spec.get("holderIdentity")
         duration = int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
-        if holder and holder != self.identity and loop.time() - self._observed[1] < duration:
+        if holder and holder != self.identity and self._monotonic() - self._observed[1] < duration:
             return False
         self._lease = await self._write(lease, now, renew=holder == self.identity)
         return True
