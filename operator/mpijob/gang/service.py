@@ -39,11 +39,11 @@ from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.predicates import admits
 from mpijob.gang import queue, quota, topology
-from mpijob.handlers.kube import ApiError, Kube
-from mpijob.handlers.workers import on_wake
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
 from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
+from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.workers import on_wake
 
 log = logging.getLogger(__name__)
 

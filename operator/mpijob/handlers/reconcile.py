@@ -32,10 +32,10 @@ from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.status import AdmissionOutcome, Counter
 from mpijob.gang import kueue, outcome, queue, timeout, topology
-from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import OwnershipError
 from mpijob.placement.fabric import Fabric
+from mpijob.platform.kube import ApiError
+from mpijob.platform.workers import OwnershipError
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """What the handlers share for the life of the process, one object per concern.
 
 - :class:`~mpijob.handlers.cache.Cache`: the indices, expectations and our last status write;
-- :class:`~mpijob.handlers.workers.Workers`: the work queue, its workers and the leader gate;
+- :class:`~mpijob.platform.workers.Workers`: the work queue, its workers and the leader gate;
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
@@ -17,10 +17,10 @@ from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube import Kube
-from mpijob.handlers.recorder import Recorder
-from mpijob.handlers.workers import Workers
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.kube import Kube
+from mpijob.platform.recorder import Recorder
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 
 

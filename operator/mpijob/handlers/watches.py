@@ -15,7 +15,7 @@ deletion (which only drops the entry), so the children's event handlers are filt
 deletions, and the many pod events cost Kopf one handler call each instead of two. Kopf calls
 index functions while it lists, before every index is complete; the work queue holds what they
 ask for until :func:`mpijob_event` (an event handler, which Kopf calls only once every index is
-complete) opens it (:meth:`~mpijob.handlers.workers.Workers.open`).
+complete) opens it (:meth:`~mpijob.platform.workers.Workers.open`).
 
 An event for a child also ends the expectation its creation left (see
 :mod:`mpijob.handlers.cache`); Kopf stores an index function's result before any other task
@@ -36,8 +36,8 @@ from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
 from mpijob.gang import quota, topology
-from mpijob.handlers.kube import ApiError
 from mpijob.handlers.runtime import Runtime
+from mpijob.platform.kube import ApiError
 
 log = logging.getLogger(__name__)
 

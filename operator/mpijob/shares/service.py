@@ -53,8 +53,8 @@ from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.desired.predicates import pod_requests, terminal
-from mpijob.handlers.kube import ApiError, Kube, path
-from mpijob.handlers.workers import on_wake
+from mpijob.platform.kube import ApiError, Kube, path
+from mpijob.platform.workers import on_wake
 from mpijob.shares.ledger import (
     Ledger,
     believed,

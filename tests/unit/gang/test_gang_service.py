@@ -12,9 +12,9 @@ from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang import outcome, queue, topology
 from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
+from mpijob.platform.kube import ApiError
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,8 @@ from mpijob.desired import compute_domain
 from mpijob.desired.sync import _place
 from mpijob.gang import queue, topology
 from mpijob.gang.service import Admission
-from mpijob.handlers.kube import ApiError
 from mpijob.placement import codec, fabric, fabric_labels, topologies
+from mpijob.platform.kube import ApiError
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.kube import ApiError
 from mpijob.handlers.startup import detect_gpu_binding
+from mpijob.platform.kube import ApiError
 
 
 class FakeKube:

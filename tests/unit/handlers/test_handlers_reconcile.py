@@ -16,9 +16,9 @@ from mpijob import keys
 from mpijob.desired.events import Event
 from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
-from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import Workers
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit

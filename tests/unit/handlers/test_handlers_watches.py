@@ -12,8 +12,8 @@ from mpijob import keys
 from mpijob.gang import quota
 from mpijob.handlers.cache import Cache
 from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
-from mpijob.handlers.workers import Workers
-from mpijob.handlers.workqueue import BASE_DELAY_SECONDS
+from mpijob.platform.workers import Workers
+from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ included), one for MPIJobs, one per PodGroup API and one for leader election; so
 API groups has its own token bucket here (:func:`bucket_of`).
 
 The console and the node agent are synchronous programs and use the official ``kubernetes``
-client, with credentials from :func:`configuration`.
+client, with credentials from :func:`mpijob.platform.credentials.configuration`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import aiohttp
 import kopf
@@ -32,6 +32,8 @@ import orjson
 
 from mpijob import keys, metrics
 from mpijob.objects import JSON
+from mpijob.platform import credentials
+from mpijob.platform.ratelimit import TokenBucket
 
 REQUEST_TIMEOUT_SECONDS = 60.0
 
@@ -125,15 +127,12 @@ def path(api_version: str, kind: str, namespace: str | None, name: str | None = 
 
 
 def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
-    """Where the API server is and how to authenticate: the service account when running in a
-    pod and no kubeconfig is named (argument or ``$KUBECONFIG``), else the kubeconfig (the
-    named file, else ``$KUBECONFIG``, else ``~/.kube/config``), as the operator's Kopf login
-    handler chooses."""
+    """Kopf's connection info with the credentials :func:`credentials.in_cluster` chooses: the
+    service account, else the kubeconfig (the named file, else ``$KUBECONFIG``, else
+    ``~/.kube/config``); the operator's Kopf login handler logs in with it too."""
     settings = kopf.OperatorSettings()
     info = None
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
-        kubeconfig or os.environ.get("KUBECONFIG")
-    ):
+    if credentials.in_cluster(kubeconfig):
         info = kopf.login_with_service_account(settings=settings)
     elif kubeconfig:
         # Kopf reads the file from $KUBECONFIG only; name it there for this one read.
@@ -151,25 +150,6 @@ def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     if info is None:
         raise kopf.LoginError("No credentials: no service account token and no kubeconfig")
     return info
-
-
-def configuration(kubeconfig: str | None = None) -> Any:
-    """The official client's ``Configuration`` for the synchronous programs (console, agent):
-    the in-cluster service account when running in a pod and no kubeconfig is named (argument
-    or ``$KUBECONFIG``), else the kubeconfig (the named file, else ``~/.kube/config``).
-
-    A new configuration each call; the client's global default is never touched. The client is
-    imported here, not by the operator, which does not use it.
-    """
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    if in_pod and not kubeconfig and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    return cfg
 
 
 #: API path prefixes with their own client-side rate limit, as upstream's separate clients
@@ -374,81 +354,3 @@ class Kube:
                 return False
             raise
         return True
-
-
-#: Seconds a request that is not urgent waits at most for a spare token (see TokenBucket).
-SPARE_WAIT_SECONDS: Final = 5.0
-
-
-class TokenBucket:
-    """Client-side QPS/burst limit, as client-go applies with --kube-api-qps/--kube-api-burst.
-
-    Requests that are not urgent (Events, ``discover_hosts.sh`` refreshes: what background
-    writers send) take only spare tokens: none while an urgent request (the children a job
-    needs, its status) waits, and none that would leave the bucket less than half full. Under
-    sustained load they wait instead of costing the next child its token; after
-    :data:`SPARE_WAIT_SECONDS` one takes its turn like any request, so they never starve.
-    """
-
-    def __init__(self, qps: float, burst: int) -> None:
-        self._rate = qps
-        self._capacity = float(max(burst, 1))
-        self._reserve = (self._capacity - 1) / 2
-        self._tokens = self._capacity
-        self._last: float | None = None
-        self._lock = asyncio.Lock()
-        self._urgent = 0
-        self._quiet = asyncio.Event()
-        self._quiet.set()
-
-    async def take(self, *, urgent: bool = True) -> None:
-        if not urgent:
-            await self._take_spare()
-            return
-        self._urgent += 1
-        self._quiet.clear()
-        try:
-            await self._take()
-        finally:
-            self._urgent -= 1
-            if not self._urgent:
-                self._quiet.set()
-
-    async def _take(self) -> None:
-        """Reserve a token, then wait until it is due. Tokens accrue from the clock, never from
-        when a sleeper woke: a loop that wakes a sleeper late (a busy moment) loses no rate."""
-        async with self._lock:
-            self._accrue()
-            self._tokens -= 1
-            if self._tokens < 0:
-                await self._sleep(-self._tokens / self._rate)
-
-    async def _take_spare(self) -> None:
-        deadline = self._now() + SPARE_WAIT_SECONDS
-        while (left := deadline - self._now()) > 0:
-            if self._urgent:
-                try:
-                    await asyncio.wait_for(self._quiet.wait(), left)
-                except TimeoutError:
-                    break
-                continue
-            async with self._lock:
-                self._accrue()
-                if self._tokens - 1 >= self._reserve:
-                    self._tokens -= 1
-                    return
-                refill = (self._reserve + 1 - self._tokens) / self._rate
-            await self._sleep(min(refill, left))
-        await self._take()
-
-    def _accrue(self) -> None:
-        now = self._now()
-        if self._last is not None:
-            self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-
-    def _now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    async def _sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from mpijob import metrics
 from mpijob.api import JobKey
-from mpijob.handlers.kube import ApiError
-from mpijob.handlers.leader import LeaderElector
-from mpijob.handlers.workqueue import WorkQueue
+from mpijob.platform.kube import ApiError
+from mpijob.platform.leader import LeaderElector
+from mpijob.platform.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Workers:
 
     def enqueue_rate_limited(self, key: JobKey) -> None:
         """Reconcile ``key`` once its backoff has passed (an MPIJob's own event, as upstream's
-        ``AddRateLimited``; see :data:`mpijob.handlers.workqueue.BASE_DELAY_SECONDS`)."""
+        ``AddRateLimited``; see :data:`mpijob.platform.workqueue.BASE_DELAY_SECONDS`)."""
         self.queue.add_rate_limited(key)
 
     def enqueue_after(self, key: JobKey, delay: float) -> None:

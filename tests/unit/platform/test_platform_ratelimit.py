@@ -1,30 +1,15 @@
-"""The API adapter's client-side limits: one bucket per API client, Events behind the rest."""
+"""The client-side rate limit: Events behind the requests jobs wait for, no rate lost."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
-from mpijob.handlers import kube
-from mpijob.handlers.kube import TokenBucket, bucket_of
+from mpijob.platform import ratelimit
+from mpijob.platform.ratelimit import TokenBucket
 
 pytestmark = pytest.mark.unit
-
-
-def test_mpijobs_podgroups_and_the_lease_have_their_own_buckets_as_upstreams_clients() -> None:
-    core = bucket_of("/api/v1/namespaces/ns/pods")
-    assert bucket_of("/apis/batch/v1/namespaces/ns/jobs") == core
-    assert bucket_of("/api/v1/namespaces/ns/events") == core
-    own = {
-        bucket_of("/apis/kubeflow.org/v2beta1/namespaces/ns/mpijobs/pi/status"),
-        bucket_of("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups"),
-        bucket_of("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups"),
-        bucket_of("/apis/coordination.k8s.io/v1/namespaces/ns/leases/mpijob-operator"),
-    }
-    assert len(own) == 4
-    assert core not in own
 
 
 async def test_an_event_waits_until_no_urgent_request_waits() -> None:
@@ -63,7 +48,7 @@ async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
 async def test_under_sustained_load_a_request_that_is_not_urgent_still_gets_its_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kube, "SPARE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(ratelimit, "SPARE_WAIT_SECONDS", 0.05)
     bucket = TokenBucket(qps=200, burst=1)
     stop = asyncio.Event()
 
@@ -98,22 +83,3 @@ async def test_a_late_wake_costs_no_rate() -> None:
         await bucket.take()
     # Crediting tokens from each wake-up rather than from the clock would take 100 x 15 ms.
     assert bucket.clock == pytest.approx(1.0 + 0.005)
-
-
-async def test_a_list_reads_every_page_with_its_selectors() -> None:
-    class Pages:
-        def __init__(self) -> None:
-            self.queries: list[dict[str, str]] = []
-
-        async def request(self, method: str, url: str, **kw: Any) -> dict[str, Any]:
-            self.queries.append(dict(kw["query"]))
-            more = {"continue": "next"} if len(self.queries) == 1 else {}
-            return {"metadata": more, "items": [{"page": len(self.queries)}]}
-
-    api = Pages()
-    items = await kube.Kube.list(api, "v1", "Event", "ns", fields="source=x")  # type: ignore[arg-type]
-    assert items == [{"page": 1}, {"page": 2}]
-    assert api.queries == [
-        {"limit": "500", "fieldSelector": "source=x"},
-        {"limit": "500", "fieldSelector": "source=x", "continue": "next"},
-    ]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from mpijob.handlers.workqueue import WorkQueue
+from mpijob.platform.workqueue import WorkQueue
 
 pytestmark = pytest.mark.unit
 

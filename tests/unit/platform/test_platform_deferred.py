@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube import ApiError
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.kube import ApiError
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ keeps working. A repeat of the same event (same object, type, reason and message
 ``count`` of the first one instead of creating a new object, like client-go's correlator; this
 matters because upstream emits ``MPIJobRunning`` on every running sync.
 
-One writer (:class:`~mpijob.handlers.deferred.Line`) sends them, in order, one request at a time,
+One writer (:class:`~mpijob.platform.deferred.Line`) sends them, in order, one request at a time,
 as client-go's broadcaster does. Events are not urgent requests, and one writer keeps them so:
 under load a burst of Events never lines up in the rate limiter ahead of the children and
 statuses that jobs wait for. Repeats posted while their Event waits in line ride along with one
@@ -47,8 +47,8 @@ import aiohttp
 from mpijob import keys
 from mpijob.desired import events
 from mpijob.desired.events import Event
-from mpijob.handlers.deferred import Line
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.platform.deferred import Line
+from mpijob.platform.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 

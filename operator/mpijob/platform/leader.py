@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import metrics
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from mpijob.handlers.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 

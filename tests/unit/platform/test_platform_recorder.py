@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from mpijob.desired.events import Event, Implied, normal
-from mpijob.handlers import recorder as recorder_module
-from mpijob.handlers.kube import ApiError
-from mpijob.handlers.recorder import Recorder
+from mpijob.platform import recorder as recorder_module
+from mpijob.platform.kube import ApiError
+from mpijob.platform.recorder import Recorder
 
 pytestmark = pytest.mark.unit
 

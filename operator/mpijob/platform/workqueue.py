@@ -11,7 +11,7 @@ Kopf's ``on.event`` handlers only log their errors, so retries are ours. Event h
   after a successful reconcile: failures use it, and so do MPIJob events, as upstream's
   controller puts every MPIJob event through ``AddRateLimited``.
 
-Used by :mod:`mpijob.handlers.workers`.
+Used by :mod:`mpijob.platform.workers`.
 """
 
 from __future__ import annotations
