@@ -229,7 +229,7 @@ def write_webhook_client(pki: Path) -> list[str]:
     (docs/trust-gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
     Every webhook gets the certificate (``*``); one that asks for none ignores it.
     """
-    from mpijob.shares.tls import issue
+    from mpijob.platform.tls import issue
 
     ca = issue("mpijob-local-webhook-client-ca", ca=True, path_length=0)
     client = issue("kube-apiserver", issuer=ca, usage="client")

@@ -87,7 +87,7 @@ def _write_pair(directory: Path, cert: bytes, key: bytes) -> None:
 
 def write_certs() -> bytes:
     """The webhook CA and serving pair under ``.cluster/kueue/certs``; returns the CA in PEM."""
-    from mpijob.shares.tls import issue
+    from mpijob.platform.tls import issue
 
     ca = issue("mpijob-local-kueue-ca", ca=True, days=3650)
     serving = issue(
@@ -103,7 +103,7 @@ def ensure_metrics_certs() -> None:
     """A self-signed pair at Kueue's fixed metrics path, made once (nothing scrapes it here)."""
     if (METRICS_CERTS / "tls.crt").exists() and (METRICS_CERTS / "tls.key").exists():
         return
-    from mpijob.shares.tls import issue
+    from mpijob.platform.tls import issue
 
     try:
         metrics = issue("kueue-metrics", ca=True, days=3650)

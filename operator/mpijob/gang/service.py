@@ -27,21 +27,18 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, keys, metrics
 from mpijob.api import JSON, JobKey
-from mpijob.api.errors import aggregate
-from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import admits
-from mpijob.gang import queue, quota, topology
+from mpijob.gang import decide, queue, quota, topology
 from mpijob.placement import fabric_labels
-from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
-from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
+from mpijob.placement.fabric import Fabric, Location
+from mpijob.placement.job import Placement
 from mpijob.platform.kube import ApiError, Kube
 from mpijob.platform.workers import on_wake
 
@@ -50,9 +47,6 @@ log = logging.getLogger(__name__)
 PASS_INTERVAL_SECONDS = 2.0
 #: Decisions applied between two yields to the event loop.
 YIELD_EVERY = 200
-NO_ELIGIBLE_NODE = (
-    "no opted-in node matches the worker template's nodeSelector and required node affinity"
-)
 
 
 class NotRecorded(Exception):
@@ -81,44 +75,6 @@ async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
         )
     version = (live.get("metadata") or {}).get("resourceVersion")
     await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
-
-
-def _node_name(node: Mapping[str, Any]) -> str:
-    return str((node.get("metadata") or {}).get("name"))
-
-
-def _worker_spec_of(job: api.MPIJob) -> dict[str, Any] | None:
-    worker = job.spec.worker
-    return dict(worker.template.get("spec") or {}) if worker is not None else None
-
-
-class _Eligible:
-    """The nodes each job's worker template admits, computed once per distinct selection (its
-    ``nodeSelector`` and node affinity) and narrowed first through an index of node labels."""
-
-    def __init__(self, nodes: Sequence[Mapping[str, Any]]) -> None:
-        self.nodes = {_node_name(n): n for n in nodes}
-        self.by_label: dict[tuple[str, str], set[str]] = {}
-        for name, n in self.nodes.items():
-            for item in ((n.get("metadata") or {}).get("labels") or {}).items():
-                self.by_label.setdefault(item, set()).add(name)
-        self.seen: dict[str, frozenset[str]] = {}
-
-    def of(self, job: api.MPIJob) -> frozenset[str]:
-        worker = job.spec.worker
-        spec = ((worker.template if worker is not None else {}).get("spec")) or {}
-        selection = {k: spec.get(k) for k in ("nodeSelector", "affinity")}
-        key = json.dumps(selection, sort_keys=True, default=str)
-        found = self.seen.get(key)
-        if found is None:
-            names: set[str] | None = None
-            for key_, value in (spec.get("nodeSelector") or {}).items():
-                matching = self.by_label.get((str(key_), str(value)), set())
-                names = set(matching) if names is None else names & matching
-            candidates = self.nodes.keys() if names is None else names
-            found = frozenset(n for n in candidates if admits(spec, self.nodes[n]))
-            self.seen[key] = found
-        return found
 
 
 @dataclass(frozen=True)
@@ -220,13 +176,14 @@ class Admission:
             snap = self.snapshot()
             conflicts = topology.slice_conflicts(snap.nodes, snap.slices)
             self._warn_conflicts(conflicts)
-            nodes_raw = [n for n in snap.nodes if _node_name(n) not in conflicts]
+            nodes_raw = [n for n in snap.nodes if decide.node_name(n) not in conflicts]
             self._refresh()
             if not self.waiting:
                 return
             decisions = {**snap.decisions, **self._unseen_grants()}
             jobs = [j for j in self.waiting.values() if j.metadata.creation_timestamp is not None]
-            held_in = self._held_in(snap, decisions)
+            namespaces = {j.namespace for j in self.waiting.values()}
+            held_in = decide.held_in(snap, decisions, namespaces, self._worker_spec)
             values = dict(self.priority_values())
             self.domains = {}
             # The pass computes on a thread, from this snapshot only: the event loop keeps
@@ -249,87 +206,25 @@ class Admission:
         values: Mapping[str, int],
         held_in: Mapping[str, list[tuple[str, quota.Held]]],
     ) -> list[queue.Decision[Placement]]:
-        """One pass's decisions for ``jobs``. Reads only its arguments (and writes only
-        ``self.domains``): it runs off the event loop."""
-        held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
-        nodes = topology.node_states(nodes_raw, held)
-        empty = topology.node_states(nodes_raw)
+        """One pass's decisions for ``jobs`` (:func:`mpijob.gang.decide.decide`). Reads only
+        its arguments (and writes only ``self.domains`` and the located nodes' memo): it runs
+        off the event loop."""
         where = self._locations(nodes_raw, snap.hypernodes) if self.fabric else {}
-        by_uid = {}
-        waiting = []
-        # Each job is placed only on the nodes its worker template admits; jobs whose
-        # templates select alike share the work (thousands of jobs, a few templates).
-        eligible = _Eligible(nodes_raw)
-        allowed: dict[str, frozenset[str]] = {}
-        for job in jobs:
-            allowed[job.metadata.uid] = eligible.of(job)
-            w = queue.waiting_job(job, priority_values=values, nodes=allowed[job.metadata.uid])
-            waiting.append(w)
-            by_uid[w.uid] = job
-        fits_when_empty = self._fits_when_empty(by_uid, allowed, empty, where)
-
-        admitted: dict[JobKey, tuple[Placement, api.MPIJob]] = {}
-        """Admitted earlier in this pass: their GPUs count against their quotas."""
-        state = {n.name: n for n in nodes}
-        """Each node with the GPUs taken so far, this pass's admissions included."""
-
-        def try_place(w: queue.WaitingJob, granted: Sequence[Placement]) -> Any:
-            job = by_uid[w.uid]
-            if over := self._over_quota(job, snap, admitted, held_in):
-                return queue.OverQuota(over)
-            if not allowed[w.uid]:
-                return NoFit(NO_ELIGIBLE_NODE)
-            # Not on the nodes held for the jobs ahead that do not fit yet.
-            free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
-            started = time.perf_counter()
-            result = self._place(job, free, where, record=True)
-            metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
-            if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
-                return NoFit(f"{result.reason}; {note}")
-            if isinstance(result, Placement):
-                admitted[(job.namespace, job.name)] = (result, job)
-                used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
-                state.update((n.name, n) for n in claim(used, result))
-            return result
-
-        return queue.decide(waiting, try_place, now=datetime.now(UTC), fits=fits_when_empty)
-
-    def _fits_when_empty(
-        self,
-        by_uid: Mapping[str, api.MPIJob],
-        allowed: Mapping[str, frozenset[str]],
-        empty: Sequence[NodeState],
-        where: Mapping[str, Location],
-    ) -> Callable[[queue.WaitingJob], bool]:
-        """Whether a job would fit with nothing running (else it blocks no one), placed once
-        per kind of job: its request, and the nodes it may go to (their topologies, or with a
-        fabric the nodes themselves and its fabric annotations)."""
-        empty_by_name = {n.name: n for n in empty}
-        fits_cache: dict[tuple[Any, ...], bool] = {}
-        shapes: dict[frozenset[str], tuple[str, ...]] = {}
-
-        def fits_when_empty(w: queue.WaitingJob) -> bool:
-            job = by_uid[w.uid]
-            nodes = allowed[w.uid]
-            annotations: tuple[tuple[str, str], ...] = ()
-            if self.fabric is None:
-                # Without a fabric, only the nodes' topologies matter, not which nodes.
-                if nodes not in shapes:
-                    own = nodes & empty_by_name.keys()
-                    shapes[nodes] = tuple(
-                        sorted(empty_by_name[n].topology.fingerprint for n in own)
-                    )
-                shape: Any = shapes[nodes]
-            else:
-                shape = nodes
-                annotations = tuple(sorted((job.metadata.annotations or {}).items()))
-            key = (topology.request_of(job), shape, annotations)
-            if key not in fits_cache:
-                own_empty = [empty_by_name[n] for n in sorted(nodes & empty_by_name.keys())]
-                fits_cache[key] = isinstance(self._place(job, own_empty, where), Placement)
-            return fits_cache[key]
-
-        return fits_when_empty
+        out = decide.decide(
+            decide.Placer(self.inter_node_gbps, self.fabric),
+            snap,
+            nodes_raw,
+            decisions,
+            jobs,
+            priority_values=values,
+            held_in=held_in,
+            where=where,
+            binding=self.binding,
+            now=datetime.now(UTC),
+            placement_seconds=metrics.PLACEMENT_SECONDS.observe,
+        )
+        self.domains = out.domains
+        return out.decisions
 
     def _locations(
         self, nodes: Sequence[Mapping[str, Any]], hypernodes: Sequence[Mapping[str, Any]]
@@ -340,7 +235,10 @@ class Admission:
         key = (
             json.dumps(hypernodes, sort_keys=True),
             tuple(
-                (_node_name(n), tuple(((n.get("metadata") or {}).get("labels") or {}).items()))
+                (
+                    decide.node_name(n),
+                    tuple(((n.get("metadata") or {}).get("labels") or {}).items()),
+                )
                 for n in nodes
             ),
         )
@@ -348,99 +246,10 @@ class Admission:
             self._located = key, topology.locations(nodes, self.fabric, hypernodes)
         return self._located[1]
 
-    def _over_quota(
-        self,
-        job: api.MPIJob,
-        snap: topology.Snapshot,
-        admitted: Mapping[JobKey, tuple[Placement, api.MPIJob]],
-        held_in: Mapping[str, list[tuple[str, quota.Held]]],
-    ) -> str:
-        """Why ``job`` would take its namespace past a GPU quota; empty when it would not.
-
-        What the namespace's admitted jobs hold comes from their decisions (the cache's, those
-        written but not seen yet, and those of this pass), never from what their pods say.
-        """
-        ns = job.namespace
-        limits = [limit for body in snap.quotas.get(ns) or () for limit in quota.limits_of(body)]
-        if not limits:
-            return ""
-        # Its own stale decision (it was scaled since) is the one this admission replaces.
-        held = [h for uid, h in held_in.get(ns) or () if uid != job.metadata.uid]
-        for key, (placement, other) in admitted.items():
-            if key[0] == ns:
-                gpus = sum(len(a.gpus) for a in placement.assignments)
-                held.append(quota.Held(gpus, worker_spec=_worker_spec_of(other)))
-        return quota.check(job, limits, held, self.binding, claims_as_gpus=snap.claims_as_gpus)
-
-    def _held_in(
-        self, snap: topology.Snapshot, decisions: Mapping[JobKey, topology.Decision]
-    ) -> dict[str, list[tuple[str, quota.Held]]]:
-        """Namespace -> (job uid, what its decision holds), for the namespaces with waiting jobs
-        and GPU quotas: once per pass, one look at every GPU pod and decision."""
-        wanted = {j.namespace for j in self.waiting.values()} & set(snap.quotas)
-        if not wanted:
-            return {}
-        pods: dict[str, list[JSON]] = {}  # by controller uid
-        for pod in snap.pods:
-            meta = pod.get("metadata") or {}
-            if meta.get("namespace") in wanted:
-                for ref in meta.get("ownerReferences") or ():
-                    if ref.get("controller"):
-                        pods.setdefault(str(ref.get("uid")), []).append(pod)
-        out: dict[str, list[tuple[str, quota.Held]]] = {}
-        for key, decision in decisions.items():
-            if key[0] not in wanted:
-                continue
-            gpus = sum(len(a.gpus) for a in decision.assignments)
-            spec = self._worker_spec(key, decision.uid)
-            claims = snap.claims.get(key) or ()
-            held = quota.held_by(decision.uid, gpus, pods.get(decision.uid) or (), claims, spec)
-            out.setdefault(key[0], []).append((decision.uid, held))
-        return out
-
     def _worker_spec(self, key: JobKey, uid: str) -> dict[str, Any] | None:
         """The worker pod spec of the live job ``key`` of ``uid``; None unknown."""
         job = self.live(key)
-        return _worker_spec_of(job) if job is not None and job.metadata.uid == uid else None
-
-    def _place(
-        self,
-        job: api.MPIJob,
-        nodes: Sequence[NodeState],
-        where: Mapping[str, Location],
-        *,
-        record: bool = False,
-    ) -> Placement | NoFit:
-        """The job placed on ``nodes``: over the fabric when there is one. ``record`` notes the
-        ComputeDomain a placement on several nodes of one NVLink clique needs."""
-        request = topology.request_of(job)
-        if self.fabric is None:
-            return place_job(request, nodes, inter_node_gbps=self.inter_node_gbps)
-        # Here, not at import: the fabric search needs numpy, which an operator without a fabric
-        # never loads.
-        from mpijob.placement.span import place_on_fabric
-
-        level, errors = fabric_level(job.metadata.annotations or {}, self.fabric.level_names)
-        if errors:
-            return NoFit(aggregate(errors))
-        required = level.level if level is not None and level.required else None
-        preferred = level.level if level is not None and not level.required else None
-        result = place_on_fabric(
-            request, nodes, self.fabric, where, required=required, preferred=preferred
-        )
-        if isinstance(result, NoFit):
-            return result
-        placement = replace(result.placement, summary=result.summary)
-        if record:
-            self.domains.pop(job.metadata.uid, None)
-            if len(placement.nodes) > 1 and self._clique_level() == result.level:
-                self.domains[job.metadata.uid] = compute_domain.domain_name(job.name)
-        return placement
-
-    def _clique_level(self) -> str | None:
-        """The fabric level of NVLink cliques (labelled by GFD), if it has one."""
-        levels = self.fabric.levels if self.fabric else ()
-        return next((lv.name for lv in levels if lv.label == CLIQUE_LABEL), None)
+        return decide.worker_spec_of(job) if job is not None and job.metadata.uid == uid else None
 
     async def _ensure_domain(self, job: api.MPIJob) -> str:
         """Create the job's ComputeDomain (or find its own); its name. Raises

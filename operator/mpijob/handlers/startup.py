@@ -32,7 +32,7 @@ from mpijob.handlers.runtime import Memo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
-from mpijob.platform import kopf_tuning
+from mpijob.platform import kopf_tuning, tls
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.kube import ApiError, Kube, connection_info
 from mpijob.platform.leader import LeaderElector
@@ -40,7 +40,7 @@ from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
-from mpijob.shares import tls, webhook
+from mpijob.shares import webhook
 
 log = logging.getLogger(__name__)
 

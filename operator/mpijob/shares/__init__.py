@@ -5,5 +5,5 @@ Pure: :mod:`request` (what a pod asks for), :mod:`ledger` (which pod holds how m
 GPU), :mod:`node_room` (a node's room for a pod's other requests), :mod:`pod_edits` (what a
 placed share writes into a pod, and the webhook configurations). Shell: :mod:`service` (the
 ledger behind its lock, fed by the watches), :mod:`webhook` (the share webhook's Kopf wiring,
-its server and configurations), :mod:`tls` (its serving certificate).
+its server and configurations), its certificate from :mod:`mpijob.platform.tls`.
 """

@@ -18,9 +18,9 @@ import kopf
 
 from mpijob import keys
 from mpijob.objects import JSON
+from mpijob.platform.tls import ServingCertificate
 from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
 from mpijob.shares.service import FractionalAdmission
-from mpijob.shares.tls import ServingCertificate
 
 log = logging.getLogger(__name__)
 

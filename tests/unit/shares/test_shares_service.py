@@ -15,9 +15,10 @@ import pytest
 from cryptography import x509
 
 from mpijob import keys, metrics
+from mpijob.platform import tls
 from mpijob.platform.kube import ApiError
 from mpijob.shares import service as fractional
-from mpijob.shares import tls, webhook
+from mpijob.shares import webhook
 from mpijob.shares.pod_edits import (
     ADMITTED,
     MATCH_SHARE_PODS,

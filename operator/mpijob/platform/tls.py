@@ -1,4 +1,4 @@
-"""X.509 for the project: the one certificate builder, and the share webhook's serving
+"""X.509 for the project: the one certificate builder, and a webhook server's serving
 certificate, made fresh at every start or mounted.
 
 Nothing secret is stored in the cluster: a fresh key and a self-signed certificate are made at
