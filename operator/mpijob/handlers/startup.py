@@ -27,7 +27,8 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.runtime import Runtime
+from mpijob.handlers.cache import Cache
+from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
@@ -40,12 +41,13 @@ from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
 from mpijob.shares import webhook
+from mpijob.shares.service import ShareService
 
 log = logging.getLogger(__name__)
 
 
-async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
-    ours: OperatorSettings = memo["settings"]
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs: Any) -> None:
+    ours = memo.settings
     kopf_tuning.configure(settings, ours)
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
@@ -60,39 +62,47 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     else:
         metrics.IS_LEADER.set(1)
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
+    binding = memo.get("gpu_binding", GpuBinding.ANNOTATIONS)
+    fabric = memo.get("fabric")
+    cache = Cache()
+    # Indices are live mappings: empty now, complete when the workers open (see watches).
+    cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    cache.server_minor = await server_minor(kube)
+    workers = Workers(ours.threadiness, leader=leader)
+    admission = Admission(
+        write_decision=lambda obj: store_decision(kube, obj),
+        enqueue=workers.enqueue,
+        snapshot=cache.placement_snapshot,
+        live=cache.job,
+        decision_of=cache.decision,
+        priority_values=cache.priority_values,
+        inter_node_gbps=ours.inter_node_gbps,
+        create_object=kube.create,
+        get_object=kube.get,
+        binding=binding,
+        fabric=fabric,
+    )
     rt = Runtime(
         settings=ours,
-        gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
+        gpu_binding=binding,
         kube=kube,
         recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
         deferred=DeferredPatches(kube),
-        workers=Workers(ours.threadiness, leader=leader),
+        workers=workers,
+        cache=cache,
+        admission=admission,
     )
-    # Indices are live mappings: empty now, complete when the workers open (see watches).
-    rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
-    rt.cache.server_minor = await server_minor(kube)
-    memo["runtime"] = rt
-    rt.admission = Admission(
-        write_decision=lambda obj: store_decision(kube, obj),
-        enqueue=rt.workers.enqueue,
-        snapshot=rt.cache.placement_snapshot,
-        live=rt.cache.job,
-        decision_of=rt.cache.decision,
-        priority_values=rt.cache.priority_values,
-        inter_node_gbps=ours.inter_node_gbps,
-        binding=rt.gpu_binding,
-        fabric=memo.get("fabric"),
-        create_object=kube.create,
-        get_object=kube.get,
-    )
-    rt.workers.run(rt.admission.run_forever(), name="admission")
-    fabric = memo.get("fabric")
+    memo.runtime = rt
+    rt.workers.run(admission.run_forever(), name="admission")
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
         rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
     if ours.fractional_gpus:
-        shares: share_service.FractionalAdmission = memo["fractional"]
-        shares.workers_of = share_service.workers_reader(kube)
-        shares.events = rt.recorder.post
+        shares = ShareService(
+            workers_of=share_service.workers_reader(kube),
+            events=rt.recorder.post,
+            runtime_class=ours.gpu_share_runtime_class,
+        )
+        memo[webhook.MEMO_KEY] = shares
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
             await kube.list("v1", "Node", None, labels=selector),
@@ -186,7 +196,7 @@ async def server_minor(kube: Kube) -> int | None:
         return None
 
 
-async def cleanup(memo: Any, **_: Any) -> None:
+async def cleanup(memo: OperatorMemo, **_: Any) -> None:
     rt: Runtime | None = memo.get("runtime")
     if rt is not None:
         await rt.stop()
@@ -198,9 +208,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 
 def registry_for(
-    ours: OperatorSettings,
-    binding: GpuBinding = GpuBinding.ANNOTATIONS,
-    memo: kopf.Memo | None = None,
+    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
@@ -214,10 +222,7 @@ def registry_for(
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     if ours.fractional_gpus:
-        shares = share_service.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
-        webhook.register(registry, shares)
-        if memo is not None:
-            memo["fractional"] = shares
+        webhook.register(registry)
     return registry
 
 
@@ -324,12 +329,12 @@ def run(ours: OperatorSettings, *, verbose: bool = False, json_logs: bool = Fals
     kopf_tuning.patch_kopf()
     fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    memo = kopf.Memo(settings=ours, gpu_binding=binding, fabric=fabric)
+    memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(
         kopf.operator(
-            registry=registry_for(ours, binding, memo),
+            registry=registry_for(ours, binding),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,
