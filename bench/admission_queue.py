@@ -126,6 +126,9 @@ def scenario(args: argparse.Namespace) -> Admission:
     async def write(obj: dict[str, Any]) -> None:
         raise AssertionError(f"nothing fits, yet {obj['metadata']['name']} was admitted")
 
+    async def read(*_: str) -> None:
+        return None
+
     admission = Admission(
         write_decision=write,
         enqueue=lambda key: None,
@@ -133,6 +136,8 @@ def scenario(args: argparse.Namespace) -> Admission:
         live=jobs.get,
         decision_of=lambda key: None,
         priority_values=dict,
+        create_object=write,
+        get_object=read,
         inter_node_gbps=25.0,
     )
     for key, j in jobs.items():

@@ -109,15 +109,15 @@ class Admission:
     """The PlacementDecision named after the job, as the cache holds it."""
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
+    create_object: Callable[[dict[str, Any]], Any]
+    """Coroutine function creating an object (a job's ComputeDomain); raises :class:`ApiError`."""
+    get_object: Callable[[str, str, str, str], Any]
+    """Coroutine function reading an object (apiVersion, kind, namespace, name), None if absent."""
     inter_node_gbps: float
     binding: GpuBinding = GpuBinding.ANNOTATIONS
     """How placed workers get their GPUs: what the namespaces' GPU quotas see of them."""
     fabric: Fabric | None = None
     """Levels of domains between nodes; None: one inter-node bandwidth (``inter_node_gbps``)."""
-    create_object: Callable[[dict[str, Any]], Any] | None = None
-    """Coroutine function creating an object (a job's ComputeDomain); raises :class:`ApiError`."""
-    get_object: Callable[[str, str, str, str], Any] | None = None
-    """Coroutine function reading an object (apiVersion, kind, namespace, name), None if absent."""
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     granted: dict[JobKey, Grant] = field(default_factory=dict)
@@ -254,8 +254,6 @@ class Admission:
     async def _ensure_domain(self, job: api.MPIJob) -> str:
         """Create the job's ComputeDomain (or find its own); its name. Raises
         :class:`NotRecorded` when it cannot be had, ApiError when the API fails."""
-        if self.create_object is None:
-            raise NotRecorded("this operator cannot create ComputeDomains")
         body = compute_domain.compute_domain(job.name, job.namespace, job.metadata.uid)
         name = body["metadata"]["name"]
         try:
@@ -270,11 +268,9 @@ class Admission:
                 ) from e
             if not e.conflict:
                 raise
-        live = None
-        if self.get_object is not None:
-            live = await self.get_object(
-                keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
-            )
+        live = await self.get_object(
+            keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
+        )
         if live is None or not compute_domain.owned_by(live, job.metadata.uid):
             raise NotRecorded(
                 f"ComputeDomain {name} exists and belongs to something else than this job"

@@ -5,12 +5,14 @@
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
-Created in ``on.startup`` and kept in Kopf's ``memo`` (:class:`Memo`).
+Created in ``on.startup`` and kept in Kopf's memo (:class:`OperatorMemo`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import kopf
 
 from mpijob import metrics
 from mpijob.api import JobKey
@@ -23,7 +25,7 @@ from mpijob.platform.kube import Kube
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
-from mpijob.shares.service import FractionalAdmission
+from mpijob.shares.service import ShareService
 
 
 @dataclass
@@ -75,23 +77,14 @@ class Runtime:
         await self.kube.aclose()
 
 
-@dataclass
-class Memo:
-    """What Kopf hands every handler as its ``memo``: what :func:`~mpijob.handlers.startup.run`
-    decided before Kopf started, and the :class:`Runtime` that ``on.startup`` builds (Kopf runs
-    it before any watch starts, so every handler finds it). Kopf gives each watched object a
-    shallow copy: they all share these objects."""
+class OperatorMemo(kopf.Memo):
+    """Kopf's memo, as this operator fills it: what ``run`` knows before Kopf starts, then
+    what ``on.startup`` builds. Every handler receives it (a shallow copy per object)."""
 
     settings: OperatorSettings
-    gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
-    fabric: Fabric | None = None
-    shares: FractionalAdmission | None = None
-    """The GPU-share service (``--fractional-gpus``): its webhooks are registered with Kopf
-    before Kopf starts."""
-    runtime: Runtime | None = None
-
-    @property
-    def rt(self) -> Runtime:
-        if self.runtime is None:
-            raise RuntimeError("the runtime is built in on.startup, before any handler runs")
-        return self.runtime
+    gpu_binding: GpuBinding
+    fabric: Fabric | None
+    runtime: Runtime
+    """Set by ``on.startup``, before any watch or webhook is served."""
+    shares: ShareService
+    """With ``--fractional-gpus``: the share service, set by ``on.startup``."""

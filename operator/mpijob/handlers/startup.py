@@ -28,7 +28,7 @@ from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.runtime import Memo, Runtime
+from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
@@ -41,11 +41,12 @@ from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
 from mpijob.shares import webhook
+from mpijob.shares.service import ShareService
 
 log = logging.getLogger(__name__)
 
 
-async def startup(settings: kopf.OperatorSettings, memo: Memo, **kwargs: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs: Any) -> None:
     ours = memo.settings
     kopf_tuning.configure(settings, ours)
     kube = Kube.from_kubeconfig(
@@ -61,11 +62,12 @@ async def startup(settings: kopf.OperatorSettings, memo: Memo, **kwargs: Any) ->
     else:
         metrics.IS_LEADER.set(1)
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
-    cache = Cache(
-        # Indices are live mappings: empty now, complete when the workers open (see watches).
-        indices={name: kwargs[name] for name in watches.INDICES if name in kwargs},
-        server_minor=await server_minor(kube),
-    )
+    binding = memo.get("gpu_binding", GpuBinding.ANNOTATIONS)
+    fabric = memo.get("fabric")
+    cache = Cache()
+    # Indices are live mappings: empty now, complete when the workers open (see watches).
+    cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    cache.server_minor = await server_minor(kube)
     workers = Workers(ours.threadiness, leader=leader)
     admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
@@ -75,14 +77,14 @@ async def startup(settings: kopf.OperatorSettings, memo: Memo, **kwargs: Any) ->
         decision_of=cache.decision,
         priority_values=cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,
-        binding=memo.gpu_binding,
-        fabric=memo.fabric,
         create_object=kube.create,
         get_object=kube.get,
+        binding=binding,
+        fabric=fabric,
     )
     rt = Runtime(
         settings=ours,
-        gpu_binding=memo.gpu_binding,
+        gpu_binding=binding,
         kube=kube,
         recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
         deferred=DeferredPatches(kube),
@@ -92,13 +94,15 @@ async def startup(settings: kopf.OperatorSettings, memo: Memo, **kwargs: Any) ->
     )
     memo.runtime = rt
     rt.workers.run(admission.run_forever(), name="admission")
-    fabric = memo.fabric
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
         rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
-    if memo.shares is not None:
-        shares = memo.shares
-        shares.workers_of = share_service.workers_reader(kube)
-        shares.events = rt.recorder.post
+    if ours.fractional_gpus:
+        shares = ShareService(
+            workers_of=share_service.workers_reader(kube),
+            events=rt.recorder.post,
+            runtime_class=ours.gpu_share_runtime_class,
+        )
+        memo[webhook.MEMO_KEY] = shares
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
             await kube.list("v1", "Node", None, labels=selector),
@@ -190,9 +194,10 @@ async def server_minor(kube: Kube) -> int | None:
         return None
 
 
-async def cleanup(memo: Memo, **_: Any) -> None:
-    if memo.runtime is not None:
-        await memo.runtime.stop()
+async def cleanup(memo: OperatorMemo, **_: Any) -> None:
+    rt: Runtime | None = memo.get("runtime")
+    if rt is not None:
+        await rt.stop()
 
 
 def login(**_: Any) -> kopf.ConnectionInfo:
@@ -201,9 +206,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 
 def registry_for(
-    ours: OperatorSettings,
-    binding: GpuBinding = GpuBinding.ANNOTATIONS,
-    shares: share_service.FractionalAdmission | None = None,
+    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
 ) -> kopf.OperatorRegistry:
     """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks."""
     registry = kopf.OperatorRegistry()
@@ -217,8 +220,8 @@ def registry_for(
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
-    if shares is not None:
-        webhook.register(registry, shares)
+    if ours.fractional_gpus:
+        webhook.register(registry)
     return registry
 
 
@@ -323,17 +326,12 @@ def run(ours: OperatorSettings, *, verbose: bool = False, json_logs: bool = Fals
     kopf_tuning.patch_kopf()
     fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    shares = (
-        share_service.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
-        if ours.fractional_gpus
-        else None
-    )
-    memo = Memo(settings=ours, gpu_binding=binding, fabric=fabric, shares=shares)
+    memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(
         kopf.operator(
-            registry=registry_for(ours, binding, shares),
+            registry=registry_for(ours, binding),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

@@ -1,6 +1,6 @@
 """The fractional-GPU ledger: which pod holds how much memory and compute of which GPU.
 
-One ledger per operator, held under one lock by its caller, so that concurrent admissions never
+One ledger per operator, held under one lock by its caller, so that concurrent placements never
 overcommit a GPU. Per opted-in node (``ack.node.gpu.schedule=core_mem``) it knows each GPU's
 memory (GiB) and, per GPU, the shares held on it; every decision reads only this state.
 

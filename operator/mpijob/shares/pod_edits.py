@@ -1,4 +1,4 @@
-"""What a GPU share writes into its pod: the functions the admission webhook, the placement of a
+"""What a GPU share writes into its pod: the functions the share webhook, the placement of a
 waiting pod and the GPU check (``hack/gpu/mps_check.py``) all call, so what was measured is
 what pods get.
 
@@ -340,7 +340,7 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-# --- The admission webhooks' configuration ------------------------------------------------------
+# --- The share webhook's configurations ---------------------------------------------------------
 
 #: Name of both webhook configuration objects.
 WEBHOOK_CONFIGURATION: Final = "mpijob-gpu-share"

@@ -9,7 +9,7 @@ without memory in the same container, no pod mixing memory-only and memory+compu
 no whole GPUs (``nvidia.com/gpu``) beside a share, no share in init containers.
 
 Pure; read by the fractional ledger (:mod:`mpijob.shares.ledger`), the pod edits
-(:mod:`mpijob.shares.pod_edits`) and, later, the admission webhook.
+(:mod:`mpijob.shares.pod_edits`) and, later, the share webhook.
 """
 
 from __future__ import annotations

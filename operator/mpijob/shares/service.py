@@ -11,15 +11,15 @@ configurations are applied by the operator (:func:`apply_configurations`) so tha
 policy, timeout, match conditions and namespace selector are ours
 (:func:`mpijob.shares.pod_edits.webhook_configurations`).
 
-One :class:`FractionalAdmission` per process, its ledger behind one :class:`asyncio.Lock`:
+One :class:`ShareService` per process, its ledger behind one :class:`asyncio.Lock`:
 concurrent placements never overcommit a GPU. At start, before the webhooks serve, the ledger is
-rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`FractionalAdmission.
+rebuilt from a listing of ``core_mem`` nodes and of every pod (:meth:`ShareService.
 rebuild`); the watches keep it current from then on.
 
 The webhooks only validate and gate: every valid share pod is admitted behind the scheduling
 gate ``mpijob.io/gpu-share`` (Pending, ``SchedulingGated``), holding nothing, so a request that
 never becomes a pod (one the API server refuses after the webhook ran, an AdmissionReview sent
-by hand) leaves no trace. One background task of the leader (:meth:`FractionalAdmission.
+by hand) leaves no trace. One background task of the leader (:meth:`ShareService.
 run_placement`) places gated pods once the watch sees them, and again whenever a share is freed
 or a node changes: one patch writes the placement and removes the gate; a pod that does not fit
 gets the reason in ``mpijob.io/gpu-share-waiting``. A placement holds its share pending until
@@ -85,8 +85,19 @@ _GPU_GAUGES: Final = (
 
 #: ``(namespace, name)`` of an MPIJob to its number of workers (None: no such job).
 WorkersOf = Callable[[str, str], Awaitable[int | None]]
+#: Posts an Event about a pod.
+PostEvent = Callable[[dict[str, Any], Event], None]
 #: ``(namespace, name, JSON patch)``: send the patch placing a waiting pod.
 PatchPod = Callable[[str, str, list[dict[str, Any]]], Awaitable[None]]
+
+
+async def one_by_one(namespace: str, name: str) -> int | None:
+    """No reader of MPIJobs: each worker is placed on its own."""
+    return None
+
+
+def no_events(pod: dict[str, Any], event: Event) -> None:
+    """No recorder: no Events."""
 
 
 @dataclass(frozen=True)
@@ -119,14 +130,16 @@ def worker_of(body: dict[str, Any]) -> Worker | None:
     return Worker(str(meta.get("namespace") or ""), job, str(ref.get("uid") or ""), index)
 
 
-class FractionalAdmission:
-    """The ledger and its lock, and the decisions the webhooks and watches ask of it."""
+class ShareService:
+    """The ledger and its lock, and the decisions the share webhook and the watches ask of it."""
 
     def __init__(
         self,
-        clock: Callable[[], float] = time.monotonic,
-        workers_of: WorkersOf | None = None,
+        *,
+        workers_of: WorkersOf = one_by_one,
+        events: PostEvent = no_events,
         runtime_class: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = Ledger()
         self.runtime_class = runtime_class
@@ -135,12 +148,13 @@ class FractionalAdmission:
         """Each node's cpu, memory and pods left: a share pins its pod only where it fits."""
         self.lock = asyncio.Lock()
         self.workers_of = workers_of
-        """Set by the operator at start; None: MPIJob workers are placed one by one."""
+        """How many workers an MPIJob has (:func:`workers_reader`); :func:`one_by_one`: its
+        workers are placed one by one."""
         self._clock = clock
         self.waiting: dict[str, dict[str, Any]] = {}
         """Pods admitted behind the gate, by ``namespace/name``: the last body seen of each."""
-        self.events: Callable[[dict[str, Any], Event], None] | None = None
-        """Posts an Event about a pod (the operator's recorder); None: no Events."""
+        self.events = events
+        """Posts an Event about a pod (the operator's recorder)."""
         self.wake = asyncio.Event()
         """Set when a waiting pod may now fit: a pod came to wait, a share or a node was freed."""
         self._nodes: dict[str, dict[str, Any]] = {}
@@ -208,9 +222,8 @@ class FractionalAdmission:
     def _event(
         self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False
     ) -> None:
-        if self.events is not None:
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": body.get("metadata") or {}}
-            self.events(pod, (events.warning if warning else events.normal)(reason, message))
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": body.get("metadata") or {}}
+        self.events(pod, (events.warning if warning else events.normal)(reason, message))
 
     def _stop_waiting(self, key: str) -> None:
         if self.waiting.pop(key, None) is not None:
@@ -412,7 +425,7 @@ class FractionalAdmission:
 
     async def _workers(self, body: dict[str, Any]) -> int | None:
         worker = worker_of(body)
-        if worker is None or self.workers_of is None:
+        if worker is None:
             return None
         return await self.workers_of(worker.namespace, worker.job)
 

@@ -1,7 +1,7 @@
 """The share webhook's wiring: Kopf's registry (node and pod watches, the mutating and
 validating webhooks), its HTTPS server, and the webhook configurations the operator applies.
 
-The decisions are :class:`~mpijob.shares.service.FractionalAdmission`'s; the configurations are
+The decisions are :class:`~mpijob.shares.service.ShareService`'s; the configurations are
 built by :func:`mpijob.shares.pod_edits.webhook_configurations`, so that their failure policy,
 timeout, match conditions and namespace selector are ours.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import jsonpatch
 import kopf
@@ -20,28 +20,38 @@ from mpijob import keys
 from mpijob.objects import JSON
 from mpijob.platform.tls import ServingCertificate
 from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
-from mpijob.shares.service import FractionalAdmission
+from mpijob.shares.service import ShareService
 
 log = logging.getLogger(__name__)
 
+#: The key of the operator's :class:`ShareService` in Kopf's memo.
+MEMO_KEY = "shares"
 
-def register(registry: kopf.OperatorRegistry, admission: FractionalAdmission) -> None:
-    """Add the node and pod watches and both webhooks to ``registry``."""
+
+def service(memo: kopf.Memo) -> ShareService:
+    """The operator's one share service, from Kopf's memo."""
+    return cast(ShareService, memo[MEMO_KEY])
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Add the node and pod watches and both webhooks to ``registry``. They ask the operator's
+    one :class:`ShareService`, made complete at start and kept in Kopf's memo as ``shares``
+    (the watches and the webhook server start after the startup handlers)."""
     core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
 
-    async def node_event(body: Any, type: str | None, **_: Any) -> None:
-        await admission.on_node(dict(body), type)
+    async def node_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+        await service(memo).on_node(dict(body), type)
 
-    async def pod_event(body: Any, type: str | None, **_: Any) -> None:
-        await admission.on_pod(dict(body), type)
+    async def pod_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+        await service(memo).on_pod(dict(body), type)
 
-    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
-        ops = await admission.mutate(dict(body), dryrun=dryrun)
+    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, memo: kopf.Memo, **_: Any) -> None:
+        ops = await service(memo).mutate(dict(body), dryrun=dryrun)
         if ops:
             patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
-    def validate(body: Any, **_: Any) -> None:
-        admission.validate(dict(body))
+    def validate(body: Any, memo: kopf.Memo, **_: Any) -> None:
+        service(memo).validate(dict(body))
 
     kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
 

@@ -82,8 +82,13 @@ class Harness:
             live=self.live,
             decision_of=self.decisions.get,
             priority_values=dict,
+            create_object=self.write,
+            get_object=self.read,
             inter_node_gbps=25.0,
         )
+
+    async def read(self, *_: str) -> None:
+        """No object but decisions is ever read back in these tests."""
 
     def parsed(self) -> dict[tuple[str, str], topology.Decision]:
         out = {k: topology.parse_decision(b) for k, b in self.decisions.items()}

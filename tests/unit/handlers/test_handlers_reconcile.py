@@ -340,6 +340,8 @@ def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, RecordingKube, Reco
         live=rt.cache.job,
         decision_of=rt.cache.decision,
         priority_values=dict,
+        create_object=kube.create,
+        get_object=kube.get,
         inter_node_gbps=25.0,
     )
     return rt, kube, recorder

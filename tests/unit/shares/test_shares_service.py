@@ -29,7 +29,7 @@ from mpijob.shares.pod_edits import (
     webhook_configurations,
 )
 from mpijob.shares.request import Placed, Share
-from mpijob.shares.service import FractionalAdmission
+from mpijob.shares.service import ShareService
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
@@ -72,8 +72,8 @@ class Clock:
         return self.now
 
 
-async def admission_with(*nodes: dict[str, Any], clock: Clock | None = None) -> FractionalAdmission:
-    admission = FractionalAdmission(clock=clock or Clock())
+async def admission_with(*nodes: dict[str, Any], clock: Clock | None = None) -> ShareService:
+    admission = ShareService(clock=clock or Clock())
     for body in nodes:
         await admission.on_node(body, None)
     return admission
@@ -97,7 +97,7 @@ def waiting_of(body: dict[str, Any], ops: list[dict[str, Any]]) -> tuple[dict[st
     return patched, annotations[keys.GPU_SHARE_WAITING]
 
 
-async def waits(admission: FractionalAdmission, body: dict[str, Any]) -> str:
+async def waits(admission: ShareService, body: dict[str, Any]) -> str:
     """Why ``body`` waits after the placement pass (the pod is then deleted)."""
     final, reason = waiting_of(body, await decided(admission, body))
     await admission.on_pod(final, "DELETED")
@@ -108,7 +108,7 @@ _serial = itertools.count()
 
 
 async def decided(
-    admission: FractionalAdmission, body: dict[str, Any], *, seen: bool = True
+    admission: ShareService, body: dict[str, Any], *, seen: bool = True
 ) -> list[dict[str, Any]]:
     """What becomes of ``body`` as JSON patch: admitted by the webhook (gated), created, seen by
     the watch and through the leader's placement pass (and its record seen, unless not
@@ -270,7 +270,7 @@ async def test_concurrent_admissions_never_overcommit() -> None:
 
 def test_register_adds_both_webhooks_and_both_watches() -> None:
     registry = kopf.OperatorRegistry()
-    webhook.register(registry, FractionalAdmission())
+    webhook.register(registry)
     ids = {h.id for h in registry._webhooks.get_all_handlers()}
     assert ids == {MUTATE_ID, VALIDATE_ID}
     assert len(registry._watching.get_all_handlers()) == 2
@@ -320,7 +320,7 @@ async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones
     done, _ = placed_of(done, await decided(first, done))
     done["status"] = {"phase": "Succeeded"}
     plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
-    restarted = FractionalAdmission(clock=Clock())
+    restarted = ShareService(clock=Clock())
     await restarted.rebuild(
         [node("gpu-a", gpus=1, memory=15), {"metadata": {"name": "x"}}], [running, done, plain]
     )
@@ -567,7 +567,7 @@ class Patches:
 
 
 async def admitted_waiting(
-    admission: FractionalAdmission, patches: Patches, body: dict[str, Any], name: str
+    admission: ShareService, patches: Patches, body: dict[str, Any], name: str
 ) -> dict[str, Any]:
     """``body`` admitted behind the gate, created as ``name`` and seen by the watch."""
     patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
@@ -709,7 +709,7 @@ async def test_a_share_goes_only_where_the_node_has_room_for_the_pod_s_other_req
 
 
 async def test_the_listing_after_a_restart_counts_bound_pods_too() -> None:
-    restarted = FractionalAdmission(clock=Clock())
+    restarted = ShareService(clock=Clock())
     await restarted.rebuild([node("gpu-a")], [bound("busy", "gpu-a", "64")])
     body = pod()
     body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
@@ -773,7 +773,7 @@ async def test_a_gate_removed_by_hand_is_reported_once() -> None:
 
 
 async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_naming_none() -> None:
-    admission = FractionalAdmission(clock=Clock(), runtime_class="nvidia")
+    admission = ShareService(clock=Clock(), runtime_class="nvidia")
     await admission.on_node(node("gpu-a"), None)
     body = pod()
     patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
