@@ -229,49 +229,13 @@ def write_webhook_client(pki: Path) -> list[str]:
     (docs/gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
     Every webhook gets the certificate (``*``); one that asks for none ignores it.
     """
-    import datetime as dt
+    from mpijob.platform.tls import issue
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mpijob-local-webhook-client-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.key").write_bytes(pem_key(key))
+    ca = issue("mpijob-local-webhook-client-ca", ca=True, path_length=0)
+    client = issue("kube-apiserver", issuer=ca, usage="client")
+    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.cert_pem())
+    (pki / "webhook-client.crt").write_bytes(client.cert_pem())
+    (pki / "webhook-client.key").write_bytes(client.key_pem())
     (pki / "webhook-client.key").chmod(0o600)
     (pki / "admission-kubeconfig.yaml").write_text(
         yaml.safe_dump(

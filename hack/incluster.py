@@ -239,7 +239,7 @@ def webhook_keys() -> None:
     (a Secret every replica mounts) and the CA of the API server's webhook client certificate
     (a ConfigMap; hack/cluster.py made both the CA and the API server's admission configuration).
     The operator's pods wait for them (ContainerCreating) and start once they exist."""
-    from mpijob.handlers.fractional import serving_certificate
+    from mpijob.platform.tls import serving_certificate
 
     with tempfile.TemporaryDirectory() as folder:
         cert = serving_certificate(NAMESPACE, WEBHOOK_SERVICE, Path(folder))

@@ -24,8 +24,6 @@ cluster that ran Kueue for a while goes on as one without it.
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import json
 import os
 import signal
@@ -77,48 +75,6 @@ def module_dir() -> Path:
 # --- certificates ---------------------------------------------------------------------------------
 
 
-def _pem(key: Any, cert: Any) -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives import serialization
-
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
-
-
-def _certificate(common_name: str, issuer: tuple[Any, Any] | None) -> tuple[Any, Any]:
-    """A key and a certificate for 127.0.0.1/localhost: a CA when ``issuer`` is None."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer[1].subject if issuer else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if issuer is not None:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-    signer = issuer[0] if issuer else key
-    return key, builder.sign(signer, hashes.SHA256())
-
-
 def _write_pair(directory: Path, cert: bytes, key: bytes) -> None:
     """tls.crt and tls.key, each replaced atomically (a watcher never reads half a file)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -131,10 +87,14 @@ def _write_pair(directory: Path, cert: bytes, key: bytes) -> None:
 
 def write_certs() -> bytes:
     """The webhook CA and serving pair under ``.cluster/kueue/certs``; returns the CA in PEM."""
-    ca_key, ca = _certificate("mpijob-local-kueue-ca", None)
-    key, cert = _certificate("127.0.0.1", (ca_key, ca))
-    ca_pem, _ = _pem(ca_key, ca)
-    _write_pair(home() / "certs", *_pem(key, cert))
+    from mpijob.platform.tls import issue
+
+    ca = issue("mpijob-local-kueue-ca", ca=True, days=3650)
+    serving = issue(
+        "127.0.0.1", issuer=ca, hosts=("localhost", "127.0.0.1"), usage="server", days=3650
+    )
+    ca_pem = ca.cert_pem()
+    _write_pair(home() / "certs", serving.cert_pem(), serving.key_pem())
     (home() / "certs" / "ca.crt").write_bytes(ca_pem)
     return ca_pem
 
@@ -143,9 +103,11 @@ def ensure_metrics_certs() -> None:
     """A self-signed pair at Kueue's fixed metrics path, made once (nothing scrapes it here)."""
     if (METRICS_CERTS / "tls.crt").exists() and (METRICS_CERTS / "tls.key").exists():
         return
+    from mpijob.platform.tls import issue
+
     try:
-        key, cert = _certificate("kueue-metrics", None)
-        _write_pair(METRICS_CERTS, *_pem(key, cert))
+        metrics = issue("kueue-metrics", ca=True, days=3650)
+        _write_pair(METRICS_CERTS, metrics.cert_pem(), metrics.key_pem())
     except PermissionError:
         raise SystemExit(
             f"[kueue] error: Kueue {version()} with its own certificate management off reads its "

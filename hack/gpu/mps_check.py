@@ -8,8 +8,8 @@ nvidia-ml-py (never in CI):
 
 It starts GPU 0's MPS control daemon with the agent's own code (:class:`MpsDaemon`, default
 caps, exactly as ``mpijob-agent --share-gpus`` does), then runs CUDA processes whose environment
-is what :func:`mpijob.desired.fractional.pod_edits` writes for a pod holding the share (as the
-kubelet resolves it at container start, :func:`~mpijob.desired.fractional.resolve_env`): a bf16
+is what :func:`mpijob.shares.pod_edits.pod_edits` writes for a pod holding the share (as the
+kubelet resolves it at container start, :func:`~mpijob.shares.pod_edits.resolve_env`): a bf16
 8192^3 matmul for throughput, plain allocations for the memory limit. Phases:
 
 1. unrestricted baselines: without MPS, and as an MPS client without limits;
@@ -265,8 +265,8 @@ class Check:
 def share_env(uuid: str, index: int, memory_gib: int, percentage: int | None) -> dict[str, str]:
     """The environment a one-container pod holding this share starts with (pod_edits)."""
     from mpijob import keys
-    from mpijob.api.fractional import Placed, Share
-    from mpijob.desired.fractional import pod_edits, resolve_env
+    from mpijob.shares.pod_edits import pod_edits, resolve_env
+    from mpijob.shares.request import Placed, Share
 
     limits: dict[str, Any] = {keys.GPU_MEM_RESOURCE: str(memory_gib)}
     if percentage is not None:
@@ -355,7 +355,7 @@ def orchestrate(args: argparse.Namespace) -> int:  # noqa: PLR0915 (one script, 
         baseline = mean("mps_unrestricted")
         summary["baseline_tflops"] = baseline
         summary["baseline_burst_tflops"] = mean("mps_unrestricted", "burst_tflops")
-        print("\n== 2. Compute shares (env from desired.fractional.pod_edits), means of the rounds")
+        print("\n== 2. Compute shares (env from shares.pod_edits.pod_edits), means of the rounds")
         check.row("MPS client, no limits (baseline)", f"{baseline:.0f} TFLOP/s")
         ratio30 = mean("30") / baseline if baseline else 0
         pass30 = bool(baseline) and ratio30 <= 0.40

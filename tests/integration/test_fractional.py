@@ -35,8 +35,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.api.fractional import Placed, Share
-from mpijob.desired.fractional import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
+from mpijob.shares.pod_edits import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
+from mpijob.shares.request import Placed, Share
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
@@ -1074,7 +1074,7 @@ def test_two_replicas_serve_one_certificate_and_only_the_leader_places(
     certificate, so the CA bundle in the configurations (applied by whichever started last)
     verifies either; the standby's webhook gates the tenant's pods and the leader alone places
     them (every GPUSharePlaced Event is the Lease holder's), never overcommitting a GPU."""
-    from mpijob.handlers.fractional import serving_certificate
+    from mpijob.platform.tls import serving_certificate
 
     serving_certificate(namespace, "replicas", tmp_path, url="https://127.0.0.1")
     ports = [free_port(), free_port()]

@@ -189,7 +189,7 @@ class UnconditionalSpecUpdates:
         )
 
     def __enter__(self) -> UnconditionalSpecUpdates:
-        from mpijob.handlers.fractional import serving_certificate
+        from mpijob.platform.tls import serving_certificate
 
         cert_dir = self.log_dir / "unconditional-updates-certs"
         cert_dir.mkdir(exist_ok=True)

@@ -1,16 +1,15 @@
 """The agent's API calls: its Node's topology annotation, the report on placed pods and, on
 ``core_mem`` nodes, the GPU-share extended resources in its Node's status.
 
-Uses the in-cluster service account in a pod, else the local kubeconfig (the operator's
-:func:`~mpijob.handlers.kube.configuration`). The agent's RBAC (``manifests/base/rbac/agent.yaml``)
-allows exactly what is called here: ``get`` and ``patch`` nodes; ``patch`` ``nodes/status``;
-``list`` and ``patch`` pods; ``create`` events; ``list`` ResourceSlices. Called by
-:mod:`mpijob.agent.main`.
+Uses the in-cluster service account in a pod, else the local kubeconfig
+(:func:`~mpijob.platform.credentials.configuration`). The agent's RBAC
+(``manifests/base/rbac/agent.yaml``) allows exactly what is called here: ``get`` and
+``patch`` nodes; ``patch`` ``nodes/status``; ``list`` and ``patch`` pods; ``create`` events;
+``list`` ResourceSlices. Called by :mod:`mpijob.agent.main`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +17,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.handlers.kube import configuration
-
-JSON = Mapping[str, Any]
+from mpijob.objects import JSON
+from mpijob.platform.credentials import configuration
 
 
 class NodeAnnotator:

@@ -8,9 +8,9 @@ import pytest
 from desired_jobs import make_job, pod
 
 from mpijob import keys
-from mpijob.admission import outcome, queue
 from mpijob.desired import events
 from mpijob.desired import status as rules
+from mpijob.gang import outcome, queue
 
 pytestmark = pytest.mark.unit
 

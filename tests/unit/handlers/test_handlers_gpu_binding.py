@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.kube import ApiError
 from mpijob.handlers.startup import detect_gpu_binding
+from mpijob.platform.kube import ApiError
 
 
 class FakeKube:
@@ -19,10 +19,12 @@ class FakeKube:
         self.api, self.device_class = api, device_class
         self.reads: list[str] = []
 
-    async def request(self, method: str, url: str, **_: Any) -> dict[str, Any]:
-        self.reads.append(url)
+    async def resources(self, group_version: str) -> dict[str, Any] | None:
+        self.reads.append(f"/apis/{group_version}")
+        if self.api == 404:
+            return None
         if self.api != 200:
-            raise ApiError(self.api, "NotFound" if self.api == 404 else "Forbidden", "no")
+            raise ApiError(self.api, "Forbidden", "no")
         return {"kind": "APIResourceList"}
 
     async def get(self, api_version: str, kind: str, ns: str | None, name: str) -> Any:

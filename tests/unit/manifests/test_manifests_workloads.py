@@ -225,8 +225,8 @@ def test_agent_daemonset_probes_its_health_endpoint() -> None:
 
 
 def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -> None:
-    from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
     from mpijob.settings import OperatorSettings
+    from mpijob.shares.pod_edits import WEBHOOK_CONFIGURATION
 
     overlay = ROOT / "manifests" / "overlays" / "fractional-gpus"
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
