@@ -352,7 +352,8 @@ def test_cuda_sample_job_runs_with_its_gpu_env_and_annotation(
     assert [(m.mount_path, m.read_only) for m in container.volume_mounts or []][:1] == [
         (keys.MPS_ROOT, True)
     ]
-    assert [v.host_path.path for v in running.spec.volumes if v.host_path] == [keys.MPS_ROOT]
+    assert not [v for v in running.spec.volumes if v.host_path]
+    assert [v.csi.driver for v in running.spec.volumes if v.csi] == [keys.MPS_CSI_DRIVER]
 
     def succeeded() -> bool:
         job = share_nodes.batch.read_namespaced_job("cuda-sample", namespace)
