@@ -157,9 +157,9 @@ def serve(node_service: NodeService, kubelet_dir: str) -> tuple[grpc.Server, Reg
     csi_socket, registration_socket = sockets(kubelet_dir)
     registration = Registration(csi_socket)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(node_service, server)
-    api_pb2_grpc.add_RegistrationServicer_to_server(registration, server)
+    csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(), server)  # type: ignore[no-untyped-call]
+    csi_pb2_grpc.add_NodeServicer_to_server(node_service, server)  # type: ignore[no-untyped-call]
+    api_pb2_grpc.add_RegistrationServicer_to_server(registration, server)  # type: ignore[no-untyped-call]
     for path in (csi_socket, registration_socket):
         os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
         # A socket left by a previous run would refuse the bind.

@@ -18,9 +18,10 @@ later and a pod's environment cannot change after creation:
 
 Per pod: the MPS root mounted read-only at the same path as on the host (host and container
 agree on every pipe path), from the node agent's CSI driver (:func:`mps_volume`: the pod's own
-GPU's pipe directory alone, and no hostPath), and then either its placement (:func:`placement_edits`: the
-``mpijob.io/gpu-share`` record, the UUID annotation, a required node affinity on the chosen
-node, so the scheduler still checks the pod's other resources) or, when no GPU has room now,
+GPU's pipe directory alone, and no hostPath), and then either its placement
+(:func:`placement_edits`: the ``mpijob.io/gpu-share`` record, the UUID annotation, a required
+node affinity on the chosen node, so the scheduler still checks the pod's other resources) or,
+when no GPU has room now,
 the scheduling gate ``mpijob.io/gpu-share`` and the reason it waits (:func:`waiting_edits`).
 The gate keeps the pod Pending (``SchedulingGated``) and away from the scheduler until the
 operator places it: node affinity may be added to a gated pod, and the annotations are read at
