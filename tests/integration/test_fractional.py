@@ -940,6 +940,44 @@ def test_a_tenant_may_not_forge_share_records_or_lift_the_share_gate(
     assert mine.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
 
 
+def test_a_tenants_share_pod_is_admitted_and_placed_in_a_baseline_namespace(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """Pod Security ``baseline`` refuses hostPath volumes, after the webhooks' changes: the
+    share pod's MPS directory comes from the agent's CSI driver, so sharing a GPU needs no
+    privileged namespace."""
+    shares()  # before the label: its readiness probe is a share pod of this namespace
+    share_nodes.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline"
+    )
+    # The level is in force: the tenant's own hostPath pod is refused (else this proves nothing).
+    hostpath = plain_pod("hostpath", {})
+    hostpath["spec"]["volumes"] = [{"name": "mps", "hostPath": {"path": keys.MPS_ROOT}}]
+    with pytest.raises(ApiException) as caught:
+        tenant.create_namespaced_pod(namespace, hostpath, dry_run="All")
+    assert caught.value.status == 403, caught.value.body
+    assert 'violates PodSecurity "baseline:latest"' in json.loads(caught.value.body)["message"]
+
+    tenant.create_namespaced_pod(namespace, pod_body("in-baseline", 2, 30, node="share-node-1"))
+    (pod,) = wait_running(share_nodes, namespace, ["in-baseline"])
+    record = placed(pod)
+    assert pod.spec.node_name == record.node == "share-node-1"
+    assert pod.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
+    assert not pod.spec.scheduling_gates
+    assert not [v for v in pod.spec.volumes if v.host_path]
+    (mps,) = [v for v in pod.spec.volumes if v.csi]
+    assert (mps.csi.driver, mps.csi.read_only, mps.csi.volume_attributes) == (
+        keys.MPS_CSI_DRIVER,
+        True,
+        None,
+    )
+    mount = pod.spec.containers[0].volume_mounts[0]
+    assert (mount.name, mount.mount_path, mount.read_only) == (mps.name, keys.MPS_ROOT, True)
+
+
 def review(name: str, body: dict[str, Any], namespace: str) -> dict[str, Any]:
     """An AdmissionReview of a pod's creation, as the API server would send it."""
     return {
