@@ -40,7 +40,7 @@ from mpijob.desired.fractional import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
-from support.realnode import ROLE, exit_codes, in_node, ready_real_node
+from support.realnode import ROLE, exit_codes, in_node, node_mount_points, ready_real_node
 from support.tenants import bind_tenant
 from support.wait import wait_until
 
@@ -839,6 +839,12 @@ def test_a_real_container_placed_after_waiting_starts_with_its_gpu_env(
         # Every GPU of the node has a pipe directory on the host; the pod sees its own alone.
         assert len(topology["gpus"]) > 1
         assert f"in-root: . ./{record.uuid} ./{record.uuid}/pipe \n" in log, log
+        share_nodes.kubectl("delete", "pod", "sees-its-gpu", "-n", namespace)
+        wait_until(
+            lambda: not [p for p in node_mount_points(real) if pod.metadata.uid in p],
+            timeout=60,
+            what="the pod's CSI volume unmounted",
+        )
     finally:
         share_nodes.kubectl("delete", "pod", "sees-its-gpu", "-n", namespace, "--ignore-not-found")
         share_nodes.kubectl("label", "node", real, f"{keys.NODE_GPU_SCHEDULE_LABEL}-", check=False)

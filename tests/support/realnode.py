@@ -82,3 +82,11 @@ def in_node(node: str, argv: list[str]) -> tuple[list[str], str]:
     (index,) = [i for i in range(state.count) if realnode.node_name(i) == node]
     kubelet = root / "realnode" / f"node-{index}" / "kubelet"
     return realnode.in_node_ns(state, argv), str(kubelet)
+
+
+def node_mount_points(node: str) -> list[str]:
+    """Mount points in the real node ``node``'s mount namespace (its kubelet's view)."""
+    argv, _ = in_node(node, ["true"])
+    holder = argv[1].split("/")[2]  # nsenter --mount=/proc/<pid>/ns/mnt
+    with open(f"/proc/{holder}/mountinfo") as lines:
+        return [line.split()[4] for line in lines]

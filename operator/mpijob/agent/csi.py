@@ -232,6 +232,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         except Refused as refused:
             logger.warning("Refused to publish %s: %s", target, refused)
             _abort(context, refused.code, str(refused))
+        except OSError as error:
+            logger.exception("Failed to publish %s", target)
+            _abort(context, grpc.StatusCode.INTERNAL, f"mounting {target}: {error}")
         logger.info("Published GPU %s's pipe directory at %s", publish.uuid, target)
         return csi_pb2.NodePublishVolumeResponse()
 
@@ -247,8 +250,12 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"target {target} is not a pod's CSI volume directory",
             )
-        self.mounter.unpublish(target)
-        logger.info("Unpublished %s", request.target_path)
+        try:
+            self.mounter.unpublish(target)
+        except OSError as error:
+            logger.exception("Failed to unpublish %s", target)
+            _abort(context, grpc.StatusCode.INTERNAL, f"unmounting {target}: {error}")
+        logger.info("Unpublished %s", target)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
 

@@ -244,6 +244,18 @@ def test_publish_refuses(driver: Driver, case: str, code: grpc.StatusCode, messa
     assert message in (error.details() or ""), error.details()
 
 
+def test_a_failed_mount_is_an_internal_error_naming_it(driver: Driver) -> None:
+    def fail(pipe: str, target: str, uuid: str) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    driver.pods.pods["tenant", "worker"] = share_pod()
+    driver.mounts.publish = fail  # type: ignore[method-assign]
+    with pytest.raises(grpc.RpcError) as caught:
+        driver.publish()
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert "Operation not permitted" in (caught.value.details() or "")
+
+
 def test_unpublish_unmounts_and_is_idempotent(driver: Driver) -> None:
     driver.pods.pods["tenant", "worker"] = share_pod()
     driver.publish()
