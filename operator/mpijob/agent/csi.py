@@ -135,9 +135,10 @@ def decide(
             f"{who}'s GPU share is on node {record.node}, not on {node}",
         )
     uuid = record.uuid
-    if (meta.get("annotations") or {}).get(keys.GPU_SHARE_UUID) != uuid or not _UUID.fullmatch(
-        uuid
-    ):
+    # The containers' NVIDIA_VISIBLE_DEVICES is read from this annotation: the pipe directory
+    # shown must be that GPU's, and the UUID one path component.
+    annotated = (meta.get("annotations") or {}).get(keys.GPU_SHARE_UUID)
+    if annotated != uuid or not _UUID.fullmatch(uuid):
         raise Refused(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"{who}'s {keys.GPU_SHARE_UUID} does not name the GPU of its share",
