@@ -296,6 +296,10 @@ MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory
 #: per GPU (``<root>/<gpu-uuid>/pipe``, ``.../log``).
 MPS_ROOT: Final = "/run/mpijob/mps"
+#: The node agent's CSI driver: share pods carry an inline ephemeral volume of it, mounted at
+#: MPS_ROOT, which shows the container its own GPU's pipe directory alone (no hostPath, so a
+#: Pod Security ``baseline`` namespace admits the pod).
+MPS_CSI_DRIVER: Final = "mps.mpijob.io"
 #: Environment of an MPS client (NVIDIA's names).
 ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"

@@ -94,3 +94,23 @@ class NodeStatusPatcher:
     def __call__(self, node: str, body: list[dict[str, Any]]) -> None:
         # A list body is sent as application/json-patch+json by the client.
         self._api.patch_node_status(node, body)
+
+
+class NodePods:
+    """One pod bound to the agent's node, for the CSI node service
+    (:class:`mpijob.agent.csi.PodReader`): a list with the field selectors ``metadata.name`` and
+    ``spec.nodeName``, so the agent reads no pod of another node (RBAC cannot narrow ``list``
+    to one node; the agent never asks for more)."""
+
+    def __init__(self) -> None:
+        self._client = kubernetes.client.ApiClient(configuration())
+        self._core: Any = kubernetes.client.CoreV1Api(self._client)
+
+    def __call__(self, namespace: str, name: str, node: str) -> JSON | None:
+        pods = self._core.list_namespaced_pod(
+            namespace, field_selector=f"metadata.name={name},spec.nodeName={node}"
+        )
+        if not pods.items:
+            return None
+        found: JSON = self._client.sanitize_for_serialization(pods.items[0])
+        return found

@@ -16,10 +16,12 @@ later and a pod's environment cannot change after creation:
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<p>``. These are client-side limits: MPS lets a client
   lower, never raise, the daemon's limit, and a container that unsets them escapes them.
 
-Per pod: the MPS root mounted read-only from the host at the same path (host and container
-agree on every pipe path), and then either its placement (:func:`placement_edits`: the
-``mpijob.io/gpu-share`` record, the UUID annotation, a required node affinity on the chosen
-node, so the scheduler still checks the pod's other resources) or, when no GPU has room now,
+Per pod: the MPS root mounted read-only at the same path as on the host (host and container
+agree on every pipe path), from the node agent's CSI driver (:func:`mps_volume`: the pod's own
+GPU's pipe directory alone, and no hostPath), and then either its placement
+(:func:`placement_edits`: the ``mpijob.io/gpu-share`` record, the UUID annotation, a required
+node affinity on the chosen node, so the scheduler still checks the pod's other resources) or,
+when no GPU has room now,
 the scheduling gate ``mpijob.io/gpu-share`` and the reason it waits (:func:`waiting_edits`).
 The gate keeps the pod Pending (``SchedulingGated``) and away from the scheduler until the
 operator places it: node affinity may be added to a gated pod, and the annotations are read at
@@ -155,10 +157,17 @@ def share_edits(pod: Mapping[str, Any], root: str = keys.MPS_ROOT) -> PodEdits:
             continue
         env[index] = container_env(part, root)
         mounts[index] = ({"name": MPS_VOLUME, "mountPath": root, "readOnly": True},)
-    # Directory, not DirectoryOrCreate: on a node whose agent has not made it the pod waits
-    # visibly (FailedMount) instead of running outside MPS.
-    volumes = ({"name": MPS_VOLUME, "hostPath": {"path": root, "type": "Directory"}},)
-    return PodEdits(env=env, volumes=volumes, mounts=mounts)
+    return PodEdits(env=env, volumes=(mps_volume(),), mounts=mounts)
+
+
+def mps_volume() -> dict[str, Any]:
+    """The pod's MPS volume: inline ephemeral, of the node agent's CSI driver, not a hostPath
+    (which a Pod Security ``baseline`` namespace refuses). The agent shows the pod its own GPU's
+    pipe directory alone, at ``<root>/<uuid>/pipe``, read from the pod's share record on the API
+    server, never from the volume's attributes (:mod:`mpijob.agent.csi`); on a node whose agent
+    does not serve it, or for a pod it did not place, the pod waits visibly (FailedMount)
+    instead of running outside MPS."""
+    return {"name": MPS_VOLUME, "csi": {"driver": keys.MPS_CSI_DRIVER, "readOnly": True}}
 
 
 def runtime_class_edits(pod: Mapping[str, Any], runtime_class: str) -> PodEdits:

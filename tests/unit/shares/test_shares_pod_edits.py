@@ -110,8 +110,9 @@ def test_the_patch_applies_to_a_bare_pod() -> None:
     container = patched["spec"]["containers"][1]
     assert container["volumeMounts"][0]["mountPath"] == keys.MPS_ROOT
     assert "env" not in patched["spec"]["containers"][0]
+    # The node agent's CSI driver, never a hostPath (a baseline namespace refuses those).
     assert patched["spec"]["volumes"] == [
-        {"name": MPS_VOLUME, "hostPath": {"path": keys.MPS_ROOT, "type": "Directory"}}
+        {"name": MPS_VOLUME, "csi": {"driver": keys.MPS_CSI_DRIVER, "readOnly": True}}
     ]
     assert patched["metadata"]["annotations"] == {
         keys.GPU_SHARE: PLACED.dumps(),
