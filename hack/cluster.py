@@ -17,175 +17,90 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import hashlib
-import json
 import os
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-import dra  # hack/dra.py
-import realnode  # hack/realnode.py
+from hack import dra, realnode
+from hack import kueue as queueing
+from hack.common import (
+    COMPONENTS,
+    HACK,
+    TOKEN,
+    State,
+    alive,
+    binaries,
+    cache_dir,
+    free_port,
+    get,
+    go_module_dir,
+    healthy,
+    kubectl,
+    say,
+    server_url,
+    stages_digest,
+    start,
+    state_dir,
+    versions,
+    wait_for,
+)
 
-HACK = Path(__file__).resolve().parent
-ROOT = HACK.parent
-TOKEN = "mpijob-local-admin"  # loopback-only cluster; the token never leaves this machine
+# The shared names (hack/common.py) are here too: the tests, benchmarks and other tools read the
+# cluster through this module.
+__all__ = [
+    "DEFAULT_TOPOLOGY",
+    "HACK",
+    "NODE_PREFIX",
+    "OPT_IN_LABEL",
+    "TOKEN",
+    "TOPOLOGY_ANNOTATION",
+    "WEBHOOK_CLIENT_CA",
+    "State",
+    "alive",
+    "audit_args",
+    "audit_policy",
+    "binaries",
+    "cache_dir",
+    "default_real_nodes",
+    "down",
+    "ensure_nodes",
+    "ensure_real_nodes",
+    "get",
+    "healthy",
+    "kubeconfig_text",
+    "kubectl",
+    "main",
+    "node_manifest",
+    "restart_reason",
+    "rss_mb",
+    "scheduler_config",
+    "server_url",
+    "start",
+    "state_dir",
+    "status",
+    "stop_demo_operator",
+    "third_party_crds",
+    "topology_annotation",
+    "up",
+    "user_token",
+    "versions",
+    "wait_for",
+    "write_pki",
+    "write_user_kubeconfigs",
+    "write_webhook_client",
+]
+
 DEFAULT_TOPOLOGY = "dgx1-v100"
 NODE_PREFIX = "gpu-node-"
 OPT_IN_LABEL = "ack.node.gpu.schedule"
 TOPOLOGY_ANNOTATION = "mpijob.io/gpu-topology"
-COMPONENTS = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "sched-plugins-controller",
-    "kwok",
-)
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for raw in (HACK / "versions.env").read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            out[key] = value
-    return out
-
-
-def cache_dir() -> Path:
-    if os.environ.get("MPIJOB_CACHE"):
-        return Path(os.environ["MPIJOB_CACHE"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "mpijob-operator"
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("MPIJOB_CLUSTER_DIR") or ROOT / ".cluster")
-
-
-def binaries() -> dict[str, Path]:
-    v = versions()
-    b = cache_dir() / "bin"
-    kube = b / f"kubernetes-v{v['KUBE_VERSION']}"
-    sp = b / f"scheduler-plugins-v{v['SCHED_PLUGINS_VERSION']}"
-    return {
-        "etcd": b / f"etcd-v{v['ETCD_VERSION']}" / "etcd",
-        "kube-apiserver": kube / "kube-apiserver",
-        "kube-controller-manager": kube / "kube-controller-manager",
-        "kubectl": kube / "kubectl",
-        "kube-scheduler": sp / "kube-scheduler",
-        "sched-plugins-controller": sp / "sched-plugins-controller",
-        "kwok": b / f"kwok-v{v['KWOK_VERSION']}" / "kwok",
-        "kubelet": b / f"kubelet-v{v['KUBE_VERSION']}" / "kubelet",
-        "coredns": b / f"coredns-v{v['COREDNS_VERSION']}" / "coredns",
-    }
-
-
-def say(msg: str) -> None:
-    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class State:
-    ports: dict[str, int] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
-    started_at: float = 0.0
-    stages: str = ""
-    """Digest of the kwok stages the cluster runs: a changed file needs a restart to count."""
-
-    @classmethod
-    def load(cls) -> State | None:
-        path = state_dir() / "state.json"
-        if not path.exists():
-            return None
-        return cls(**json.loads(path.read_text()))
-
-    def save(self) -> None:
-        (state_dir() / "state.json").write_text(json.dumps(asdict(self), indent=2))
-
-
-def alive(pid: int) -> bool:
-    if pid <= 0:  # kill(-1, 0) would ask about every process
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    with contextlib.suppress(OSError):  # a zombie is not alive
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def stages_digest() -> str:
-    return hashlib.sha256((HACK / "kwok/stages.yaml").read_bytes()).hexdigest()
-
-
-def server_url(state: State) -> str:
-    return f"https://127.0.0.1:{state.ports['kube-apiserver']}"
-
-
-def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
-    ca = state_dir() / "pki" / "apiserver.crt"
-    # Until the apiserver has written its self-signed certificate there is nothing to verify.
-    ctx = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
-    if not ca.exists():
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (OSError, urllib.error.URLError) as e:
-        return 0, str(e)
-
-
-def healthy(state: State) -> bool:
-    if not all(alive(state.pids.get(c, -1)) for c in COMPONENTS):
-        return False
-    return get(server_url(state) + "/readyz")[0] == 200
-
-
-def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    log = state_dir() / "logs" / f"{proc}.log" if proc else None
-    tail = ""
-    if log and log.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-    raise SystemExit(
-        f"[cluster] error: {what} not ready after {timeout:.0f}s.\n{tail}\n"
-        f"Logs: {state_dir() / 'logs'}"
-    )
-
-
-def start(name: str, argv: list[str], state: State) -> None:
-    state.pids[name] = realnode.spawn(argv, state_dir() / "logs" / f"{name}.log")
-    state.save()
 
 
 def user_token(user: str) -> str:
@@ -402,24 +317,6 @@ def scheduler_config(kubeconfig: Path) -> str:
     )
 
 
-def go_module_dir(mod: str, what: str, who: str = "cluster") -> Path:
-    """Where the Go module proxy's copy of ``mod`` (``path@vX``) lies; exits naming ``what``
-    it was needed for when it cannot be downloaded."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", mod],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(
-            f"[{who}] error: cannot download {mod} from the Go module proxy "
-            f"for {what}:\n{out.stdout}{out.stderr}"
-        )
-    return Path(json.loads(out.stdout)["Dir"])
-
-
 def third_party_crds() -> list[Path]:
     """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
     v = versions()
@@ -433,22 +330,8 @@ def third_party_crds() -> list[Path]:
     ]
 
 
-def kubectl(state: State, *args: str, input: str | None = None) -> str:
-    out = subprocess.run(
-        [str(binaries()["kubectl"]), "--kubeconfig", str(state_dir() / "kubeconfig"), *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"[cluster] error: kubectl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
 def topology_annotation(name: str, node: str) -> str:
     """The node's GPU topology as the agent would publish it (with stable made-up UUIDs)."""
-    sys.path.insert(0, str(ROOT / "operator"))
     from mpijob.placement import codec, topologies
 
     return codec.dumps(topologies.for_node(name, node))
@@ -533,8 +416,6 @@ def up(
         down(quiet=True)
         raise
     if kueue:
-        import kueue as queueing  # hack/kueue.py, a component started on request
-
         try:
             queueing.ensure(state)
         except BaseException:

@@ -47,9 +47,7 @@ from typing import Any
 
 import yaml
 
-import cluster  # hack/cluster.py
-import operator_image  # hack/operator_image.py
-import realnode  # hack/realnode.py
+from hack import cluster, operator_image, realnode
 
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-import cluster as local  # hack/cluster.py
+from hack import common as local
 
 NAME = "kueue"
 NAMESPACE = "kueue-system"
@@ -388,7 +388,7 @@ def stop(state: local.State, quiet: bool = False) -> None:
 
 
 def main() -> int:
-    usage = "usage: hack/kueue.py up|down  (the local cluster must be running: make cluster)"
+    usage = "usage: python -m hack.kueue up|down  (the local cluster must be running: make cluster)"
     if len(sys.argv) != 2 or sys.argv[1] not in ("up", "down"):
         print(usage, file=sys.stderr)
         return 2

@@ -1,9 +1,9 @@
 """Real nodes of the local cluster: a kubelet, containerd and runc running real containers.
 
-Beside the kwok GPU nodes, ``hack/cluster.py up --real-nodes N`` (env ``REAL_NODES``, default 2,
-0 for none) starts N nodes ``real-node-<i>``, each a kubelet (the control plane's Kubernetes
-version, built by hack/build-bins.sh) over its own containerd (Debian's 1.6 package, which serves
-the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of them:
+Beside the kwok GPU nodes, ``python -m hack.cluster up --real-nodes N`` (env ``REAL_NODES``,
+default 2, 0 for none) starts N nodes ``real-node-<i>``, each a kubelet (the control plane's
+Kubernetes version, built by hack/build-bins.sh) over its own containerd (Debian's 1.6 package,
+which serves the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of them:
 
 - a Linux bridge ``mpjb<id>`` with a /24 of its own; each node's pods get addresses from their
   slice of it (CNI bridge + host-local + loopback, Debian's containernetworking-plugins). The
@@ -53,7 +53,8 @@ from typing import Any
 
 import yaml
 
-import images  # hack/images.py
+from hack import images
+from hack.common import spawn
 
 HACK = Path(__file__).resolve().parent
 NODE_PREFIX = "real-node-"
@@ -383,21 +384,6 @@ def corefile(st: NodeState, kubeconfig: Path) -> str:
 
 
 # --- processes ----------------------------------------------------------------------------------
-
-
-def spawn(argv: list[str], log_path: Path) -> int:
-    """Start ``argv`` in a session of its own (it outlives this script), appending its output to
-    ``log_path``; its pid. Also how hack/cluster.py starts the control plane."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    return proc.pid
 
 
 def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:

@@ -6,7 +6,6 @@ a job meant to run real processes selects and tolerates it.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from kubernetes import client
@@ -41,8 +40,7 @@ def ready_real_node(cluster: Cluster) -> str:
 
 def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
     """The job sent to the real node (hack/realnode.py's placement, as ``make demo`` uses)."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import realnode  # hack/realnode.py
+    from hack import realnode
 
     return realnode.place_on_real_node(body)
 
