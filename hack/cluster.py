@@ -49,6 +49,7 @@ from hack.common import (
     start,
     state_dir,
     versions,
+    wait_established,
     wait_for,
 )
 
@@ -575,14 +576,13 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
 
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
-    kubectl(
+    wait_established(
         state,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/podgroups.scheduling.x-k8s.io",
-        "crd/elasticquotas.scheduling.x-k8s.io",
-        "crd/podgroups.scheduling.volcano.sh",
+        [
+            "crd/podgroups.scheduling.x-k8s.io",
+            "crd/elasticquotas.scheduling.x-k8s.io",
+            "crd/podgroups.scheduling.volcano.sh",
+        ],
     )
 
     (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))

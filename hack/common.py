@@ -214,3 +214,20 @@ def kubectl(state: State, *args: str, input: str | None = None) -> str:
     if out.returncode != 0:
         raise SystemExit(f"[cluster] error: kubectl {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
+
+
+def wait_established(state: State, crds: list[str], timeout: float = 60) -> None:
+    """Until every CRD (``crd/<name>``) is Established. ``kubectl wait`` errs instead of waiting
+    on a CRD whose status is not written yet, right after it was created."""
+
+    def established() -> bool:
+        doc = json.loads(kubectl(state, "get", *crds, "-o", "json"))
+        return all(
+            any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (crd.get("status") or {}).get("conditions") or ()
+            )
+            for crd in doc.get("items", [doc])
+        )
+
+    wait_for(f"{len(crds)} CRDs Established", established, timeout, "kube-apiserver")

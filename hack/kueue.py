@@ -323,13 +323,7 @@ def ensure(state: local.State) -> None:
     _apply(state, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
     definitions = crds(mod, port, ca)
     _apply(state, definitions)
-    local.kubectl(
-        state,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        *[f"crd/{c['metadata']['name']}" for c in definitions],
-    )
+    local.wait_established(state, [f"crd/{c['metadata']['name']}" for c in definitions])
     (home() / "config.yaml").write_text(yaml.safe_dump(config(state)))
     local.start(
         NAME,
