@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from hack import dra, realnode
+from hack import dra, realnode, tls
 from hack import kueue as queueing
 from hack.common import (
     COMPONENTS,
@@ -109,23 +109,7 @@ def user_token(user: str) -> str:
 
 
 def write_pki(pki: Path, users: Sequence[str] = ()) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pki.mkdir(parents=True, exist_ok=True)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (pki / "sa.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    (pki / "sa.pub").write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    tls.write_signing_key(pki / "sa.key", pki / "sa.pub")
     # Extra users are admins too, with their own names, so audit events tell their clients apart.
     lines = [f'{TOKEN},admin,admin,"system:masters"']
     lines += [f'{user_token(u)},{u},{u},"system:masters"' for u in users]
@@ -145,50 +129,10 @@ def write_webhook_client(pki: Path) -> list[str]:
     (docs/trust-gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
     Every webhook gets the certificate (``*``); one that asks for none ignores it.
     """
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mpijob-local-webhook-client-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.key").write_bytes(pem_key(key))
-    (pki / "webhook-client.key").chmod(0o600)
+    ca = tls.certificate("mpijob-local-webhook-client-ca", usage="ca")
+    client = tls.certificate("kube-apiserver", issuer=ca, usage="client")
+    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.cert_pem)
+    client.write(pki / "webhook-client.crt", pki / "webhook-client.key")
     (pki / "admission-kubeconfig.yaml").write_text(
         yaml.safe_dump(
             {
