@@ -23,12 +23,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hack import dra, realnode, tls
+from hack import dra, images, realnode, tls
 from hack import kueue as queueing
 from hack.common import (
     COMPONENTS,
@@ -63,6 +64,7 @@ __all__ = [
     "TOKEN",
     "TOPOLOGY_ANNOTATION",
     "WEBHOOK_CLIENT_CA",
+    "Components",
     "State",
     "alive",
     "audit_args",
@@ -71,19 +73,30 @@ __all__ = [
     "cache_dir",
     "default_real_nodes",
     "down",
+    "ensure_binaries",
+    "ensure_control_plane",
+    "ensure_dra",
+    "ensure_kueue",
     "ensure_nodes",
     "ensure_real_nodes",
     "get",
     "healthy",
+    "install_crds",
     "kubeconfig_text",
     "kubectl",
     "main",
+    "new_state",
     "node_manifest",
     "restart_reason",
     "rss_mb",
+    "running_cluster",
     "scheduler_config",
     "server_url",
     "start",
+    "start_apiserver",
+    "start_controllers",
+    "start_etcd",
+    "start_kwok",
     "state_dir",
     "status",
     "stop_demo_operator",
@@ -93,6 +106,7 @@ __all__ = [
     "user_token",
     "versions",
     "wait_for",
+    "write_kubeconfigs",
     "write_pki",
     "write_user_kubeconfigs",
     "write_webhook_client",
@@ -337,12 +351,25 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
         return out.split().count("True") >= count
 
     wait_for(f"{count} nodes Ready", ready, 120, "kwok")
-    slices = dra.publish(lambda *args, input=None: kubectl(state, *args, input=input))
-    say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
 
 
 def default_real_nodes() -> int:
     return int(os.environ.get("REAL_NODES") or "2")
+
+
+@dataclass(frozen=True)
+class Components:
+    """What runs beside the control plane and the simulated nodes; each one optional.
+
+    ``dra``: the simulated NVIDIA DRA driver's DeviceClass and ResourceSlices (hack/dra.py);
+    ``kueue``: the Kueue manager (hack/kueue.py); ``real_nodes``: that many kubelet + containerd
+    nodes running real containers (hack/realnode.py), holding ``images`` (hack/images.py).
+    """
+
+    dra: bool = True
+    kueue: bool = False
+    real_nodes: int = 0
+    images: tuple[str, ...] = images.ALL
 
 
 def up(
@@ -353,25 +380,46 @@ def up(
     users: Sequence[str] = (),
     kueue: bool = False,
     real_nodes: int = 0,
+    *,
+    dra_driver: bool = True,
+    node_images: Sequence[str] = images.ALL,
 ) -> State:
+    """The cluster running with ``nodes`` simulated nodes and the components asked for."""
+    unknown = sorted(set(node_images) - set(images.ALL))
+    if unknown:
+        raise SystemExit(f"[cluster] error: unknown image(s) {unknown}; any of {images.ALL}")
+    parts = Components(dra_driver, kueue, real_nodes, tuple(node_images))
     try:
-        state = _up(nodes, topology, gpus, audit_log, users)
+        state = ensure_control_plane(audit_log, users)
+        ensure_nodes(state, nodes, topology, gpus)
+        if parts.dra:
+            ensure_dra(state)
     except BaseException:
         say("start failed; stopping what was started (logs stay in .cluster/logs)")
         down(quiet=True)
         raise
-    if kueue:
-        try:
-            queueing.ensure(state)
-        except BaseException:
-            say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
-            queueing.stop(state, quiet=True)
-            raise
-    ensure_real_nodes(state, real_nodes)  # last: its failure leaves everything else up
+    if parts.kueue:
+        ensure_kueue(state)
+    # Last: its failure leaves everything else up.
+    ensure_real_nodes(state, parts.real_nodes, parts.images)
     return state
 
 
-def ensure_real_nodes(state: State, count: int) -> None:
+def ensure_dra(state: State) -> None:
+    slices = dra.publish(lambda *args, input=None: kubectl(state, *args, input=input))
+    say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
+
+
+def ensure_kueue(state: State) -> None:
+    try:
+        queueing.ensure(state)
+    except BaseException:
+        say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
+        queueing.stop(state, quiet=True)
+        raise
+
+
+def ensure_real_nodes(state: State, count: int, node_images: Sequence[str] = images.ALL) -> None:
     """Starts (or restarts) the real nodes; their failure stops them, never the control plane."""
     api = lambda *a, input=None: kubectl(state, *a, input=input)  # noqa: E731
     if count <= 0:
@@ -383,7 +431,7 @@ def ensure_real_nodes(state: State, count: int) -> None:
     if not (bins["kubelet"].exists() and bins["coredns"].exists()):
         say("real-node binaries missing; building them (hack/build-bins.sh kubelet coredns)")
         subprocess.run([str(HACK / "build-bins.sh"), "kubelet", "coredns"], check=True)
-    realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api)
+    realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api, node_images)
 
 
 def restart_reason(state: State) -> str:
@@ -395,13 +443,43 @@ def restart_reason(state: State) -> str:
     return ""
 
 
-def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
+# --- the control plane, step by step ----------------------------------------------------------
+
+
+def ensure_control_plane(audit_log: bool, users: Sequence[str]) -> State:
+    """etcd, the API server, the controllers, the scheduler and kwok running, started unless a
+    healthy cluster of the same make already runs."""
     t0 = time.monotonic()
+    state = running_cluster(audit_log, users)
+    if state:
+        return state
+    ensure_binaries()
+    state = new_state(audit_log, users)
+    start_etcd(state)
+    start_apiserver(state, audit_args(audit_log))
+    wait_for(
+        "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
+    )
+    say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+    write_kubeconfigs(state, users)
+    install_crds(state)
+    start_controllers(state)
+    start_kwok(state)
+    for comp in COMPONENTS:
+        if not alive(state.pids[comp]):
+            wait_for(comp, lambda: False, 0, comp)
+    kubeconfig = state_dir() / "kubeconfig"
+    say(f"control plane up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
+    return state
+
+
+def running_cluster(audit_log: bool, users: Sequence[str]) -> State | None:
+    """The running cluster when it is healthy and what this file starts; stops a stale one."""
     state = State.load()
     if state and healthy(state) and (why := restart_reason(state)):
         say(f"{why}; restarting it")
         down(quiet=True)
-        state = None
+        return None
     if state and healthy(state):
         say(f"already running at {server_url(state)}")
         tokens = (state_dir() / "pki" / "tokens.csv").read_text() if users else ""
@@ -413,52 +491,52 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
                 "--user/--audit-log; run `down` first"
             )
         write_user_kubeconfigs(state, users)
-        ensure_nodes(state, nodes, topology, gpus)
         return state
     if state:
         say("found a stale cluster; cleaning it up")
         down(quiet=True)
-    bins = binaries()
-    missing = [
-        str(p) for c, p in bins.items() if not p.exists() and c not in ("kubelet", "coredns")
-    ]
+    return None
+
+
+def ensure_binaries() -> None:
+    optional = ("kubelet", "coredns")  # the real nodes' (ensure_real_nodes)
+    missing = [str(p) for c, p in binaries().items() if not p.exists() and c not in optional]
     if missing:
         say("control-plane binaries missing; building them (hack/build-bins.sh)")
         subprocess.run([str(HACK / "build-bins.sh")], check=True)
 
+
+def new_state(audit_log: bool, users: Sequence[str]) -> State:
+    """The state folder with fresh keys, and a port for every listener."""
     sd = state_dir()
     sd.mkdir(parents=True, exist_ok=True)
-    pki = sd / "pki"
-    write_pki(pki, users)
-    audit = audit_args(audit_log)
-    state = State(
-        ports={
-            c: free_port()
-            for c in (
-                "etcd",
-                "etcd-peer",
-                "kube-apiserver",
-                "kube-controller-manager",
-                "kube-scheduler",
-                "sched-plugins-metrics",
-                "sched-plugins-probe",
-                "kwok",
-            )
-        },
-        started_at=time.time(),
-        stages=stages_digest(),
+    write_pki(sd / "pki", users)
+    ports = (
+        "etcd",
+        "etcd-peer",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "sched-plugins-metrics",
+        "sched-plugins-probe",
+        "kwok",
     )
-    p = state.ports
-    kubeconfig = sd / "kubeconfig"
+    state = State(
+        ports={c: free_port() for c in ports}, started_at=time.time(), stages=stages_digest()
+    )
     state.save()
+    return state
 
+
+def start_etcd(state: State) -> None:
+    p = state.ports
     etcd_url = f"http://127.0.0.1:{p['etcd']}"
     start(
         "etcd",
         [
-            str(bins["etcd"]),
+            str(binaries()["etcd"]),
             "--name=local",
-            f"--data-dir={sd / 'etcd'}",
+            f"--data-dir={state_dir() / 'etcd'}",
             f"--listen-client-urls={etcd_url}",
             f"--advertise-client-urls={etcd_url}",
             f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
@@ -472,14 +550,18 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
+
+
+def start_apiserver(state: State, audit: list[str]) -> None:
+    pki = state_dir() / "pki"
     start(
         "kube-apiserver",
         [
-            str(bins["kube-apiserver"]),
-            f"--etcd-servers={etcd_url}",
+            str(binaries()["kube-apiserver"]),
+            f"--etcd-servers=http://127.0.0.1:{state.ports['etcd']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
-            f"--secure-port={p['kube-apiserver']}",
+            f"--secure-port={state.ports['kube-apiserver']}",
             f"--cert-dir={pki}",
             f"--token-auth-file={pki / 'tokens.csv'}",
             "--authorization-mode=RBAC",
@@ -510,14 +592,17 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
-    wait_for(
-        "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
-    )
-    say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+
+
+def write_kubeconfigs(state: State, users: Sequence[str]) -> None:
+    kubeconfig = state_dir() / "kubeconfig"
     kubeconfig.write_text(kubeconfig_text(state))  # carries the CA the apiserver just made
     kubeconfig.chmod(0o600)
     write_user_kubeconfigs(state, users)
 
+
+def install_crds(state: State) -> None:
+    """The PodGroup kinds the scheduler and its controller watch, Established before they start."""
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
     wait_established(
@@ -529,6 +614,11 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
     )
 
+
+def start_controllers(state: State) -> None:
+    """kube-controller-manager, the scheduler and the PodGroup controller."""
+    sd, p, bins = state_dir(), state.ports, binaries()
+    kubeconfig = sd / "kubeconfig"
     (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))
     start(
         "kube-controller-manager",
@@ -540,8 +630,8 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={p['kube-controller-manager']}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--root-ca-file={pki / 'apiserver.crt'}",
+            f"--service-account-private-key-file={sd / 'pki' / 'sa.key'}",
+            f"--root-ca-file={sd / 'pki' / 'apiserver.crt'}",
             "--kube-api-qps=500",
             "--kube-api-burst=1000",
             "--concurrent-job-syncs=20",
@@ -580,28 +670,25 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
+
+
+def start_kwok(state: State) -> None:
+    """kwok, keeping the simulated nodes (annotated ``kwok.x-k8s.io/node=fake``) and their pods."""
     start(
         "kwok",
         [
-            str(bins["kwok"]),
-            f"--kubeconfig={kubeconfig}",
+            str(binaries()["kwok"]),
+            f"--kubeconfig={state_dir() / 'kubeconfig'}",
             f"--config={HACK / 'kwok/stages.yaml'}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--server-address=127.0.0.1:{p['kwok']}",
+            f"--server-address=127.0.0.1:{state.ports['kwok']}",
             "--node-lease-duration-seconds=40",
             "--cidr=10.240.0.1/16",
             "--node-ip=10.241.0.1",
         ],
         state,
     )
-
-    ensure_nodes(state, nodes, topology, gpus)
-    for comp in COMPONENTS:
-        if not alive(state.pids[comp]):
-            wait_for(comp, lambda: False, 0, comp)
-    say(f"cluster up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
-    return state
 
 
 def stop_demo_operator() -> None:
@@ -722,6 +809,20 @@ def main() -> int:
         default=os.environ.get("KUEUE", "") == "1",
         help="also run Kueue (hack/kueue.py), with a ClusterQueue for the GPUs (env KUEUE=1)",
     )
+    p_up.add_argument(
+        "--dra",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("DRA", "1") != "0",
+        help="publish the simulated NVIDIA DRA driver's DeviceClass and ResourceSlices (default "
+        "on; env DRA=0 for off)",
+    )
+    p_up.add_argument(
+        "--images",
+        type=lambda text: [n for n in text.split(",") if n],
+        default=list(images.ALL),
+        metavar="NAME,...",
+        help=f"the images the real nodes hold (default all: {','.join(images.ALL)})",
+    )
     p_nodes = sub.add_parser(
         "node-manifests", help="print the simulated GPU nodes as YAML (for any kwok cluster)"
     )
@@ -743,6 +844,8 @@ def main() -> int:
                 args.users,
                 kueue=args.kueue,
                 real_nodes=args.real_nodes,
+                dra_driver=args.dra,
+                node_images=args.images,
             )
         except realnode.NodeError as e:
             # The control plane and the kwok nodes are up: only what needs a real node fails.

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,12 +433,13 @@ def ctr(d: Path, *args: str, check: bool = True) -> str:
     )
 
 
-def import_images(d: Path) -> None:
-    """Loads every image whose archive changed since this containerd last imported it."""
+def import_images(d: Path, names: Sequence[str]) -> None:
+    """Loads each image of ``names`` whose archive changed since this containerd last imported
+    it."""
     marker = d / "containerd" / "imported.json"
     done: dict[str, str] = json.loads(marker.read_text()) if marker.exists() else {}
     present = set(ctr(d, "images", "ls", "-q").split())
-    for name in images.ALL:
+    for name in names:
         archive = images.ensure(name)
         ref = images.reference(name)
         if done.get(ref) == archive.name and ref in present:
@@ -464,8 +465,16 @@ def make_cgroups(st: NodeState, i: int) -> None:
             st.cgroups.append(str(path))
 
 
-def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl: Kubectl) -> None:
-    """Starts ``count`` real nodes (none when 0) and waits until each is Ready."""
+def up(
+    root: Path,
+    count: int,
+    bins: dict[str, Path],
+    kubeconfig: Path,
+    kubectl: Kubectl,
+    node_images: Sequence[str] = images.ALL,
+) -> None:
+    """Starts ``count`` real nodes (none when 0), holding ``node_images`` (hack/images.py), and
+    waits until each is Ready."""
     if count <= 0:
         return
     if count > 5:
@@ -478,7 +487,7 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
     t0 = time.monotonic()
     try:
         preflight(bins)
-        for name in images.ALL:
+        for name in node_images:
             images.ensure(name)
     except SystemExit as e:
         (root / "realnode").mkdir(parents=True, exist_ok=True)
@@ -492,7 +501,7 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
     error = root / "realnode" / "error.txt"
     error.unlink(missing_ok=True)
     try:
-        _up(root, st, bins, kubeconfig, kubectl)
+        _up(root, st, bins, kubeconfig, kubectl, node_images)
     except BaseException as e:
         say("real node start failed; undoing it (logs stay in .cluster/logs)")
         down(root, kubectl)
@@ -503,7 +512,12 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
 
 
 def _up(
-    root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path, kubectl: Kubectl
+    root: Path,
+    st: NodeState,
+    bins: dict[str, Path],
+    kubeconfig: Path,
+    kubectl: Kubectl,
+    node_images: Sequence[str],
 ) -> None:
     base = root / "realnode"
     st.subnet = pick_subnet(st.id)
@@ -570,7 +584,7 @@ def _up(
             root,
             f"containerd-{i}",
         )
-        import_images(d)
+        import_images(d, node_images)
         start(
             root,
             st,
