@@ -1,6 +1,6 @@
 """Admission-queue benchmark: passes over 10,000 waiting topology jobs on 1,000 nodes, no cluster.
 
-Run as ``.venv/bin/python bench/admission_queue.py`` (``--jobs``/``--nodes``/``--passes`` change
+Run as ``.venv/bin/python -m bench.admission_queue`` (``--jobs``/``--nodes``/``--passes`` change
 the size). Prints a table and writes ``.bench/queue.json``.
 
 The operator's own :class:`mpijob.gang.service.Admission` runs its passes on an asyncio

@@ -1,7 +1,7 @@
 """The share webhook's latency per pod at 1,000 opted-in nodes (target: p99 < 10 ms), and
 the leader's placement of each admitted pod.
 
-Run as ``make bench-fractional`` (or ``.venv/bin/python bench/fractional.py [--quick]``). Prints
+Run as ``make bench-fractional`` (or ``.venv/bin/python -m bench.fractional [--quick]``). Prints
 a table and writes ``.bench/fractional.json``.
 
 Cluster: 1,000 ``core_mem`` nodes of 8 GPUs x 79 GiB (what the agent advertises for an H100

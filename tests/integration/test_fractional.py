@@ -21,7 +21,6 @@ import random
 import shutil
 import ssl
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -61,8 +60,7 @@ EXAMPLES = sorted(
 
 def node_body(name: str) -> dict[str, Any]:
     """The local cluster's simulated node manifest, as a core_mem node without whole GPUs."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     body: dict[str, Any] = local.node_manifest(0, TOPOLOGY, GPUS)
     body["metadata"]["name"] = name

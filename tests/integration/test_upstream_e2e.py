@@ -15,7 +15,6 @@ same.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +23,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from hack import incluster
 from support import upstream_e2e as e2e
-from support.kube import ROOT, Cluster
+from support.kube import Cluster
 from support.realnode import ready_real_node
-
-sys.path.insert(0, str(ROOT / "hack"))
-import incluster  # hack/incluster.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 

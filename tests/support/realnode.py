@@ -6,7 +6,6 @@ a job meant to run real processes selects and tolerates it.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from kubernetes import client
@@ -41,8 +40,7 @@ def ready_real_node(cluster: Cluster) -> str:
 
 def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
     """The job sent to the real node (hack/realnode.py's placement, as ``make demo`` uses)."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import realnode  # hack/realnode.py
+    from hack import realnode
 
     return realnode.place_on_real_node(body)
 
@@ -73,8 +71,7 @@ def exit_codes(pod: client.V1Pod) -> list[int]:
 def in_node(node: str, argv: list[str]) -> tuple[list[str], str]:
     """``argv`` run in the real node ``node``'s mount namespace (where its kubelet and
     containerd mount), and that kubelet's ``--root-dir``."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import realnode  # hack/realnode.py
+    from hack import realnode
 
     root = ROOT / ".cluster"
     state = realnode.NodeState.load(root)

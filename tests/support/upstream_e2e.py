@@ -71,8 +71,7 @@ DEFAULT_IMAGE = "openmpi"
 
 
 def _hack() -> Any:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     return local
 

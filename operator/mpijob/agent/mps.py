@@ -14,7 +14,7 @@ earlier. The defaults are node-wide caps that no client can raise; per-pod limit
 client environment, which only lowers them (see the README on what that enforces).
 
 Runs the daemon binary through an injectable ``run`` so that tests need no GPU; called by
-:mod:`mpijob.agent.main` and by ``hack/gpu/mps_check.py``.
+:mod:`mpijob.agent.main` and by ``bench/gpu/mps_check.py``.
 """
 
 from __future__ import annotations

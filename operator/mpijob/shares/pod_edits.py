@@ -1,5 +1,5 @@
 """What a GPU share writes into its pod: the functions the share webhook, the placement of a
-waiting pod and the GPU check (``hack/gpu/mps_check.py``) all call, so what was measured is
+waiting pod and the GPU check (``bench/gpu/mps_check.py``) all call, so what was measured is
 what pods get.
 
 Per container holding part of the share, the MPS client environment (:func:`container_env`),
@@ -27,7 +27,7 @@ The gate keeps the pod Pending (``SchedulingGated``) and away from the scheduler
 operator places it: node affinity may be added to a gated pod, and the annotations are read at
 container start. Nothing else: on a real H100 (driver 580) a client with its own ``/dev/shm``
 and its own mount, IPC, PID and UTS namespaces, the pipe directory read-only, reached its
-daemon (``hack/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's
+daemon (``bench/gpu/mps_check.py``), so client pods need neither hostIPC, hostPID nor the host's
 shared memory.
 
 Pure; :func:`json_patch` turns :class:`PodEdits` into the JSON patch a mutating webhook returns

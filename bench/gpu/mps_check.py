@@ -4,7 +4,7 @@
 Run as root on a GPU machine with the NVIDIA driver, the MPS binaries, PyTorch and
 nvidia-ml-py (never in CI):
 
-    PYTHONPATH=operator python3 hack/gpu/mps_check.py [--json OUT.json] [--seconds 4]
+    PYTHONPATH=operator python3 bench/gpu/mps_check.py [--json OUT.json] [--seconds 4]
 
 It starts GPU 0's MPS control daemon with the agent's own code (:class:`MpsDaemon`, default
 caps, exactly as ``mpijob-agent --share-gpus`` does), then runs CUDA processes whose environment
