@@ -1,5 +1,6 @@
 # The operator image: mpijob-operator (the operator) and mpijob-agent (the node agent, which the
-# DaemonSet runs with `command: [mpijob-agent]`). Build from the repository root:
+# DaemonSet runs with `command: [mpijob-agent]`; on GPU-share nodes also mpijob-agent-csi, its
+# CSI driver). Build from the repository root:
 #   docker build -t mpijob-operator:0.1.0 .
 # Two stages: the project is installed into a virtualenv in the first, and only that virtualenv
 # is copied onto a fresh slim base, so no pip cache, build tree or source checkout ships.

@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -39,20 +39,20 @@ bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~
 cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NODES=2; KUEUE=1 adds Kueue); harmless if running
 	@REAL_NODES=$(REAL_NODES) bash hack/node-deps.sh || echo "[cluster] going on; the real node will say what it lacks"
 	@# Exit status 3: the control plane and the simulated nodes are up, the real node is not (said why).
-	$(PY) hack/cluster.py up --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
+	$(PY) -m hack.cluster up --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
 	  || { rc=$$?; [ $$rc -eq 3 ] && echo "[cluster] up without the real node (see above)"; [ $$rc -eq 3 ]; }
 
 cluster-down: ## Stop the local cluster; leaves no process behind
-	@if [ -x $(PY) ]; then $(PY) hack/cluster.py down; else python3 hack/cluster.py down; fi
+	@if [ -x $(PY) ]; then $(PY) -m hack.cluster down; else python3 -m hack.cluster down; fi
 
 cluster-status: install ## Show the local cluster's processes and memory
-	$(PY) hack/cluster.py status
+	$(PY) -m hack.cluster status
 
 # Before the tests: refuse beside an operator that would also reconcile their jobs, check that
 # pytest collects every test file, install Prometheus and build the control plane if missing.
 test: install ## Run unit and integration tests (installs Prometheus, builds and starts the local cluster)
-	$(PY) hack/stray_operators.py
-	$(PY) hack/check-collected.py
+	$(PY) -m hack.stray_operators
+	$(PY) -m hack.check_collected
 	bash hack/test-deps.sh
 	$(PY) -m pytest
 
@@ -60,71 +60,75 @@ test-unit: install ## Run the unit tests only (no cluster)
 	$(PY) -m pytest -m unit
 
 test-integration: install ## Run the integration tests only (the same set-up as make test)
-	$(PY) hack/stray_operators.py
+	$(PY) -m hack.stray_operators
 	bash hack/test-deps.sh
 	$(PY) -m pytest -m integration
 
-lint: install ## ruff, mypy, the import-layer contracts, generated dashboards up to date
-	$(VENV)/bin/ruff check operator tests bench hack dashboards
-	$(VENV)/bin/ruff format --check operator tests bench hack dashboards
+lint: install ## ruff, mypy, the import-layer contracts, generated dashboards and docs/reference.md up to date
+	$(VENV)/bin/ruff check operator tests bench hack dashboards docs
+	$(VENV)/bin/ruff format --check operator tests bench hack dashboards docs
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) dashboards/generate.py --check
-	$(PY) hack/gen-install.py --check
+	$(PY) docs/generate_reference.py --check
+	$(PY) -m hack.gen_install --check
 
 dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
 	$(PY) dashboards/generate.py
+
+reference: install ## Regenerate docs/reference.md from keys.py and metrics.py (docs/generate_reference.py)
+	$(PY) docs/generate_reference.py
 
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/
 
 image: install ## Build the operator image for the real nodes (Dockerfile's recipe, no Docker; cached by recipe)
-	$(PY) hack/operator_image.py build
+	$(PY) -m hack.operator_image build
 
 install-manifest: install ## Regenerate deploy/mpi-operator.yaml (the standalone overlay in one file)
-	$(PY) hack/gen-install.py
+	$(PY) -m hack.gen_install
 
 # OVERLAY=standalone|monitoring|fractional-gpus|..., REPLICAS=n, UPSTREAM_NAMES=1 (Deployment
 # mpi-operator/mpi-operator, as upstream's install names it).
 deploy-local: cluster crds ## Install the operator in the local cluster from its image, on the real node
-	$(PY) hack/incluster.py deploy --overlay $(or $(OVERLAY),standalone) \
+	$(PY) -m hack.incluster deploy --overlay $(or $(OVERLAY),standalone) \
 	  $(if $(REPLICAS),--replicas $(REPLICAS)) $(if $(filter 1,$(UPSTREAM_NAMES)),--upstream-names)
 
 undeploy-local: install ## Remove the in-cluster operator (CRDs, RBAC and MPIJobs stay)
-	$(PY) hack/incluster.py undeploy
+	$(PY) -m hack.incluster undeploy
 
 run: install ## Run the operator in the foreground against KUBECONFIG (default .cluster/kubeconfig)
 	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
 demo: cluster crds ## Local cluster + operator (namespace demo, left running) + a sample MPIJob to Succeeded; IN_CLUSTER=1: the operator's image on the real node
-	IN_CLUSTER=$(IN_CLUSTER) $(PY) hack/demo.py
+	IN_CLUSTER=$(IN_CLUSTER) $(PY) -m hack.demo
 
 bench: install ## Reconcile benchmark: 100 MPIJobs x 8 workers, ours vs upstream Go mpi-operator
-	$(PY) bench/reconcile.py
+	$(PY) -m bench.reconcile
 
 bench-scale: install ## Scale run: 100 then 1,000 MPIJobs x 8 workers on 200 nodes, ours vs upstream (queue limit lifted)
-	$(PY) bench/reconcile.py --scale
+	$(PY) -m bench.reconcile --scale
 
 bench-gang: install ## Submission to all pods bound, 16 workers: Coscheduling vs our admission
-	$(PY) bench/gang.py
+	$(PY) -m bench.gang
 
 bench-dra: install ## What the dra GPU binding adds: 100 topology jobs x 8 workers, annotations vs dra
-	$(PY) bench/dra.py
+	$(PY) -m bench.dra
 
 bench-storm: install ## Kill storm: 24 SIGKILLs + an API-server restart while 56 topology jobs compete
-	$(PY) bench/killstorm.py
+	$(PY) -m bench.killstorm
 
 bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
-	$(PY) bench/placement.py
+	$(PY) -m bench.placement
 
 bench-fractional: install ## Fractional-GPU admission latency per pod at 1,000 opted-in nodes (pure, no cluster)
-	$(PY) bench/fractional.py
+	$(PY) -m bench.fractional
 
 bench-queue: install ## Admission passes over 10,000 waiting topology jobs on 1,000 nodes: pass time, /healthz, loop stall (pure, no cluster)
-	$(PY) bench/admission_queue.py
+	$(PY) -m bench.admission_queue
 
 bench-train: cluster crds ## img/s of examples/pytorch-cpu.yaml at 1, 2 and 4 workers on the real nodes (median of 3)
-	$(PY) bench/train.py
+	$(PY) -m bench.train
 
 bench-train-gpu: ## On a host with NVIDIA GPUs (no cluster): img/s over NCCL at 1, 2 and 4 ranks (median of 3)
 	python3 bench/train_gpu.py

@@ -1,9 +1,9 @@
 """Admission-queue benchmark: passes over 10,000 waiting topology jobs on 1,000 nodes, no cluster.
 
-Run as ``.venv/bin/python bench/admission_queue.py`` (``--jobs``/``--nodes``/``--passes`` change
+Run as ``.venv/bin/python -m bench.admission_queue`` (``--jobs``/``--nodes``/``--passes`` change
 the size). Prints a table and writes ``.bench/queue.json``.
 
-The operator's own :class:`mpijob.handlers.admission.Admission` runs its passes on an asyncio
+The operator's own :class:`mpijob.gang.service.Admission` runs its passes on an asyncio
 loop, against a snapshot as the caches would hold it: ``--nodes`` opted-in 8-GPU nodes
 (dgx1-v100), each fully held by a running job's PlacementDecision, and ``--jobs`` waiting jobs
 of one worker x 8 GPUs, each pinned to one node by a ``kubernetes.io/hostname``
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from mpijob import api, keys, metrics
-from mpijob.admission import topology
-from mpijob.handlers.admission import Admission
+from mpijob.gang import topology
+from mpijob.gang.service import Admission
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import WorkerAssignment
 
@@ -126,6 +126,9 @@ def scenario(args: argparse.Namespace) -> Admission:
     async def write(obj: dict[str, Any]) -> None:
         raise AssertionError(f"nothing fits, yet {obj['metadata']['name']} was admitted")
 
+    async def read(*_: str) -> None:
+        return None
+
     admission = Admission(
         write_decision=write,
         enqueue=lambda key: None,
@@ -133,6 +136,8 @@ def scenario(args: argparse.Namespace) -> Admission:
         live=jobs.get,
         decision_of=lambda key: None,
         priority_values=dict,
+        create_object=write,
+        get_object=read,
         inter_node_gbps=25.0,
     )
     for key, j in jobs.items():

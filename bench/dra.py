@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the dra GPU binding costs: 100 topology MPIJobs x 8 workers, annotations against dra.
 
-Run as ``make bench-dra`` (``.venv/bin/python bench/dra.py``; ``--help`` for the knobs). It
+Run as ``make bench-dra`` (``.venv/bin/python -m bench.dra``; ``--help`` for the knobs). It
 starts its own local cluster (``MPIJOB_CLUSTER_DIR=.bench/cluster-dra``, ``--nodes`` simulated
 DGX-1 V100 nodes with the simulated NVIDIA DRA driver), so the test cluster is never touched.
 
@@ -32,11 +32,12 @@ from typing import Any
 
 from kubernetes import client, config
 
+from hack import cluster
+from hack.common import free_port
+from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = ROOT / ".bench" / "cluster-dra"
-sys.path.insert(0, str(ROOT / "tests"))
-from support.jobs import mpijob  # noqa: E402 - the tests' job factory, the shape users write
-from support.operator import free_port  # noqa: E402
 
 LIMITS = ["--kube-api-qps", "100", "--kube-api-burst", "200", "--threadiness", "8"]
 MODES = ("annotations", "dra")
@@ -124,9 +125,6 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
 
 
 def kubectl_path() -> Path:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster
-
     return Path(cluster.binaries()["kubectl"])
 
 
@@ -140,9 +138,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
     env = {**os.environ, "MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
-    up = [sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", str(args.nodes)]
+    up = [sys.executable, "-m", "hack.cluster", "up", "--nodes", str(args.nodes)]
     up += ["--real-nodes", "0"]  # simulated nodes only
-    subprocess.run(up, check=True, env=env)
+    subprocess.run(up, cwd=ROOT, check=True, env=env)
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     kubectl = [str(kubectl_path()), "--kubeconfig", str(kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "-f", str(ROOT / "crds")], check=True)
@@ -163,8 +161,8 @@ def main() -> int:
                 )
     finally:
         if not args.keep:
-            down = [sys.executable, str(ROOT / "hack/cluster.py"), "down"]
-            subprocess.run(down, check=True, env=env)
+            down = [sys.executable, "-m", "hack.cluster", "down"]
+            subprocess.run(down, cwd=ROOT, check=True, env=env)
     summary = {}
     for mode in MODES:
         rows = results[mode]

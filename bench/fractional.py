@@ -1,7 +1,7 @@
-"""Fractional-GPU admission latency per pod at 1,000 opted-in nodes (target: p99 < 10 ms), and
+"""The share webhook's latency per pod at 1,000 opted-in nodes (target: p99 < 10 ms), and
 the leader's placement of each admitted pod.
 
-Run as ``make bench-fractional`` (or ``.venv/bin/python bench/fractional.py [--quick]``). Prints
+Run as ``make bench-fractional`` (or ``.venv/bin/python -m bench.fractional [--quick]``). Prints
 a table and writes ``.bench/fractional.json``.
 
 Cluster: 1,000 ``core_mem`` nodes of 8 GPUs x 79 GiB (what the agent advertises for an H100
@@ -33,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from mpijob import keys
-from mpijob.admission.fractional import Ledger, NodeGpu
-from mpijob.admission.node_room import NodeRoom, pod_requests
-from mpijob.api.fractional import Placed, Share, read_request
-from mpijob.desired.fractional import (
+from mpijob.desired.predicates import pod_requests
+from mpijob.shares.ledger import Ledger, NodeGpu
+from mpijob.shares.node_room import NodeRoom
+from mpijob.shares.pod_edits import (
     ADMITTED,
     json_patch,
     placement_edits,
     pod_edits,
     waiting_patch,
 )
+from mpijob.shares.request import Placed, Share, read_request
 
 NODES = 1000
 GPUS = 8
@@ -214,7 +215,7 @@ def main() -> None:
     pods = 1000 if args.quick else 5000
     results = [run(occupancy, pods, args.seed) for occupancy in (0.30, 0.85)]
     machine = f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    print(f"Fractional admission at {NODES} nodes x {GPUS} GPUs ({machine})")
+    print(f"Share webhook and placement at {NODES} nodes x {GPUS} GPUs ({machine})")
     print(
         f"{'occupancy':>10} {'reached':>8} {'pods':>6} {'waited':>8} {'p50 ms':>8} {'p99 ms':>8}"
         f" {'max ms':>8} {'placement p50/p99 ms':>22} {'waits p50/p99 ms':>18}"

@@ -25,9 +25,10 @@ from typing import Any
 
 from kubernetes import client, config
 
+from hack import cluster as local
+from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from support.jobs import mpijob  # noqa: E402 - the tests' job factory, the shape users write
 
 WORKERS = 16
 RUNS = 3
@@ -39,7 +40,7 @@ MODES = {
 
 
 def sh(*args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run(args, check=True, env={**os.environ, **(env or {})})
+    subprocess.run(args, cwd=ROOT, check=True, env={**os.environ, **(env or {})})
 
 
 def all_bound(core: client.CoreV1Api, ns: str, name: str) -> bool:
@@ -95,7 +96,8 @@ def main() -> int:
     env = {"MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
     sh(
         sys.executable,
-        str(ROOT / "hack/cluster.py"),
+        "-m",
+        "hack.cluster",
         "up",
         "--nodes",
         "4",
@@ -105,18 +107,7 @@ def main() -> int:
     )
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     config.load_kube_config(config_file=str(kubeconfig))
-    kubectl = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; sys.path.insert(0, 'hack'); import cluster; "
-            "print(cluster.binaries()['kubectl'])",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    kubectl = str(local.binaries()["kubectl"])
     sh(kubectl, "--kubeconfig", str(kubeconfig), "apply", "--server-side", "-f", str(ROOT / "crds"))
     sh(
         kubectl,
@@ -137,7 +128,7 @@ def main() -> int:
                 f"(median {statistics.median(samples):.1f} s)"
             )
     finally:
-        sh(sys.executable, str(ROOT / "hack/cluster.py"), "down", env=env)
+        sh(sys.executable, "-m", "hack.cluster", "down", env=env)
     out = ROOT / ".bench" / "gang.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out.relative_to(ROOT)}")

@@ -14,7 +14,7 @@ by hack/incluster.py (standalone overlay, two replicas, watching one namespace o
   ``process_resident_memory_bytes``, read from its /metrics at its pod address.
 
 Writes ``.bench/incluster.json``. A benchmark, not a test (minutes of a 2-core machine):
-``.venv/bin/python bench/incluster.py``. Leaves the operator installed; ``make undeploy-local``.
+``.venv/bin/python -m bench.incluster``. Leaves the operator installed; ``make undeploy-local``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hack import incluster
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import incluster  # noqa: E402 - hack/incluster.py
 
 NAMESPACE = "bench-incluster"
 SELECTOR = "app.kubernetes.io/name=mpijob-operator,app.kubernetes.io/component=operator"
@@ -87,9 +87,8 @@ def failover() -> float:
 def rss_after_jobs(count: int) -> float:
     incluster.kubectl("create", "namespace", NAMESPACE, check=False)
     incluster.kubectl("delete", "mpijobs", "--all", "-n", NAMESPACE, "--wait=true")
-    sys.path.insert(0, str(ROOT / "tests"))
     from mpijob import keys
-    from support.jobs import mpijob
+    from tests.support.jobs import mpijob
 
     jobs = [
         mpijob(

@@ -44,12 +44,11 @@ from typing import Any
 
 from kubernetes import client, config
 
+from hack import cluster as local  # the local control plane
+from mpijob import keys
+from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster as local  # noqa: E402 - hack/cluster.py: the local control plane
-from mpijob import keys  # noqa: E402
-from support.jobs import mpijob  # noqa: E402 - the tests' job factory, the shape users write
 
 CLUSTER_DIR = ROOT / ".bench" / "cluster-storm"
 NAMESPACE = "storm"
@@ -270,8 +269,8 @@ def decisions_left(objects: client.CustomObjectsApi, within: float) -> list[str]
 
 def start_cluster() -> Path:
     env = {**os.environ, "MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
-    up = [sys.executable, str(ROOT / "hack/cluster.py"), "up", "--nodes", "4", "--real-nodes", "0"]
-    subprocess.run(up, check=True, env=env)
+    up = [sys.executable, "-m", "hack.cluster", "up", "--nodes", "4", "--real-nodes", "0"]
+    subprocess.run(up, cwd=ROOT, check=True, env=env)
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     kubectl = [str(local.binaries()["kubectl"]), "--kubeconfig", str(kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "-f", str(ROOT / "crds")], check=True)
@@ -371,7 +370,8 @@ def main() -> int:
     print(f"wrote {out.relative_to(ROOT)}")
     if not args.keep:
         env = {**os.environ, "MPIJOB_CLUSTER_DIR": str(CLUSTER_DIR)}
-        subprocess.run([sys.executable, str(ROOT / "hack/cluster.py"), "down"], env=env, check=True)
+        down = [sys.executable, "-m", "hack.cluster", "down"]
+        subprocess.run(down, cwd=ROOT, env=env, check=True)
     ok = (
         len(done) == args.jobs
         and sampler.max_per_gpu <= 1

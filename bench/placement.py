@@ -1,6 +1,6 @@
 """Placement benchmark: decision quality against other allocators, and decision latency.
 
-Run as ``.venv/bin/python bench/placement.py`` (``--quick`` for a smaller run). Prints a table and
+Run as ``.venv/bin/python -m bench.placement`` (``--quick`` for a smaller run). Prints a table and
 writes ``.bench/placement.json``.
 
 Quality: for every shipped topology, every request size and a set of fragmentation states (all
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import placement_fabric  # beside this file: the fabric section
+from bench import placement_fabric  # the fabric section
 from mpijob.placement import allocator, baselines, topologies
 from mpijob.placement.job import JobRequest, NodeState, Placement, place_job
 from mpijob.placement.model import Topology

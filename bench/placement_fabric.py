@@ -1,7 +1,7 @@
 """Fabric section of the placement benchmark: whole jobs over simulated GPU fabrics.
 
 Run by ``bench/placement.py`` (``make bench-placement``), or alone as
-``.venv/bin/python bench/placement_fabric.py [--quick]`` (writes ``.bench/placement_fabric.json``).
+``.venv/bin/python -m bench.placement_fabric [--quick]`` (writes ``.bench/placement_fabric.json``).
 
 Fabrics (shipped levels and bandwidths of :mod:`mpijob.placement.fabric`):
 

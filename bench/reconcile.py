@@ -1,6 +1,6 @@
 """Reconcile benchmark: 100 MPIJobs with 8 workers each, our operator against upstream's.
 
-Run as ``make bench`` (``.venv/bin/python bench/reconcile.py``; ``--help`` for the knobs). It
+Run as ``make bench`` (``.venv/bin/python -m bench.reconcile``; ``--help`` for the knobs). It
 starts its own local cluster (``hack/cluster.py`` with ``MPIJOB_CLUSTER_DIR=.bench/cluster``, an
 audit log and one token user per run), so the test cluster is never touched, and stops it at
 the end. Upstream's mpi-operator is built into the binary cache first if it is missing
@@ -55,6 +55,8 @@ from typing import Any
 
 import yaml
 
+from hack import cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / ".bench"
 OUT = BENCH / "reconcile.json"
@@ -62,9 +64,8 @@ SCALE_OUT = BENCH / "reconcile-scale.json"
 SCALE_NODES = 200
 SCALE_JOBS = (100, 1000)
 SCALE_RUNS = ("ours", "upstream-fastqueue")
-sys.path.insert(0, str(ROOT / "hack"))
+# hack.cluster reads MPIJOB_CLUSTER_DIR on every call, so setting it here, after the import, holds.
 os.environ.setdefault("MPIJOB_CLUSTER_DIR", str(BENCH / "cluster"))
-import cluster  # noqa: E402 - hack/cluster.py; it reads MPIJOB_CLUSTER_DIR on every call
 
 LIMITS = {"--kube-api-qps": "100", "--kube-api-burst": "200", "--threadiness": "8"}
 FAST_QUEUE = {"--controller-queue-rate-limit": "10000", "--controller-queue-burst": "100000"}
@@ -93,7 +94,7 @@ def kubectl(*args: str, input: str | None = None) -> str:
 
 
 def run_cluster(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "hack" / "cluster.py"), *args], check=True)
+    subprocess.run([sys.executable, "-m", "hack.cluster", *args], cwd=ROOT, check=True)
 
 
 # --- workload -----------------------------------------------------------------------------------

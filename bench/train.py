@@ -26,10 +26,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from hack import cluster, pytorch_image
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster  # noqa: E402 - hack/cluster.py
-import pytorch_image  # noqa: E402 - hack/pytorch_image.py
 
 NAMESPACE = "bench-train"
 EXAMPLE = ROOT / "examples" / "pytorch-cpu.yaml"

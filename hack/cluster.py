@@ -17,175 +17,105 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import hashlib
-import json
 import os
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-import dra  # hack/dra.py
-import realnode  # hack/realnode.py
+from hack import dra, images, realnode, tls
+from hack import kueue as queueing
+from hack.common import (
+    COMPONENTS,
+    HACK,
+    TOKEN,
+    State,
+    alive,
+    binaries,
+    cache_dir,
+    free_port,
+    get,
+    go_module_dir,
+    healthy,
+    kubectl,
+    say,
+    server_url,
+    stages_digest,
+    start,
+    state_dir,
+    versions,
+    wait_established,
+    wait_for,
+)
 
-HACK = Path(__file__).resolve().parent
-ROOT = HACK.parent
-TOKEN = "mpijob-local-admin"  # loopback-only cluster; the token never leaves this machine
+# The shared names (hack/common.py) are here too: the tests, benchmarks and other tools read the
+# cluster through this module.
+__all__ = [
+    "DEFAULT_TOPOLOGY",
+    "HACK",
+    "NODE_PREFIX",
+    "OPT_IN_LABEL",
+    "TOKEN",
+    "TOPOLOGY_ANNOTATION",
+    "WEBHOOK_CLIENT_CA",
+    "Components",
+    "State",
+    "alive",
+    "audit_args",
+    "audit_policy",
+    "binaries",
+    "cache_dir",
+    "default_real_nodes",
+    "down",
+    "ensure_binaries",
+    "ensure_control_plane",
+    "ensure_dra",
+    "ensure_kueue",
+    "ensure_nodes",
+    "ensure_real_nodes",
+    "get",
+    "healthy",
+    "install_crds",
+    "kubeconfig_text",
+    "kubectl",
+    "main",
+    "new_state",
+    "node_manifest",
+    "restart_reason",
+    "rss_mb",
+    "running_cluster",
+    "scheduler_config",
+    "server_url",
+    "start",
+    "start_apiserver",
+    "start_controllers",
+    "start_etcd",
+    "start_kwok",
+    "state_dir",
+    "status",
+    "stop_demo_operator",
+    "third_party_crds",
+    "topology_annotation",
+    "up",
+    "user_token",
+    "versions",
+    "wait_for",
+    "write_kubeconfigs",
+    "write_pki",
+    "write_user_kubeconfigs",
+    "write_webhook_client",
+]
+
 DEFAULT_TOPOLOGY = "dgx1-v100"
 NODE_PREFIX = "gpu-node-"
 OPT_IN_LABEL = "ack.node.gpu.schedule"
 TOPOLOGY_ANNOTATION = "mpijob.io/gpu-topology"
-COMPONENTS = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "sched-plugins-controller",
-    "kwok",
-)
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for raw in (HACK / "versions.env").read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            out[key] = value
-    return out
-
-
-def cache_dir() -> Path:
-    if os.environ.get("MPIJOB_CACHE"):
-        return Path(os.environ["MPIJOB_CACHE"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "mpijob-operator"
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("MPIJOB_CLUSTER_DIR") or ROOT / ".cluster")
-
-
-def binaries() -> dict[str, Path]:
-    v = versions()
-    b = cache_dir() / "bin"
-    kube = b / f"kubernetes-v{v['KUBE_VERSION']}"
-    sp = b / f"scheduler-plugins-v{v['SCHED_PLUGINS_VERSION']}"
-    return {
-        "etcd": b / f"etcd-v{v['ETCD_VERSION']}" / "etcd",
-        "kube-apiserver": kube / "kube-apiserver",
-        "kube-controller-manager": kube / "kube-controller-manager",
-        "kubectl": kube / "kubectl",
-        "kube-scheduler": sp / "kube-scheduler",
-        "sched-plugins-controller": sp / "sched-plugins-controller",
-        "kwok": b / f"kwok-v{v['KWOK_VERSION']}" / "kwok",
-        "kubelet": b / f"kubelet-v{v['KUBE_VERSION']}" / "kubelet",
-        "coredns": b / f"coredns-v{v['COREDNS_VERSION']}" / "coredns",
-    }
-
-
-def say(msg: str) -> None:
-    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class State:
-    ports: dict[str, int] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
-    started_at: float = 0.0
-    stages: str = ""
-    """Digest of the kwok stages the cluster runs: a changed file needs a restart to count."""
-
-    @classmethod
-    def load(cls) -> State | None:
-        path = state_dir() / "state.json"
-        if not path.exists():
-            return None
-        return cls(**json.loads(path.read_text()))
-
-    def save(self) -> None:
-        (state_dir() / "state.json").write_text(json.dumps(asdict(self), indent=2))
-
-
-def alive(pid: int) -> bool:
-    if pid <= 0:  # kill(-1, 0) would ask about every process
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    with contextlib.suppress(OSError):  # a zombie is not alive
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def stages_digest() -> str:
-    return hashlib.sha256((HACK / "kwok/stages.yaml").read_bytes()).hexdigest()
-
-
-def server_url(state: State) -> str:
-    return f"https://127.0.0.1:{state.ports['kube-apiserver']}"
-
-
-def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
-    ca = state_dir() / "pki" / "apiserver.crt"
-    # Until the apiserver has written its self-signed certificate there is nothing to verify.
-    ctx = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
-    if not ca.exists():
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (OSError, urllib.error.URLError) as e:
-        return 0, str(e)
-
-
-def healthy(state: State) -> bool:
-    if not all(alive(state.pids.get(c, -1)) for c in COMPONENTS):
-        return False
-    return get(server_url(state) + "/readyz")[0] == 200
-
-
-def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    log = state_dir() / "logs" / f"{proc}.log" if proc else None
-    tail = ""
-    if log and log.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-    raise SystemExit(
-        f"[cluster] error: {what} not ready after {timeout:.0f}s.\n{tail}\n"
-        f"Logs: {state_dir() / 'logs'}"
-    )
-
-
-def start(name: str, argv: list[str], state: State) -> None:
-    state.pids[name] = realnode.spawn(argv, state_dir() / "logs" / f"{name}.log")
-    state.save()
 
 
 def user_token(user: str) -> str:
@@ -193,23 +123,7 @@ def user_token(user: str) -> str:
 
 
 def write_pki(pki: Path, users: Sequence[str] = ()) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pki.mkdir(parents=True, exist_ok=True)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (pki / "sa.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    (pki / "sa.pub").write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    tls.write_signing_key(pki / "sa.key", pki / "sa.pub")
     # Extra users are admins too, with their own names, so audit events tell their clients apart.
     lines = [f'{TOKEN},admin,admin,"system:masters"']
     lines += [f'{user_token(u)},{u},{u},"system:masters"' for u in users]
@@ -229,50 +143,10 @@ def write_webhook_client(pki: Path) -> list[str]:
     (docs/trust-gpu-shares.md), so a pod that POSTs an AdmissionReview to them is refused at TLS.
     Every webhook gets the certificate (``*``); one that asks for none ignores it.
     """
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mpijob-local-webhook-client-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (pki / "webhook-client.key").write_bytes(pem_key(key))
-    (pki / "webhook-client.key").chmod(0o600)
+    ca = tls.certificate("mpijob-local-webhook-client-ca", usage="ca")
+    client = tls.certificate("kube-apiserver", issuer=ca, usage="client")
+    (pki / WEBHOOK_CLIENT_CA).write_bytes(ca.cert_pem)
+    client.write(pki / "webhook-client.crt", pki / "webhook-client.key")
     (pki / "admission-kubeconfig.yaml").write_text(
         yaml.safe_dump(
             {
@@ -402,24 +276,6 @@ def scheduler_config(kubeconfig: Path) -> str:
     )
 
 
-def go_module_dir(mod: str, what: str, who: str = "cluster") -> Path:
-    """Where the Go module proxy's copy of ``mod`` (``path@vX``) lies; exits naming ``what``
-    it was needed for when it cannot be downloaded."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", mod],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(
-            f"[{who}] error: cannot download {mod} from the Go module proxy "
-            f"for {what}:\n{out.stdout}{out.stderr}"
-        )
-    return Path(json.loads(out.stdout)["Dir"])
-
-
 def third_party_crds() -> list[Path]:
     """CRD manifests shipped inside the upstream Go modules (downloaded, never copied in-repo)."""
     v = versions()
@@ -433,22 +289,8 @@ def third_party_crds() -> list[Path]:
     ]
 
 
-def kubectl(state: State, *args: str, input: str | None = None) -> str:
-    out = subprocess.run(
-        [str(binaries()["kubectl"]), "--kubeconfig", str(state_dir() / "kubeconfig"), *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"[cluster] error: kubectl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
 def topology_annotation(name: str, node: str) -> str:
     """The node's GPU topology as the agent would publish it (with stable made-up UUIDs)."""
-    sys.path.insert(0, str(ROOT / "operator"))
     from mpijob.placement import codec, topologies
 
     return codec.dumps(topologies.for_node(name, node))
@@ -509,12 +351,25 @@ def ensure_nodes(state: State, count: int, topology: str, gpus: int) -> None:
         return out.split().count("True") >= count
 
     wait_for(f"{count} nodes Ready", ready, 120, "kwok")
-    slices = dra.publish(lambda *args, input=None: kubectl(state, *args, input=input))
-    say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
 
 
 def default_real_nodes() -> int:
     return int(os.environ.get("REAL_NODES") or "2")
+
+
+@dataclass(frozen=True)
+class Components:
+    """What runs beside the control plane and the simulated nodes; each one optional.
+
+    ``dra``: the simulated NVIDIA DRA driver's DeviceClass and ResourceSlices (hack/dra.py);
+    ``kueue``: the Kueue manager (hack/kueue.py); ``real_nodes``: that many kubelet + containerd
+    nodes running real containers (hack/realnode.py), holding ``images`` (hack/images.py).
+    """
+
+    dra: bool = True
+    kueue: bool = False
+    real_nodes: int = 0
+    images: tuple[str, ...] = images.ALL
 
 
 def up(
@@ -525,27 +380,46 @@ def up(
     users: Sequence[str] = (),
     kueue: bool = False,
     real_nodes: int = 0,
+    *,
+    dra_driver: bool = True,
+    node_images: Sequence[str] = images.ALL,
 ) -> State:
+    """The cluster running with ``nodes`` simulated nodes and the components asked for."""
+    unknown = sorted(set(node_images) - set(images.ALL))
+    if unknown:
+        raise SystemExit(f"[cluster] error: unknown image(s) {unknown}; any of {images.ALL}")
+    parts = Components(dra_driver, kueue, real_nodes, tuple(node_images))
     try:
-        state = _up(nodes, topology, gpus, audit_log, users)
+        state = ensure_control_plane(audit_log, users)
+        ensure_nodes(state, nodes, topology, gpus)
+        if parts.dra:
+            ensure_dra(state)
     except BaseException:
         say("start failed; stopping what was started (logs stay in .cluster/logs)")
         down(quiet=True)
         raise
-    if kueue:
-        import kueue as queueing  # hack/kueue.py, a component started on request
-
-        try:
-            queueing.ensure(state)
-        except BaseException:
-            say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
-            queueing.stop(state, quiet=True)
-            raise
-    ensure_real_nodes(state, real_nodes)  # last: its failure leaves everything else up
+    if parts.kueue:
+        ensure_kueue(state)
+    # Last: its failure leaves everything else up.
+    ensure_real_nodes(state, parts.real_nodes, parts.images)
     return state
 
 
-def ensure_real_nodes(state: State, count: int) -> None:
+def ensure_dra(state: State) -> None:
+    slices = dra.publish(lambda *args, input=None: kubectl(state, *args, input=input))
+    say(f"simulated DRA driver {dra.DRIVER}: DeviceClass and {slices} ResourceSlices")
+
+
+def ensure_kueue(state: State) -> None:
+    try:
+        queueing.ensure(state)
+    except BaseException:
+        say("Kueue did not start; the cluster stays up without it (see logs/kueue.log)")
+        queueing.stop(state, quiet=True)
+        raise
+
+
+def ensure_real_nodes(state: State, count: int, node_images: Sequence[str] = images.ALL) -> None:
     """Starts (or restarts) the real nodes; their failure stops them, never the control plane."""
     api = lambda *a, input=None: kubectl(state, *a, input=input)  # noqa: E731
     if count <= 0:
@@ -557,7 +431,7 @@ def ensure_real_nodes(state: State, count: int) -> None:
     if not (bins["kubelet"].exists() and bins["coredns"].exists()):
         say("real-node binaries missing; building them (hack/build-bins.sh kubelet coredns)")
         subprocess.run([str(HACK / "build-bins.sh"), "kubelet", "coredns"], check=True)
-    realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api)
+    realnode.up(state_dir(), count, bins, state_dir() / "kubeconfig", api, node_images)
 
 
 def restart_reason(state: State) -> str:
@@ -569,13 +443,43 @@ def restart_reason(state: State) -> str:
     return ""
 
 
-def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[str]) -> State:
+# --- the control plane, step by step ----------------------------------------------------------
+
+
+def ensure_control_plane(audit_log: bool, users: Sequence[str]) -> State:
+    """etcd, the API server, the controllers, the scheduler and kwok running, started unless a
+    healthy cluster of the same make already runs."""
     t0 = time.monotonic()
+    state = running_cluster(audit_log, users)
+    if state:
+        return state
+    ensure_binaries()
+    state = new_state(audit_log, users)
+    start_etcd(state)
+    start_apiserver(state, audit_args(audit_log))
+    wait_for(
+        "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
+    )
+    say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+    write_kubeconfigs(state, users)
+    install_crds(state)
+    start_controllers(state)
+    start_kwok(state)
+    for comp in COMPONENTS:
+        if not alive(state.pids[comp]):
+            wait_for(comp, lambda: False, 0, comp)
+    kubeconfig = state_dir() / "kubeconfig"
+    say(f"control plane up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
+    return state
+
+
+def running_cluster(audit_log: bool, users: Sequence[str]) -> State | None:
+    """The running cluster when it is healthy and what this file starts; stops a stale one."""
     state = State.load()
     if state and healthy(state) and (why := restart_reason(state)):
         say(f"{why}; restarting it")
         down(quiet=True)
-        state = None
+        return None
     if state and healthy(state):
         say(f"already running at {server_url(state)}")
         tokens = (state_dir() / "pki" / "tokens.csv").read_text() if users else ""
@@ -587,52 +491,52 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
                 "--user/--audit-log; run `down` first"
             )
         write_user_kubeconfigs(state, users)
-        ensure_nodes(state, nodes, topology, gpus)
         return state
     if state:
         say("found a stale cluster; cleaning it up")
         down(quiet=True)
-    bins = binaries()
-    missing = [
-        str(p) for c, p in bins.items() if not p.exists() and c not in ("kubelet", "coredns")
-    ]
+    return None
+
+
+def ensure_binaries() -> None:
+    optional = ("kubelet", "coredns")  # the real nodes' (ensure_real_nodes)
+    missing = [str(p) for c, p in binaries().items() if not p.exists() and c not in optional]
     if missing:
         say("control-plane binaries missing; building them (hack/build-bins.sh)")
         subprocess.run([str(HACK / "build-bins.sh")], check=True)
 
+
+def new_state(audit_log: bool, users: Sequence[str]) -> State:
+    """The state folder with fresh keys, and a port for every listener."""
     sd = state_dir()
     sd.mkdir(parents=True, exist_ok=True)
-    pki = sd / "pki"
-    write_pki(pki, users)
-    audit = audit_args(audit_log)
-    state = State(
-        ports={
-            c: free_port()
-            for c in (
-                "etcd",
-                "etcd-peer",
-                "kube-apiserver",
-                "kube-controller-manager",
-                "kube-scheduler",
-                "sched-plugins-metrics",
-                "sched-plugins-probe",
-                "kwok",
-            )
-        },
-        started_at=time.time(),
-        stages=stages_digest(),
+    write_pki(sd / "pki", users)
+    ports = (
+        "etcd",
+        "etcd-peer",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "sched-plugins-metrics",
+        "sched-plugins-probe",
+        "kwok",
     )
-    p = state.ports
-    kubeconfig = sd / "kubeconfig"
+    state = State(
+        ports={c: free_port() for c in ports}, started_at=time.time(), stages=stages_digest()
+    )
     state.save()
+    return state
 
+
+def start_etcd(state: State) -> None:
+    p = state.ports
     etcd_url = f"http://127.0.0.1:{p['etcd']}"
     start(
         "etcd",
         [
-            str(bins["etcd"]),
+            str(binaries()["etcd"]),
             "--name=local",
-            f"--data-dir={sd / 'etcd'}",
+            f"--data-dir={state_dir() / 'etcd'}",
             f"--listen-client-urls={etcd_url}",
             f"--advertise-client-urls={etcd_url}",
             f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
@@ -646,14 +550,18 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
+
+
+def start_apiserver(state: State, audit: list[str]) -> None:
+    pki = state_dir() / "pki"
     start(
         "kube-apiserver",
         [
-            str(bins["kube-apiserver"]),
-            f"--etcd-servers={etcd_url}",
+            str(binaries()["kube-apiserver"]),
+            f"--etcd-servers=http://127.0.0.1:{state.ports['etcd']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
-            f"--secure-port={p['kube-apiserver']}",
+            f"--secure-port={state.ports['kube-apiserver']}",
             f"--cert-dir={pki}",
             f"--token-auth-file={pki / 'tokens.csv'}",
             "--authorization-mode=RBAC",
@@ -684,26 +592,33 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
-    wait_for(
-        "kube-apiserver", lambda: get(server_url(state) + "/readyz")[0] == 200, 90, "kube-apiserver"
-    )
-    say(f"kube-apiserver ready at {server_url(state)} ({time.monotonic() - t0:.1f}s)")
+
+
+def write_kubeconfigs(state: State, users: Sequence[str]) -> None:
+    kubeconfig = state_dir() / "kubeconfig"
     kubeconfig.write_text(kubeconfig_text(state))  # carries the CA the apiserver just made
     kubeconfig.chmod(0o600)
     write_user_kubeconfigs(state, users)
 
+
+def install_crds(state: State) -> None:
+    """The PodGroup kinds the scheduler and its controller watch, Established before they start."""
     crds = third_party_crds()
     kubectl(state, "apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
-    kubectl(
+    wait_established(
         state,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/podgroups.scheduling.x-k8s.io",
-        "crd/elasticquotas.scheduling.x-k8s.io",
-        "crd/podgroups.scheduling.volcano.sh",
+        [
+            "crd/podgroups.scheduling.x-k8s.io",
+            "crd/elasticquotas.scheduling.x-k8s.io",
+            "crd/podgroups.scheduling.volcano.sh",
+        ],
     )
 
+
+def start_controllers(state: State) -> None:
+    """kube-controller-manager, the scheduler and the PodGroup controller."""
+    sd, p, bins = state_dir(), state.ports, binaries()
+    kubeconfig = sd / "kubeconfig"
     (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))
     start(
         "kube-controller-manager",
@@ -715,8 +630,8 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={p['kube-controller-manager']}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--root-ca-file={pki / 'apiserver.crt'}",
+            f"--service-account-private-key-file={sd / 'pki' / 'sa.key'}",
+            f"--root-ca-file={sd / 'pki' / 'apiserver.crt'}",
             "--kube-api-qps=500",
             "--kube-api-burst=1000",
             "--concurrent-job-syncs=20",
@@ -755,28 +670,25 @@ def _up(nodes: int, topology: str, gpus: int, audit_log: bool, users: Sequence[s
         ],
         state,
     )
+
+
+def start_kwok(state: State) -> None:
+    """kwok, keeping the simulated nodes (annotated ``kwok.x-k8s.io/node=fake``) and their pods."""
     start(
         "kwok",
         [
-            str(bins["kwok"]),
-            f"--kubeconfig={kubeconfig}",
+            str(binaries()["kwok"]),
+            f"--kubeconfig={state_dir() / 'kubeconfig'}",
             f"--config={HACK / 'kwok/stages.yaml'}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--server-address=127.0.0.1:{p['kwok']}",
+            f"--server-address=127.0.0.1:{state.ports['kwok']}",
             "--node-lease-duration-seconds=40",
             "--cidr=10.240.0.1/16",
             "--node-ip=10.241.0.1",
         ],
         state,
     )
-
-    ensure_nodes(state, nodes, topology, gpus)
-    for comp in COMPONENTS:
-        if not alive(state.pids[comp]):
-            wait_for(comp, lambda: False, 0, comp)
-    say(f"cluster up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
-    return state
 
 
 def stop_demo_operator() -> None:
@@ -897,6 +809,20 @@ def main() -> int:
         default=os.environ.get("KUEUE", "") == "1",
         help="also run Kueue (hack/kueue.py), with a ClusterQueue for the GPUs (env KUEUE=1)",
     )
+    p_up.add_argument(
+        "--dra",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("DRA", "1") != "0",
+        help="publish the simulated NVIDIA DRA driver's DeviceClass and ResourceSlices (default "
+        "on; env DRA=0 for off)",
+    )
+    p_up.add_argument(
+        "--images",
+        type=lambda text: [n for n in text.split(",") if n],
+        default=list(images.ALL),
+        metavar="NAME,...",
+        help=f"the images the real nodes hold (default all: {','.join(images.ALL)})",
+    )
     p_nodes = sub.add_parser(
         "node-manifests", help="print the simulated GPU nodes as YAML (for any kwok cluster)"
     )
@@ -918,6 +844,8 @@ def main() -> int:
                 args.users,
                 kueue=args.kueue,
                 real_nodes=args.real_nodes,
+                dra_driver=args.dra,
+                node_images=args.images,
             )
         except realnode.NodeError as e:
             # The control plane and the kwok nodes are up: only what needs a real node fails.

@@ -34,16 +34,11 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from hack import cluster, incluster, pytorch_image, realnode, stray_operators
 from mpijob import keys
 from mpijob.desired.claims import allocated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster  # noqa: E402 - hack/cluster.py, beside this file
-import incluster  # noqa: E402 - hack/incluster.py, beside this file
-import pytorch_image  # noqa: E402 - hack/pytorch_image.py, beside this file
-import realnode  # noqa: E402 - hack/realnode.py, beside this file
-import stray_operators  # noqa: E402 - hack/stray_operators.py, beside this file
 
 NAMESPACE = "demo"
 # IN_CLUSTER=1: the operator from its image, installed by the standalone overlay on the real

@@ -14,7 +14,7 @@ controller-manager's claim controllers run. Nothing prepares a device (kwok runs
 what a pod got is read from ``ResourceClaim.status.allocation``, never from its phase.
 
 Called by ``hack/cluster.py`` after it ensured the nodes (``make cluster`` does it by default);
-``python hack/dra.py manifests`` prints the objects for a cluster of its own.
+``python -m hack.dra manifests`` prints the objects for a cluster of its own.
 
 The driver's ComputeDomain side (``compute-domain.nvidia.com``, IMEX channels for multi-node
 NVLink) is simulated in part, for tests that place jobs on NVLink cliques: its DeviceClass
@@ -72,7 +72,6 @@ def resource_slice(node: Mapping[str, Any]) -> dict[str, Any] | None:
     text = (meta.get("annotations") or {}).get(TOPOLOGY_ANNOTATION)
     if not text:
         return None
-    sys.path.insert(0, str(ROOT / "operator"))
     from mpijob.placement import codec
 
     try:
@@ -128,7 +127,6 @@ def pcie_roots(topology: Any) -> dict[int, str]:
 
     Where the topology gives no PCIe level for a pair, GPUs on one NUMA node share a root.
     """
-    sys.path.insert(0, str(ROOT / "operator"))
     from mpijob.placement.model import PcieLevel
 
     parent = {gpu.index: gpu.index for gpu in topology.gpus}
@@ -239,7 +237,7 @@ def main() -> int:
     import yaml
 
     if sys.argv[1:] != ["manifests"]:
-        print("usage: hack/dra.py manifests < nodes.json", file=sys.stderr)
+        print("usage: python -m hack.dra manifests < nodes.json", file=sys.stderr)
         return 2
     nodes = json.load(sys.stdin)
     print(yaml.safe_dump_all(manifests(nodes.get("items", [nodes])), sort_keys=False))

@@ -16,9 +16,9 @@ Each image is one uncompressed layer in an OCI archive under
 it copies in), so it is rebuilt only when the recipe changes. ``import_all`` loads them into the
 real node's containerd (hack/realnode.py).
 
-``mpijob.local/pytorch-benchmark:openmpi`` is the training image (hack/pytorch_image.py).
+``mpijob.local/pytorch-benchmark:openmpi`` is the training image (below).
 
-Usage: hack/images.py build [openmpi|openmpi4|mpich|intel|pytorch|pause ...]   (default: all)
+Usage: python -m hack.images build [openmpi|openmpi4|mpich|intel|pytorch|pause ...]   (default: all)
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def archive_path(name: str) -> Path:
     """The image's archive, named after its recipe: what it installs and runs, the files it
     copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
     if name == "pytorch":
-        return pytorch_image.archive_path()
+        return pytorch_archive_path()
     if name == "pause":
         digest = recipe_digest([HACK / "pause/pause.go"], "pause")
     else:
@@ -110,7 +110,7 @@ def archive_path(name: str) -> Path:
 
 def reference(name: str) -> str:
     if name == "pytorch":
-        return pytorch_image.REFERENCE
+        return PYTORCH_REFERENCE
     return PAUSE if name == "pause" else f"{REPO}:{name}"
 
 
@@ -403,7 +403,7 @@ def ensure(name: str) -> Path:
     if name == "pause":
         build_pause(dest)
     elif name == "pytorch":
-        pytorch_image.build(dest)
+        build_pytorch(dest)
     else:
         build_mpi(name, dest)
     for old in dest.parent.glob(f"{name}-*.oci.tar"):
@@ -418,8 +418,47 @@ def ensure(name: str) -> Path:
 
 ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel", "pytorch")
 
-# The training image (hack/pytorch_image.py) builds on this module's recipes; imported last.
-import pytorch_image  # noqa: E402
+# --- the training image ---------------------------------------------------------------------
+# ``mpijob.local/pytorch-benchmark:openmpi`` is ``mpioperator/mpi-pi:openmpi``'s recipe (trixie,
+# Open MPI 5, OpenSSH on 2222, ``mpiuser`` uid 1000, the same entrypoint, pi) plus Debian's
+# ``python3-torch`` (CPU only; PyPI's torch wheels carry CUDA and are gigabytes),
+# ``python3-mpi4py`` for the rendezvous, ``python-is-python3`` so commands written ``python ...``
+# run, and hack/pytorch/pytorch_synthetic_benchmark.py at /examples/, where the seeds' commands
+# look for it. It shares the pi image's MPI wiring by construction: its recipe is that recipe
+# with packages and one file added, so a change there rebuilds this one too.
+
+PYTORCH_REFERENCE = "mpijob.local/pytorch-benchmark:openmpi"
+PYTORCH_BASE = "openmpi"
+PYTORCH_PACKAGES = ["python3-torch", "python3-mpi4py", "python-is-python3"]
+PYTORCH_SCRIPT = HACK / "pytorch" / "pytorch_synthetic_benchmark.py"
+
+
+def pytorch_recipe() -> list[str]:
+    """The Open MPI 5 pi image's mmdebstrap arguments, with the packages added and the
+    benchmark copied in before the build tools are purged."""
+    argv = mpi_recipe(PYTORCH_BASE)
+    include = next(i for i, a in enumerate(argv) if a.startswith("--include="))
+    argv[include] += "," + ",".join(PYTORCH_PACKAGES)
+    install = (
+        f'mkdir -p "$1/examples" && install -m 0755 {PYTORCH_SCRIPT} '
+        '"$1/examples/pytorch_synthetic_benchmark.py"'
+    )
+    purge = next(i for i, a in enumerate(argv) if "apt-get purge" in a)
+    argv.insert(purge, f"--customize-hook={install}")
+    # Recommends would add compilers and BLAS variants the CPU path never loads.
+    argv.insert(1, '--aptopt=APT::Install-Recommends "false"')
+    return argv
+
+
+def pytorch_archive_path() -> Path:
+    files = [*RECIPE_FILES, PYTORCH_SCRIPT]
+    argv = [a.replace(str(HACK), "hack") for a in pytorch_recipe()]
+    extra = json.dumps([argv, EXTRA_DIRS, image_config(PYTORCH_BASE)])
+    return cache_dir() / f"pytorch-{recipe_digest(files, extra)}.oci.tar"
+
+
+def build_pytorch(dest: Path) -> None:
+    build_rootfs("pytorch", pytorch_recipe(), PYTORCH_REFERENCE, image_config(PYTORCH_BASE), dest)
 
 
 def main() -> int:

@@ -47,9 +47,7 @@ from typing import Any
 
 import yaml
 
-import cluster  # hack/cluster.py
-import operator_image  # hack/operator_image.py
-import realnode  # hack/realnode.py
+from hack import cluster, operator_image, realnode, tls
 
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent
@@ -239,13 +237,14 @@ def webhook_keys() -> None:
     (a Secret every replica mounts) and the CA of the API server's webhook client certificate
     (a ConfigMap; hack/cluster.py made both the CA and the API server's admission configuration).
     The operator's pods wait for them (ContainerCreating) and start once they exist."""
-    from mpijob.handlers.fractional import serving_certificate
-
+    names = tls.service_names(NAMESPACE, WEBHOOK_SERVICE)
+    serving = tls.certificate(names[-1], usage="server", names=names)
     with tempfile.TemporaryDirectory() as folder:
-        cert = serving_certificate(NAMESPACE, WEBHOOK_SERVICE, Path(folder))
+        certfile, keyfile = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+        serving.write(certfile, keyfile)
         secret = kubectl(
             "create", "secret", "tls", f"{WEBHOOK_SERVICE}-tls", "-n", NAMESPACE,
-            f"--cert={cert.certfile}", f"--key={cert.keyfile}", "--dry-run=client", "-o", "yaml",
+            f"--cert={certfile}", f"--key={keyfile}", "--dry-run=client", "-o", "yaml",
         )  # fmt: skip
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=secret)
     ca = cluster.state_dir() / "pki" / cluster.WEBHOOK_CLIENT_CA

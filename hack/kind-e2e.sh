@@ -25,7 +25,7 @@ export KUBECONFIG=$KUBECONFIG_E2E
 kubectl apply -f "https://github.com/kubernetes-sigs/kwok/releases/download/v$KWOK_VERSION/kwok.yaml"
 kubectl apply -f hack/kwok/stages.yaml
 # Simulated GPU nodes, exactly as the local cluster makes them.
-.venv/bin/python hack/cluster.py node-manifests --nodes "${NODES:-4}" | kubectl apply -f -
+.venv/bin/python -m hack.cluster node-manifests --nodes "${NODES:-4}" | kubectl apply -f -
 # PodGroup APIs: scheduler-plugins' and Volcano's.
 kubectl apply --server-side -f "https://raw.githubusercontent.com/kubernetes-sigs/scheduler-plugins/v$SCHED_PLUGINS_VERSION/manifests/coscheduling/crd.yaml"
 kubectl apply --server-side -f hack/crds/volcano-podgroups.yaml

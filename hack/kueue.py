@@ -11,8 +11,9 @@ cluster would have, arranged for loopback:
   (``batch/job``, ``kubeflow.org/mpijob``), by URL on the same port: no Service, no Secret;
 - a CA and a serving certificate (127.0.0.1) made here, since its internal certificate
   management needs a Secret mounted into a pod; with it off, Kueue also insists on a metrics
-  certificate at the fixed path ``/etc/kueue/metrics/certs`` (no flag or setting moves it), so a
-  self-signed one is written there once and shared by every local cluster on the machine;
+  certificate at the fixed path ``/etc/kueue/metrics/certs`` (no flag or setting moves it), so
+  Kueue runs in a mount namespace of its own whose ``/etc`` is the host's with an overlay from
+  the cluster's folder holding that certificate: nothing is written to the host's ``/etc``;
 - a ResourceFlavor per GPU model of the simulated nodes (its ``nodeLabels`` become the node
   selector Kueue puts into admitted jobs) and a ClusterQueue ``gpu`` whose GPU quota is every
   simulated GPU. A LocalQueue per namespace is the user's (or the test's) to create.
@@ -24,8 +25,6 @@ cluster that ran Kueue for a while goes on as one without it.
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import json
 import os
 import signal
@@ -38,7 +37,8 @@ from typing import Any
 
 import yaml
 
-import cluster as local  # hack/cluster.py
+from hack import common as local
+from hack import tls
 
 NAME = "kueue"
 NAMESPACE = "kueue-system"
@@ -50,6 +50,7 @@ WEBHOOK_CONFIGS = (
     ("MutatingWebhookConfiguration", "kueue-mutating-webhook-configuration"),
     ("ValidatingWebhookConfiguration", "kueue-validating-webhook-configuration"),
 )
+# Where Kueue reads its metrics certificate when its own certificate management is off.
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 CLUSTER_QUEUE = "gpu"
 GPU = "nvidia.com/gpu"
@@ -77,82 +78,35 @@ def module_dir() -> Path:
 # --- certificates ---------------------------------------------------------------------------------
 
 
-def _pem(key: Any, cert: Any) -> tuple[bytes, bytes]:
-    from cryptography.hazmat.primitives import serialization
-
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
-
-
-def _certificate(common_name: str, issuer: tuple[Any, Any] | None) -> tuple[Any, Any]:
-    """A key and a certificate for 127.0.0.1/localhost: a CA when ``issuer`` is None."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer[1].subject if issuer else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if issuer is not None:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-    signer = issuer[0] if issuer else key
-    return key, builder.sign(signer, hashes.SHA256())
-
-
-def _write_pair(directory: Path, cert: bytes, key: bytes) -> None:
-    """tls.crt and tls.key, each replaced atomically (a watcher never reads half a file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for fname, data in (("tls.crt", cert), ("tls.key", key)):
-        tmp = directory / f".{fname}.{os.getpid()}"
-        tmp.write_bytes(data)
-        tmp.chmod(0o600)
-        tmp.replace(directory / fname)
-
-
 def write_certs() -> bytes:
-    """The webhook CA and serving pair under ``.cluster/kueue/certs``; returns the CA in PEM."""
-    ca_key, ca = _certificate("mpijob-local-kueue-ca", None)
-    key, cert = _certificate("127.0.0.1", (ca_key, ca))
-    ca_pem, _ = _pem(ca_key, ca)
-    _write_pair(home() / "certs", *_pem(key, cert))
-    (home() / "certs" / "ca.crt").write_bytes(ca_pem)
-    return ca_pem
+    """The webhook CA and serving pair under ``.cluster/kueue/certs``, and the metrics pair in
+    the overlay of ``/etc`` Kueue runs with (:func:`command`); returns the CA in PEM."""
+    ca = tls.certificate("mpijob-local-kueue-ca", usage="ca", days=3650)
+    serving = tls.certificate("127.0.0.1", issuer=ca, usage="server", names=tls.LOOPBACK)
+    certs = home() / "certs"
+    serving.write(certs / "tls.crt", certs / "tls.key")
+    (certs / "ca.crt").write_bytes(ca.cert_pem)
+    # Nothing scrapes it here: self-signed does.
+    metrics = tls.certificate("kueue-metrics", usage="server", names=tls.LOOPBACK, days=3650)
+    folder = etc_overlay() / "upper" / METRICS_CERTS.relative_to("/etc")
+    metrics.write(folder / "tls.crt", folder / "tls.key")
+    return ca.cert_pem
 
 
-def ensure_metrics_certs() -> None:
-    """A self-signed pair at Kueue's fixed metrics path, made once (nothing scrapes it here)."""
-    if (METRICS_CERTS / "tls.crt").exists() and (METRICS_CERTS / "tls.key").exists():
-        return
-    try:
-        key, cert = _certificate("kueue-metrics", None)
-        _write_pair(METRICS_CERTS, *_pem(key, cert))
-    except PermissionError:
-        raise SystemExit(
-            f"[kueue] error: Kueue {version()} with its own certificate management off reads its "
-            f"metrics certificate from {METRICS_CERTS}/tls.{{crt,key}} (a fixed path) and exits "
-            "without it. Make the folder writable once, then re-run:\n"
-            f"  sudo install -d -o $(id -u) -g $(id -g) {METRICS_CERTS}"
-        ) from None
+def etc_overlay() -> Path:
+    return home() / "etc"
+
+
+def command(argv: list[str]) -> list[str]:
+    """``argv`` in a private mount namespace whose ``/etc`` is the host's with the overlay's
+    files (the metrics certificate) on top; the overlay's writes stay in the cluster's folder.
+    As root a mount namespace; otherwise a user namespace maps this user to root inside it."""
+    overlay = etc_overlay()
+    (overlay / "work").mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir=/etc,upperdir={overlay / 'upper'},workdir={overlay / 'work'}"
+    namespaces = ["--mount"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--mount"]
+    mount = f'mount -t overlay overlay -o {options} /etc && exec "$@"'
+    return ["unshare", *namespaces, "--propagation", "private", "sh", "-c", mount, "kueue", *argv]
 
 
 # --- manifests ------------------------------------------------------------------------------------
@@ -311,7 +265,6 @@ def ensure(state: local.State) -> None:
     if not binary().exists():
         local.say(f"kueue {version()} missing; building it (hack/build-bins.sh kueue)")
         subprocess.run([str(local.HACK / "build-bins.sh"), "kueue"], check=True)
-    ensure_metrics_certs()
     mod = module_dir()
     home().mkdir(parents=True, exist_ok=True)
     ca = write_certs()
@@ -323,22 +276,18 @@ def ensure(state: local.State) -> None:
     _apply(state, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
     definitions = crds(mod, port, ca)
     _apply(state, definitions)
-    local.kubectl(
-        state,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        *[f"crd/{c['metadata']['name']}" for c in definitions],
-    )
+    local.wait_established(state, [f"crd/{c['metadata']['name']}" for c in definitions])
     (home() / "config.yaml").write_text(yaml.safe_dump(config(state)))
     local.start(
         NAME,
-        [
-            str(binary()),
-            f"--config={home() / 'config.yaml'}",
-            f"--kubeconfig={local.state_dir() / 'kubeconfig'}",
-            "--zap-log-level=info",
-        ],
+        command(
+            [
+                str(binary()),
+                f"--config={home() / 'config.yaml'}",
+                f"--kubeconfig={local.state_dir() / 'kubeconfig'}",
+                "--zap-log-level=info",
+            ]
+        ),
         state,
     )
 
@@ -388,7 +337,7 @@ def stop(state: local.State, quiet: bool = False) -> None:
 
 
 def main() -> int:
-    usage = "usage: hack/kueue.py up|down  (the local cluster must be running: make cluster)"
+    usage = "usage: python -m hack.kueue up|down  (the local cluster must be running: make cluster)"
     if len(sys.argv) != 2 or sys.argv[1] not in ("up", "down"):
         print(usage, file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ real nodes' containerd as ``mpijob.local/mpijob-operator:<digest>`` (:func:`refe
 the local install overlays select (hack/incluster.py), and as ``mpijob-operator:<version>``, the
 name the shipped manifests use.
 
-Usage: hack/operator_image.py build | path | reference
+Usage: python -m hack.operator_image build | path | reference
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import images  # hack/images.py: the cache, the OCI writer
+from hack import images  # the cache, the OCI writer
 
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent
@@ -115,7 +115,7 @@ def pins() -> list[str]:
         except metadata.PackageNotFoundError:
             raise die(
                 f"{name} is not installed in {sys.prefix}; run this with the project's "
-                "virtualenv (make install, then .venv/bin/python hack/operator_image.py)"
+                "virtualenv (make install, then .venv/bin/python -m hack.operator_image)"
             ) from None
         todo += _requirement_names(name)
     return sorted(f"{k}=={v}" for k, v in seen.items())

@@ -1,55 +1,16 @@
-"""The training image: data-parallel PyTorch over Open MPI 5, for the real nodes.
+"""The training job on the real nodes: examples/pytorch-cpu.yaml in the training image.
 
-``mpijob.local/pytorch-benchmark:openmpi`` is ``mpioperator/mpi-pi:openmpi``'s recipe
-(hack/images.py: trixie, Open MPI 5, OpenSSH on 2222, ``mpiuser`` uid 1000, the same entrypoint,
-pi) plus Debian's ``python3-torch`` (CPU only; PyPI's torch wheels carry CUDA and are
-gigabytes), ``python3-mpi4py`` for the rendezvous, ``python-is-python3`` so commands written
-``python ...`` run, and hack/pytorch/pytorch_synthetic_benchmark.py at /examples/, where the
-seeds' commands look for it. It shares the pi image's MPI wiring by construction: its recipe is
-that recipe with packages and one file added, so a change there rebuilds this one too.
+The image (``mpijob.local/pytorch-benchmark:openmpi``, data-parallel PyTorch over Open MPI 5) is
+built with the others, by hack/images.py (``python -m hack.images build pytorch``).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-import images  # hack/images.py
+from hack import images, realnode
 
-NAME = "pytorch"
-REFERENCE = "mpijob.local/pytorch-benchmark:openmpi"
-BASE = "openmpi"
-PACKAGES = ["python3-torch", "python3-mpi4py", "python-is-python3"]
-SCRIPT = images.HACK / "pytorch" / "pytorch_synthetic_benchmark.py"
-
-
-def recipe() -> list[str]:
-    """The Open MPI 5 pi image's mmdebstrap arguments, with the packages added and the
-    benchmark copied in before the build tools are purged."""
-    argv = images.mpi_recipe(BASE)
-    include = next(i for i, a in enumerate(argv) if a.startswith("--include="))
-    argv[include] += "," + ",".join(PACKAGES)
-    install = (
-        f'mkdir -p "$1/examples" && install -m 0755 {SCRIPT} '
-        '"$1/examples/pytorch_synthetic_benchmark.py"'
-    )
-    purge = next(i for i, a in enumerate(argv) if "apt-get purge" in a)
-    argv.insert(purge, f"--customize-hook={install}")
-    # Recommends would add compilers and BLAS variants the CPU path never loads.
-    argv.insert(1, '--aptopt=APT::Install-Recommends "false"')
-    return argv
-
-
-def archive_path() -> Path:
-    files = [*images.RECIPE_FILES, SCRIPT]
-    argv = [a.replace(str(images.HACK), "hack") for a in recipe()]
-    extra = json.dumps([argv, images.EXTRA_DIRS, images.image_config(BASE)])
-    return images.cache_dir() / f"{NAME}-{images.recipe_digest(files, extra)}.oci.tar"
-
-
-def build(dest: Path) -> None:
-    images.build_rootfs(NAME, recipe(), REFERENCE, images.image_config(BASE), dest)
+REFERENCE = images.PYTORCH_REFERENCE
 
 
 def on_real_nodes(
@@ -59,8 +20,6 @@ def on_real_nodes(
     workers and ranks (default: as written). Each container may use ``cpu`` but asks only for
     a tenth of a CPU, so 4 workers and the launcher still fit on two nodes of a 2-core machine:
     the limit keeps a rank from starving the others, the request decides nothing here."""
-    import realnode  # hack/realnode.py
-
     job = realnode.place_on_real_node(body, cpu=cpu)
     specs = job["spec"]["mpiReplicaSpecs"]
     if workers is not None:

@@ -1,9 +1,9 @@
 """Real nodes of the local cluster: a kubelet, containerd and runc running real containers.
 
-Beside the kwok GPU nodes, ``hack/cluster.py up --real-nodes N`` (env ``REAL_NODES``, default 2,
-0 for none) starts N nodes ``real-node-<i>``, each a kubelet (the control plane's Kubernetes
-version, built by hack/build-bins.sh) over its own containerd (Debian's 1.6 package, which serves
-the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of them:
+Beside the kwok GPU nodes, ``python -m hack.cluster up --real-nodes N`` (env ``REAL_NODES``,
+default 2, 0 for none) starts N nodes ``real-node-<i>``, each a kubelet (the control plane's
+Kubernetes version, built by hack/build-bins.sh) over its own containerd (Debian's 1.6 package,
+which serves the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces shared by all of them:
 
 - a Linux bridge ``mpjb<id>`` with a /24 of its own; each node's pods get addresses from their
   slice of it (CNI bridge + host-local + loopback, Debian's containernetworking-plugins). The
@@ -46,14 +46,15 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-import images  # hack/images.py
+from hack import images
+from hack.common import spawn
 
 HACK = Path(__file__).resolve().parent
 NODE_PREFIX = "real-node-"
@@ -385,21 +386,6 @@ def corefile(st: NodeState, kubeconfig: Path) -> str:
 # --- processes ----------------------------------------------------------------------------------
 
 
-def spawn(argv: list[str], log_path: Path) -> int:
-    """Start ``argv`` in a session of its own (it outlives this script), appending its output to
-    ``log_path``; its pid. Also how hack/cluster.py starts the control plane."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    return proc.pid
-
-
 def start(root: Path, st: NodeState, name: str, argv: list[str]) -> int:
     st.pids[name] = spawn(argv, root / "logs" / f"{name}.log")
     st.save(root)
@@ -447,12 +433,13 @@ def ctr(d: Path, *args: str, check: bool = True) -> str:
     )
 
 
-def import_images(d: Path) -> None:
-    """Loads every image whose archive changed since this containerd last imported it."""
+def import_images(d: Path, names: Sequence[str]) -> None:
+    """Loads each image of ``names`` whose archive changed since this containerd last imported
+    it."""
     marker = d / "containerd" / "imported.json"
     done: dict[str, str] = json.loads(marker.read_text()) if marker.exists() else {}
     present = set(ctr(d, "images", "ls", "-q").split())
-    for name in images.ALL:
+    for name in names:
         archive = images.ensure(name)
         ref = images.reference(name)
         if done.get(ref) == archive.name and ref in present:
@@ -478,8 +465,16 @@ def make_cgroups(st: NodeState, i: int) -> None:
             st.cgroups.append(str(path))
 
 
-def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl: Kubectl) -> None:
-    """Starts ``count`` real nodes (none when 0) and waits until each is Ready."""
+def up(
+    root: Path,
+    count: int,
+    bins: dict[str, Path],
+    kubeconfig: Path,
+    kubectl: Kubectl,
+    node_images: Sequence[str] = images.ALL,
+) -> None:
+    """Starts ``count`` real nodes (none when 0), holding ``node_images`` (hack/images.py), and
+    waits until each is Ready."""
     if count <= 0:
         return
     if count > 5:
@@ -492,7 +487,7 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
     t0 = time.monotonic()
     try:
         preflight(bins)
-        for name in images.ALL:
+        for name in node_images:
             images.ensure(name)
     except SystemExit as e:
         (root / "realnode").mkdir(parents=True, exist_ok=True)
@@ -506,7 +501,7 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
     error = root / "realnode" / "error.txt"
     error.unlink(missing_ok=True)
     try:
-        _up(root, st, bins, kubeconfig, kubectl)
+        _up(root, st, bins, kubeconfig, kubectl, node_images)
     except BaseException as e:
         say("real node start failed; undoing it (logs stay in .cluster/logs)")
         down(root, kubectl)
@@ -517,7 +512,12 @@ def up(root: Path, count: int, bins: dict[str, Path], kubeconfig: Path, kubectl:
 
 
 def _up(
-    root: Path, st: NodeState, bins: dict[str, Path], kubeconfig: Path, kubectl: Kubectl
+    root: Path,
+    st: NodeState,
+    bins: dict[str, Path],
+    kubeconfig: Path,
+    kubectl: Kubectl,
+    node_images: Sequence[str],
 ) -> None:
     base = root / "realnode"
     st.subnet = pick_subnet(st.id)
@@ -584,7 +584,7 @@ def _up(
             root,
             f"containerd-{i}",
         )
-        import_images(d)
+        import_images(d, node_images)
         start(
             root,
             st,

@@ -17,9 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster  # noqa: E402 - hack/cluster.py, beside this file
+from hack import cluster
 
 TEST_NAMESPACE_PREFIX = "t-"  # the `namespace` fixture of tests/conftest.py
 

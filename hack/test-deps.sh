@@ -33,6 +33,6 @@ if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
   hack/build-bins.sh kueue
   hack/build-bins.sh e2e
   if [ "${REAL_NODES:-1}" != 0 ]; then
-    python3 hack/images.py build  # standard library only
+    python3 -m hack.images build  # standard library only
   fi
 fi

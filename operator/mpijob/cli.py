@@ -6,7 +6,6 @@ Flag names follow upstream mpi-operator's where they mean the same thing.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import cast
 
@@ -216,7 +215,7 @@ def main(ctx: click.Context) -> None:
     default=DEFAULTS.webhook_client_ca,
     metavar="FILE",
     help="PEM CA of the API server's webhook client certificate: the webhooks then answer only "
-    "clients presenting a certificate it signed (docs/trust-gpu-shares.md).",
+    "clients presenting a certificate it signed (docs/gpu-shares.md).",
 )
 @click.option(
     "--webhook-cert-dir",
@@ -236,19 +235,18 @@ def main(ctx: click.Context) -> None:
 def run(**opts: object) -> None:
     """Run the operator in the foreground until interrupted."""
     _without_official_client()
-    import kopf
-
     from mpijob.handlers import startup
 
-    log_format = kopf.LogFormat.JSON if opts.pop("log_format") == "json" else kopf.LogFormat.PLAIN
+    json_logs = opts.pop("log_format") == "json"
     verbose = bool(opts.pop("verbose"))
-    kopf.configure(verbose=verbose, log_format=log_format)
-    if not verbose:  # one "Handler ... succeeded" line per pod event drowns everything else
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for many in ("namespaces", "controller_names"):
         opts[many] = tuple(cast("tuple[str, ...]", opts[many]) or ())
     try:
-        startup.run(OperatorSettings(**opts))  # type: ignore[arg-type]
+        startup.run(
+            OperatorSettings(**opts),  # type: ignore[arg-type]
+            verbose=verbose,
+            json_logs=json_logs,
+        )
     except (startup.MissingCRD, ValueError) as e:
         raise click.ClickException(str(e)) from None
 

@@ -3,11 +3,16 @@
 Upstream (Kubeflow mpi-operator) keys are kept byte-for-byte so that a cluster can switch
 operators without relabelling anything. Our own extensions live under one prefix, ``mpijob.io/``.
 Imported by every layer; imports nothing.
+
+A ``#:`` comment describes the constants right below it, up to the next blank line or comment; a
+string under a constant describes that one alone. ``docs/reference.md`` is generated from them
+(``docs/generate_reference.py``), so every constant here has one or the other.
 """
 
 from typing import Final
 
 # --- Upstream API identity -------------------------------------------------------------------
+#: The MPIJob API exactly as upstream serves it (``mpijobs.kubeflow.org``, ``v2beta1``).
 GROUP: Final = "kubeflow.org"
 VERSION: Final = "v2beta1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -19,6 +24,7 @@ PLURAL: Final = "mpijobs"
 OPERATOR_NAME: Final = "mpi-operator"
 #: ``spec.runPolicy.managedBy`` values this operator answers to (plus ``--controller-name``).
 MANAGED_BY_UPSTREAM: Final = "kubeflow.org/mpi-operator"
+#: MultiKueue's ``managedBy``: valid, and such a job is left to MultiKueue (no child, no status).
 MANAGED_BY_MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
 #: Kueue's label naming the LocalQueue of a job it queues (read only: Kueue admits such a job by
 #: unsuspending it).
@@ -27,6 +33,10 @@ KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 EVENT_COMPONENT: Final = "mpi-job-controller"
 
 # --- Upstream labels -------------------------------------------------------------------------
+#: Upstream's labels on the children: the job's pods are selected by operator name, job name and
+#: role; workers (and a launcher that runs as a worker) carry their replica index; the Service,
+#: ConfigMap, Secret and launcher Job carry ``app: <job>``. ``replica-type`` is upstream's key,
+#: which neither operator sets.
 LABEL_OPERATOR_NAME: Final = "training.kubeflow.org/operator-name"
 LABEL_JOB_NAME: Final = "training.kubeflow.org/job-name"
 LABEL_JOB_ROLE: Final = "training.kubeflow.org/job-role"
@@ -34,10 +44,14 @@ LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 LABEL_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
 LABEL_APP: Final = "app"
 
+#: Values of ``training.kubeflow.org/job-role``.
 ROLE_LAUNCHER: Final = "launcher"
 ROLE_WORKER: Final = "worker"
 
 # --- Gang scheduling (upstream) --------------------------------------------------------------
+#: Upstream's gang-scheduling keys: the pod annotation naming its Volcano PodGroup and the
+#: Volcano queue, Volcano's scheduler name, scheduler-plugins' pod label, and the PodGroup APIs of
+#: both (one PodGroup per job, named after it).
 VOLCANO_GROUP_NAME_ANNOTATION: Final = "scheduling.k8s.io/group-name"
 VOLCANO_QUEUE_NAME_ANNOTATION: Final = "scheduling.volcano.sh/queue-name"
 VOLCANO_SCHEDULER_NAME: Final = "volcano"
@@ -50,12 +64,15 @@ POD_GROUP_PLURAL: Final = "podgroups"
 VOLCANO_DEFAULT_QUEUE: Final = "default"
 
 # --- Child names (upstream) ------------------------------------------------------------------
+#: Children's names, as upstream: ``<job>-config`` (hostfile ConfigMap), ``<job>-ssh`` (Secret),
+#: ``<job>-launcher`` (batch Job), ``<job>-worker-<i>`` (pods); the headless Service is ``<job>``.
 CONFIG_SUFFIX: Final = "-config"
 SSH_SUFFIX: Final = "-ssh"
 LAUNCHER_SUFFIX: Final = "-launcher"
 WORKER_SUFFIX: Final = "-worker"
 
 # --- Upstream condition types and reasons ----------------------------------------------------
+#: Upstream's condition types on an MPIJob, set and cleared as upstream sets them.
 COND_CREATED: Final = "Created"
 COND_RUNNING: Final = "Running"
 COND_RESTARTING: Final = "Restarting"
@@ -63,6 +80,8 @@ COND_SUCCEEDED: Final = "Succeeded"
 COND_SUSPENDED: Final = "Suspended"
 COND_FAILED: Final = "Failed"
 
+#: Upstream's condition reasons, also the reasons of the Events posted with them;
+#: ``ValidationError`` is the Warning Event of an invalid job.
 REASON_CREATED: Final = "MPIJobCreated"
 REASON_RUNNING: Final = "MPIJobRunning"
 REASON_SUCCEEDED: Final = "MPIJobSucceeded"
@@ -74,7 +93,10 @@ REASON_VALIDATION_ERROR: Final = "ValidationError"
 #: Our condition (True while the spec fails the operator's validation; removed once fixed), so
 #: that ``kubectl describe`` shows what upstream only reports in a Warning event.
 COND_INVALID: Final = "Invalid"
+#: Warning Event: a same-named object the job does not control is in the way (never overwritten).
 REASON_RESOURCE_EXISTS: Final = "ErrResourceExists"
+#: Warning Event (upstream): the launcher template's ``restartPolicy`` is overridden by the
+#: replica spec's.
 REASON_SET_RESTART_POLICY: Final = "SetPodTemplateRestartPolicy"
 
 # --- Upstream spec values --------------------------------------------------------------------
@@ -82,25 +104,31 @@ REASON_SET_RESTART_POLICY: Final = "SetPodTemplateRestartPolicy"
 REPLICA_LAUNCHER: Final = "Launcher"
 REPLICA_WORKER: Final = "Worker"
 
+#: ``spec.mpiImplementation`` values.
 IMPL_OPENMPI: Final = "OpenMPI"
 IMPL_INTEL: Final = "Intel"
 IMPL_MPICH: Final = "MPICH"
 
+#: ``spec.runPolicy.cleanPodPolicy`` values (upstream's default is ``None``).
 CLEAN_POD_NONE: Final = "None"
 CLEAN_POD_RUNNING: Final = "Running"
 CLEAN_POD_ALL: Final = "All"
 
+#: ``spec.launcherCreationPolicy`` values.
 LAUNCHER_AT_STARTUP: Final = "AtStartup"
 LAUNCHER_WAIT_FOR_WORKERS_READY: Final = "WaitForWorkersReady"
 
+#: ``restartPolicy`` values of a replica spec.
 RESTART_ALWAYS: Final = "Always"
 RESTART_ON_FAILURE: Final = "OnFailure"
 RESTART_NEVER: Final = "Never"
 RESTART_EXIT_CODE: Final = "ExitCode"
 
+#: Default ``spec.sshAuthMountPath``: where the SSH Secret is mounted.
 DEFAULT_SSH_AUTH_MOUNT_PATH: Final = "/root/.ssh"
 
 # --- Our extensions: one prefix --------------------------------------------------------------
+#: The prefix of every annotation, label and scheduling gate of ours.
 PREFIX: Final = "mpijob.io/"
 
 #: On an MPIJob: ``"true"`` opts the job into topology-aware placement.
@@ -144,6 +172,7 @@ DECISION_API_VERSION: Final = f"{DECISION_GROUP}/{DECISION_VERSION}"
 DECISION_KIND: Final = "PlacementDecision"
 DECISION_PLURAL: Final = "placementdecisions"
 
+# --- Nodes opted into placement, and whole GPUs -----------------------------------------
 #: Node label that opts a node into topology-aware placement (the value ``topology``);
 #: ``default`` leaves the node to ordinary scheduling. Kept as the established key.
 NODE_GPU_SCHEDULE_LABEL: Final = "ack.node.gpu.schedule"
@@ -267,6 +296,10 @@ MPS_MAX_CLIENTS: Final = 48
 #: Host directory under which the agent keeps one MPS control daemon's pipe and log directory
 #: per GPU (``<root>/<gpu-uuid>/pipe``, ``.../log``).
 MPS_ROOT: Final = "/run/mpijob/mps"
+#: The node agent's CSI driver: share pods carry an inline ephemeral volume of it, mounted at
+#: MPS_ROOT, which shows the container its own GPU's pipe directory alone (no hostPath, so a
+#: Pod Security ``baseline`` namespace admits the pod).
+MPS_CSI_DRIVER: Final = "mps.mpijob.io"
 #: Environment of an MPS client (NVIDIA's names).
 ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"

@@ -67,7 +67,7 @@ class OperatorSettings:
 
     fabric: str = ""
     """The fabric between nodes: a shipped one by name (``nvl72``, ``hgx-h100-rail``,
-    ``dgx1-v100``) or a YAML/JSON file of levels (docs/placement-fabric.md); empty: none, every
+    ``dgx1-v100``) or a YAML/JSON file of levels (docs/placement.md); empty: none, every
     inter-node hop at ``inter_node_gbps``."""
 
     fractional_gpus: bool = False

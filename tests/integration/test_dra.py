@@ -18,9 +18,9 @@ import pytest
 from mpijob import api, keys
 from mpijob.desired import claims, sync
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.kube import Kube
 from mpijob.handlers.startup import detect_gpu_binding
 from mpijob.placement import codec
+from mpijob.platform.kube import Kube
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs

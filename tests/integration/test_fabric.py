@@ -12,7 +12,6 @@ scheduler allocates it on the worker's tray; no IMEX daemon runs.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,9 +31,8 @@ TRAYS = [f"gb-{c}-{t:02d}" for c in range(len(CLIQUES)) for t in range(18)]
 
 
 def _hack() -> tuple[Any, Any]:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
-    import dra  # hack/dra.py
+    from hack import cluster as local
+    from hack import dra
 
     return local, dra
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import signal
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from kubernetes.client import ApiException
 
 from mpijob import keys
 from support.jobs import mpijob
-from support.kube import ROOT, Cluster
+from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import stays, wait_until
@@ -145,8 +144,7 @@ def test_a_storm_of_sigkills_loses_no_created_event(
 def spare_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
     """Three simulated DGX-1 nodes only this test's job may use (a label its workers select),
     deleted afterwards: the suite's own nodes are never lost."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     label = f"mpijob.io/test-pool-{uuid.uuid4().hex[:6]}"
     names = [f"lost-{uuid.uuid4().hex[:5]}-{i}" for i in range(3)]

@@ -21,7 +21,6 @@ import random
 import shutil
 import ssl
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -35,12 +34,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.api.fractional import Placed, Share
-from mpijob.desired.fractional import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
+from mpijob.shares.pod_edits import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
+from mpijob.shares.request import Placed, Share
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
-from support.realnode import ROLE, exit_codes, ready_real_node
+from support.realnode import ROLE, exit_codes, in_node, node_mount_points, ready_real_node
 from support.tenants import bind_tenant
 from support.wait import wait_until
 
@@ -61,8 +60,7 @@ EXAMPLES = sorted(
 
 def node_body(name: str) -> dict[str, Any]:
     """The local cluster's simulated node manifest, as a core_mem node without whole GPUs."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     body: dict[str, Any] = local.node_manifest(0, TOPOLOGY, GPUS)
     body["metadata"]["name"] = name
@@ -352,7 +350,8 @@ def test_cuda_sample_job_runs_with_its_gpu_env_and_annotation(
     assert [(m.mount_path, m.read_only) for m in container.volume_mounts or []][:1] == [
         (keys.MPS_ROOT, True)
     ]
-    assert [v.host_path.path for v in running.spec.volumes if v.host_path] == [keys.MPS_ROOT]
+    assert not [v for v in running.spec.volumes if v.host_path]
+    assert [v.csi.driver for v in running.spec.volumes if v.csi] == [keys.MPS_CSI_DRIVER]
 
     def succeeded() -> bool:
         job = share_nodes.batch.read_namespaced_job("cuda-sample", namespace)
@@ -723,17 +722,62 @@ n=0; until [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] || [ $n -ge 300 ]; do sleep 0.1; n=
 env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_MPS_)' | sort
 [ -d "$CUDA_MPS_PIPE_DIRECTORY" ] && echo pipe-found
 touch "$CUDA_MPS_PIPE_DIRECTORY/probe" 2>/dev/null && echo writable || echo read-only
+echo "in-root: $(cd /run/mpijob/mps && find . | sort | tr '\\n' ' ')"
 """
+
+CSI_DRIVER = ROOT / "manifests" / "base" / "csi-driver.yaml"
+
+
+@pytest.fixture
+def real_csi(share_nodes: Cluster) -> Iterator[str]:
+    """A Ready real node whose kubelet has the agent's CSI driver registered; its name."""
+    real = ready_real_node(share_nodes)
+    csi = serve_csi(share_nodes, real)
+    try:
+        yield real
+    finally:
+        csi.terminate()
+        csi.wait(timeout=30)
+
+
+def serve_csi(cluster: Cluster, node: str) -> subprocess.Popen[bytes]:
+    """What the MPS agent's csi container does on ``node``: the CSI driver, registered with the
+    real node's kubelet through its plugin watcher (the CSIDriver object applied first)."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CSI_DRIVER))
+    argv, kubelet = in_node(node, [str(ROOT / ".venv/bin/mpijob-agent-csi"), "--node-name", node])
+    log = ROOT / ".cluster" / "logs" / "mpijob-agent-csi.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [*argv, "--kubelet-dir", kubelet],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+    def registered() -> bool:
+        assert process.poll() is None, log.read_text()[-2000:]
+        try:
+            csinode = client.StorageV1Api(cluster.api).read_csi_node(node)
+        except ApiException:
+            return False
+        return keys.MPS_CSI_DRIVER in [d.name for d in csinode.spec.drivers or []]
+
+    wait_until(registered, timeout=60, what=f"the kubelet of {node} registering the CSI driver")
+    return process
 
 
 @pytest.mark.realnode
 def test_a_real_container_placed_after_waiting_starts_with_its_gpu_env(
-    share_nodes: Cluster, namespace: str, shares: Callable[[], OperatorProcess]
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    real_csi: str,
 ) -> None:
     """On the real node (kubelet, containerd): a pod admitted while no node could take it is
     placed once the node opts in, and its container starts with the GPU's UUID read from the
-    annotation, the pipe directory of that GPU's daemon and its limits, the MPS root read-only."""
-    real = ready_real_node(share_nodes)
+    annotation, the pipe directory of that GPU's daemon and its limits. The MPS root it sees is
+    the agent's CSI volume: that one pipe directory, read-only, and no other GPU's."""
+    real = real_csi
     shares()
     root = Path(keys.MPS_ROOT)
     made_root = not root.exists()
@@ -790,6 +834,15 @@ def test_a_real_container_placed_after_waiting_starts_with_its_gpu_env(
         assert seen == client_env((2, 30), record.uuid), log
         assert "pipe-found" in log, log
         assert "read-only" in log, log
+        # Every GPU of the node has a pipe directory on the host; the pod sees its own alone.
+        assert len(topology["gpus"]) > 1
+        assert f"in-root: . ./{record.uuid} ./{record.uuid}/pipe \n" in log, log
+        share_nodes.kubectl("delete", "pod", "sees-its-gpu", "-n", namespace)
+        wait_until(
+            lambda: not [p for p in node_mount_points(real) if pod.metadata.uid in p],
+            timeout=60,
+            what="the pod's CSI volume unmounted",
+        )
     finally:
         share_nodes.kubectl("delete", "pod", "sees-its-gpu", "-n", namespace, "--ignore-not-found")
         share_nodes.kubectl("label", "node", real, f"{keys.NODE_GPU_SCHEDULE_LABEL}-", check=False)
@@ -939,6 +992,44 @@ def test_a_tenant_may_not_forge_share_records_or_lift_the_share_gate(
     assert mine.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
 
 
+def test_a_tenants_share_pod_is_admitted_and_placed_in_a_baseline_namespace(
+    share_nodes: Cluster,
+    namespace: str,
+    shares: Callable[[], OperatorProcess],
+    tenant: client.CoreV1Api,
+) -> None:
+    """Pod Security ``baseline`` refuses hostPath volumes, after the webhooks' changes: the
+    share pod's MPS directory comes from the agent's CSI driver, so sharing a GPU needs no
+    privileged namespace."""
+    shares()  # before the label: its readiness probe is a share pod of this namespace
+    share_nodes.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline"
+    )
+    # The level is in force: the tenant's own hostPath pod is refused (else this proves nothing).
+    hostpath = plain_pod("hostpath", {})
+    hostpath["spec"]["volumes"] = [{"name": "mps", "hostPath": {"path": keys.MPS_ROOT}}]
+    with pytest.raises(ApiException) as caught:
+        tenant.create_namespaced_pod(namespace, hostpath, dry_run="All")
+    assert caught.value.status == 403, caught.value.body
+    assert 'violates PodSecurity "baseline:latest"' in json.loads(caught.value.body)["message"]
+
+    tenant.create_namespaced_pod(namespace, pod_body("in-baseline", 2, 30, node="share-node-1"))
+    (pod,) = wait_running(share_nodes, namespace, ["in-baseline"])
+    record = placed(pod)
+    assert pod.spec.node_name == record.node == "share-node-1"
+    assert pod.metadata.annotations[keys.GPU_SHARE_UUID] == record.uuid
+    assert not pod.spec.scheduling_gates
+    assert not [v for v in pod.spec.volumes if v.host_path]
+    (mps,) = [v for v in pod.spec.volumes if v.csi]
+    assert (mps.csi.driver, mps.csi.read_only, mps.csi.volume_attributes) == (
+        keys.MPS_CSI_DRIVER,
+        True,
+        None,
+    )
+    mount = pod.spec.containers[0].volume_mounts[0]
+    assert (mount.name, mount.mount_path, mount.read_only) == (mps.name, keys.MPS_ROOT, True)
+
+
 def review(name: str, body: dict[str, Any], namespace: str) -> dict[str, Any]:
     """An AdmissionReview of a pod's creation, as the API server would send it."""
     return {
@@ -1074,7 +1165,7 @@ def test_two_replicas_serve_one_certificate_and_only_the_leader_places(
     certificate, so the CA bundle in the configurations (applied by whichever started last)
     verifies either; the standby's webhook gates the tenant's pods and the leader alone places
     them (every GPUSharePlaced Event is the Lease holder's), never overcommitting a GPU."""
-    from mpijob.handlers.fractional import serving_certificate
+    from mpijob.platform.tls import serving_certificate
 
     serving_certificate(namespace, "replicas", tmp_path, url="https://127.0.0.1")
     ports = [free_port(), free_port()]

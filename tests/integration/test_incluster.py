@@ -30,15 +30,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from hack import incluster
 from mpijob import keys
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
 from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
 from support.wait import wait_until
-
-sys.path.insert(0, str(ROOT / "hack"))
-import incluster  # hack/incluster.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -416,8 +414,8 @@ def test_single_file_install_is_the_standalone_overlay_and_runs_a_job(
     real_cluster: Cluster, namespace: str, mpijobs: MPIJobs
 ) -> None:
     check = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "gen-install.py"), "--check"],
-        capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "hack.gen_install", "--check"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
     incluster.deploy(incluster.SINGLE_FILE.name, replicas=1, namespaces=(namespace,))
@@ -430,8 +428,7 @@ def guide_example() -> dict[str, Any]:
     """The guide's example, examples/tensorflow-benchmarks.yaml (upstream's shape: its name, a
     launcher running mpirun, two workers), with the containers of examples/pytorch-cpu.yaml: the
     training image has no TensorFlow, and the real nodes no GPU."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import pytorch_image  # hack/pytorch_image.py
+    from hack import pytorch_image
 
     guide = yaml.safe_load((ROOT / "examples" / "tensorflow-benchmarks.yaml").read_text())
     cpu = yaml.safe_load((ROOT / "examples" / "pytorch-cpu.yaml").read_text())

@@ -115,7 +115,7 @@ def test_fractional_overlay_serves_the_webhooks_beside_the_operator() -> None:
     ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in ports
     # Every replica serves the Secret's certificate and answers only the API server's client
-    # certificate, whose CA the ConfigMap holds (docs/trust-gpu-shares.md).
+    # certificate, whose CA the ConfigMap holds (docs/gpu-shares.md).
     args = operator_args(docs)
     mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}

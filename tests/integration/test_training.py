@@ -54,8 +54,7 @@ def real_nodes(cluster: Cluster, count: int) -> list[str]:
 
 
 def training_job(workers: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import pytorch_image  # hack/pytorch_image.py
+    from hack import pytorch_image
 
     body = yaml.safe_load((ROOT / "examples" / f"{NAME}.yaml").read_text())
     job: dict[str, Any] = pytorch_image.on_real_nodes(body, workers=workers)

@@ -6,8 +6,8 @@ in real containers on the real node, the operator from its own image as the Depl
 ``mpi-operator/mpi-operator`` the suite scales and edits, scheduler-plugins' scheduler as its
 second scheduler and a stand-in for Volcano's, and a webhook that makes the suite's un-retried
 updates of that Deployment unconditional so the Deployment controller's status writes cannot fail
-them with 409 Conflict (tests/support/upstream_e2e.py says how each is made; the README's Tests
-section why).
+them with 409 Conflict (tests/support/upstream_e2e.py says how each is made; docs/compatibility.md
+why).
 Each spec is printed with PASS, FAIL or SKIP, then the counts; every spec must pass. A spec whose
 image the real node lacks is skipped rather than left to time out, and fails this test all the
 same.
@@ -15,7 +15,6 @@ same.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +23,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from hack import incluster
 from support import upstream_e2e as e2e
-from support.kube import ROOT, Cluster
+from support.kube import Cluster
 from support.realnode import ready_real_node
-
-sys.path.insert(0, str(ROOT / "hack"))
-import incluster  # hack/incluster.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 

@@ -4,11 +4,18 @@ Objects live in a dict keyed by apiVersion, kind, namespace and name, and every 
 as the API server would where the operator can tell: a create of an existing name is a 409, a
 get of a missing one None, a patch or replace of a missing one a 404, a delete of a missing one
 (or under another uid) False; writes bump the object's own resourceVersion (counted per
-object, from "1"). What it does not do: resourceVersion preconditions (last write wins),
-field selectors (recorded, not applied), defaulting, admission.
+object, from "1"); a JSON patch whose operations do not apply is a 422 and changes nothing; a
+server-side apply creates the object or merges the fields it names into it. Errors are the
+adapter's typed ones (``ApiError(404, ...)`` is a ``NotFound``). What it does not do:
+resourceVersion preconditions unless asked (``FakeKube(versions=True)``: a replace naming a
+resourceVersion other than the stored one is a 409, as on the API server; otherwise the last
+write wins, since handler tests keep bodies the watch would have refreshed), field selectors
+(recorded, not applied), defaulting, admission, the managed fields of an apply.
 
 Every call is recorded (:attr:`requests`, :attr:`calls`), failed ones too, with the error they
-raised. Raw-path requests (discovery, Leases) answer from :attr:`served`, else 404. ``latency``
+raised. Raw-path requests and the discovery reads (``version``, ``resources``) answer from
+:attr:`served`, by path, else 404 (``resources``: None). ``retry`` is recorded, not acted on: the
+fake never answers "not now" unless a test scripts it with :meth:`FakeKube.fail`. ``latency``
 makes each call take that long on the event loop's clock (free on :mod:`support.virtual_time`),
 so tests can have calls overlap; :attr:`most_in_flight` says whether they did.
 """
@@ -22,10 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpijob.handlers.kube import ApiError
-from mpijob.handlers.kube_api import KubeApi
+import jsonpatch
 
-JSON = dict[str, Any]
+from mpijob.objects import JSON
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
+
 Ref = tuple[str, str, str | None, str]
 
 
@@ -67,8 +76,10 @@ def _matches(labels: str, obj: JSON) -> bool:
 class FakeKube:
     """The API adapter's verbs served from memory; see the module's docstring."""
 
-    def __init__(self, *objects: JSON, latency: float = 0.0) -> None:
+    def __init__(self, *objects: JSON, latency: float = 0.0, versions: bool = False) -> None:
         self.objects: dict[Ref, JSON] = {}
+        self.versions = versions
+        """Whether a replace on a stale resourceVersion is refused (409)."""
         self.served: dict[str, JSON] = {}
         """Answers to raw-path GETs, by path."""
         self.requests: list[tuple[str, tuple[Any, ...]]] = []
@@ -124,16 +135,16 @@ class FakeKube:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         urgent: bool = True,
+        retry: bool = True,
     ) -> JSON:
-        async with self._call("request", (method, url), {"body": body, "query": query}):
-            if method == "GET" and url in self.served:
-                return copy.deepcopy(self.served[url])
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        kwargs = {"body": body, "query": query, "retry": retry}
+        async with self._call("request", (method, url), kwargs):
+            return self._served(method, url)
 
     async def get(
-        self, api_version: str, kind: str, namespace: str | None, name: str
+        self, api_version: str, kind: str, namespace: str | None, name: str, *, retry: bool = True
     ) -> JSON | None:
-        async with self._call("get", (api_version, kind, namespace, name)):
+        async with self._call("get", (api_version, kind, namespace, name), {"retry": retry}):
             found = self.objects.get((api_version, kind, namespace, name))
             return copy.deepcopy(found) if found is not None else None
 
@@ -157,27 +168,21 @@ class FakeKube:
                 and _matches(labels, o)
             ]
 
-    async def create(self, obj: JSON, *, urgent: bool = True) -> JSON:
-        async with self._call("create", (obj,), {"urgent": urgent}):
+    async def create(self, obj: JSON, *, urgent: bool = True, retry: bool = True) -> JSON:
+        async with self._call("create", (obj,), {"urgent": urgent, "retry": retry}):
             ref = self._ref_of(obj)
             if ref in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{obj["kind"]} "{ref[3]}" already exists')
-            self._serial += 1
-            stored = copy.deepcopy(obj)
-            meta = stored["metadata"]
-            meta.setdefault("uid", f"uid-{self._serial}")
-            meta["resourceVersion"] = "1"
-            self.objects[ref] = stored
-            return copy.deepcopy(stored)
+            return self._make(ref, obj)
 
-    async def replace(self, obj: JSON) -> JSON:
-        async with self._call("replace", (obj,)):
-            ref = self._existing(self._ref_of(obj))
+    async def replace(self, obj: JSON, *, retry: bool = True) -> JSON:
+        async with self._call("replace", (obj,), {"retry": retry}):
+            ref = self._current(self._existing(self._ref_of(obj)), obj)
             return self._write(ref, {**obj, "status": self.objects[ref].get("status", {})})
 
     async def replace_status(self, obj: JSON) -> JSON:
         async with self._call("replace_status", (obj,)):
-            ref = self._existing(self._ref_of(obj))
+            ref = self._current(self._existing(self._ref_of(obj)), obj)
             return self._write(ref, {**self.objects[ref], "status": obj.get("status", {})})
 
     async def patch(
@@ -195,6 +200,41 @@ class FakeKube:
         async with self._call("patch", (api_version, kind, namespace, name, patch), kwargs):
             ref = self._existing((api_version, kind, namespace, name))
             return self._write(ref, merge_patch(self.objects[ref], patch))
+
+    async def json_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        ops: builtins.list[JSON],
+        *,
+        subresource: str = "",
+    ) -> JSON:
+        args = (api_version, kind, namespace, name, ops)
+        async with self._call("json_patch", args, {"subresource": subresource}):
+            ref = self._existing((api_version, kind, namespace, name))
+            try:
+                patched = jsonpatch.apply_patch(self.objects[ref], ops)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+                raise ApiError(422, "Invalid", str(error)) from error
+            return self._write(ref, patched)
+
+    async def apply(self, obj: JSON, *, field_manager: str = "mpijob-operator") -> JSON:
+        async with self._call("apply", (obj,), {"field_manager": field_manager}):
+            ref = self._ref_of(obj)
+            if ref not in self.objects:
+                return self._make(ref, obj)
+            return self._write(ref, merge_patch(self.objects[ref], obj))
+
+    async def version(self) -> JSON:
+        async with self._call("version", ()):
+            return self._served("GET", "/version")
+
+    async def resources(self, group_version: str) -> JSON | None:
+        prefix = "/api/" if group_version == "v1" else "/apis/"
+        async with self._call("resources", (group_version,)):
+            return copy.deepcopy(self.served.get(prefix + group_version))
 
     async def delete(
         self,
@@ -230,6 +270,29 @@ class FakeKube:
         if ref not in self.objects:
             raise ApiError(404, "NotFound", f'{ref[1]} "{ref[3]}" not found')
         return ref
+
+    def _current(self, ref: Ref, obj: JSON) -> Ref:
+        """With :attr:`versions`, a replace naming a resourceVersion writes only over that
+        version, as the API server's optimistic concurrency has it; one naming none, over any."""
+        named = obj["metadata"].get("resourceVersion")
+        stored = self.objects[ref]["metadata"].get("resourceVersion")
+        if self.versions and named and named != stored:
+            raise ApiError(409, "Conflict", f'{ref[1]} "{ref[3]}": the object has been modified')
+        return ref
+
+    def _served(self, method: str, url: str) -> JSON:
+        if method == "GET" and url in self.served:
+            return copy.deepcopy(self.served[url])
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _make(self, ref: Ref, obj: JSON) -> JSON:
+        self._serial += 1
+        stored = copy.deepcopy(obj)
+        meta = stored["metadata"]
+        meta.setdefault("uid", f"uid-{self._serial}")
+        meta["resourceVersion"] = "1"
+        self.objects[ref] = stored
+        return copy.deepcopy(stored)
 
     def _write(self, ref: Ref, obj: JSON) -> JSON:
         stored = copy.deepcopy(obj)

@@ -69,8 +69,7 @@ class Cluster:
 
 
 def kubectl_binary() -> str:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     path = local.binaries()["kubectl"]
     return str(path) if path.exists() else "kubectl"
@@ -80,7 +79,8 @@ def start_cluster() -> Cluster:
     """The cluster named by MPIJOB_TEST_KUBECONFIG, else the local one (started on demand)."""
     if os.environ.get("MPIJOB_TEST_KUBECONFIG"):
         return Cluster(Path(os.environ["MPIJOB_TEST_KUBECONFIG"]), local=False)
-    result = subprocess.run([sys.executable, str(ROOT / "hack/cluster.py"), "up"], check=False)
+    up = [sys.executable, "-m", "hack.cluster", "up"]
+    result = subprocess.run(up, cwd=ROOT, check=False)
     # 3: the control plane is up but a real node is not; only the tests that need one fail
     # (the real_node fixture reports why).
     if result.returncode not in (0, 3):

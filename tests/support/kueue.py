@@ -27,7 +27,8 @@ MODEL_LABEL = "mpijob.io/gpu-model"
 
 def start_kueue(cluster: Cluster) -> None:
     if cluster.local:
-        result = subprocess.run([sys.executable, str(ROOT / "hack/kueue.py"), "up"], check=False)
+        up = [sys.executable, "-m", "hack.kueue", "up"]
+        result = subprocess.run(up, cwd=ROOT, check=False)
         if result.returncode != 0:
             raise RuntimeError(
                 "Kueue did not start beside the local cluster (see the [kueue]/[cluster] lines "
@@ -43,7 +44,7 @@ def start_kueue(cluster: Cluster) -> None:
 
 def stop_kueue(cluster: Cluster) -> None:
     if cluster.local:
-        subprocess.run([sys.executable, str(ROOT / "hack/kueue.py"), "down"], check=True)
+        subprocess.run([sys.executable, "-m", "hack.kueue", "down"], cwd=ROOT, check=True)
 
 
 class Kueue:

@@ -6,7 +6,6 @@ a job meant to run real processes selects and tolerates it.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from kubernetes import client
@@ -41,8 +40,7 @@ def ready_real_node(cluster: Cluster) -> str:
 
 def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
     """The job sent to the real node (hack/realnode.py's placement, as ``make demo`` uses)."""
-    sys.path.insert(0, str(ROOT / "hack"))
-    import realnode  # hack/realnode.py
+    from hack import realnode
 
     return realnode.place_on_real_node(body)
 
@@ -68,3 +66,24 @@ def exit_codes(pod: client.V1Pod) -> list[int]:
             if state and state.terminated:
                 out.append(int(state.terminated.exit_code))
     return out
+
+
+def in_node(node: str, argv: list[str]) -> tuple[list[str], str]:
+    """``argv`` run in the real node ``node``'s mount namespace (where its kubelet and
+    containerd mount), and that kubelet's ``--root-dir``."""
+    from hack import realnode
+
+    root = ROOT / ".cluster"
+    state = realnode.NodeState.load(root)
+    assert state is not None, "no real node state under .cluster/realnode"
+    (index,) = [i for i in range(state.count) if realnode.node_name(i) == node]
+    kubelet = root / "realnode" / f"node-{index}" / "kubelet"
+    return realnode.in_node_ns(state, argv), str(kubelet)
+
+
+def node_mount_points(node: str) -> list[str]:
+    """Mount points in the real node ``node``'s mount namespace (its kubelet's view)."""
+    argv, _ = in_node(node, ["true"])
+    holder = argv[1].split("/")[2]  # nsenter --mount=/proc/<pid>/ns/mnt
+    with open(f"/proc/{holder}/mountinfo") as lines:
+        return [line.split()[4] for line in lines]

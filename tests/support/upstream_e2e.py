@@ -13,7 +13,7 @@ and what stands in for each here:
 - **scheduler-plugins' scheduler**, installed by upstream's suite as a second scheduler named
   ``scheduler-plugins-scheduler``: the same scheduler-plugins build the local cluster runs, started
   under that name with the Coscheduling profile of ``hack/cluster.py``.
-- **Volcano's scheduler**, which cannot be built here (README, Tests):
+- **Volcano's scheduler**, which cannot be built here (docs/compatibility.md):
   :class:`VolcanoStandIn` admits a Volcano PodGroup as Volcano's ``enqueue`` and gang ``allocate``
   do for the one thing the suite's Volcano spec checks, and binds its pods only then: the
   group's ``minResources`` must fit the node's allocatable and ``minMember`` pods must exist.
@@ -71,8 +71,7 @@ DEFAULT_IMAGE = "openmpi"
 
 
 def _hack() -> Any:
-    sys.path.insert(0, str(ROOT / "hack"))
-    import cluster as local  # hack/cluster.py
+    from hack import cluster as local
 
     return local
 
@@ -189,7 +188,7 @@ class UnconditionalSpecUpdates:
         )
 
     def __enter__(self) -> UnconditionalSpecUpdates:
-        from mpijob.handlers.fractional import serving_certificate
+        from mpijob.platform.tls import serving_certificate
 
         cert_dir = self.log_dir / "unconditional-updates-certs"
         cert_dir.mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mpijob.handlers.kube import ApiError
+from mpijob.platform.kube import ApiError, Conflict, Invalid
 from support import jobs
 from support.fake_kube import FakeKube
 from support.virtual_time import virtual_time
@@ -62,6 +62,41 @@ async def test_a_delete_names_its_uid_and_a_list_its_labels() -> None:
     assert not await kube.delete("v1", "ConfigMap", "ns", "a", uid="someone-else")
     assert await kube.delete("v1", "ConfigMap", "ns", "a", uid="u")
     assert not await kube.delete("v1", "ConfigMap", "ns", "a")
+
+
+async def test_a_json_patch_applies_whole_or_not_at_all_and_an_apply_creates_or_merges() -> None:
+    kube = FakeKube(config_map("c"))
+    ops = [{"op": "test", "path": "/data/a", "value": "1"}, {"op": "remove", "path": "/data/a"}]
+    assert (await kube.json_patch("v1", "ConfigMap", "ns", "c", ops))["data"] == {"b": "2"}
+    with pytest.raises(Invalid):  # the test operation fails now: nothing is removed
+        await kube.json_patch(
+            "v1", "ConfigMap", "ns", "c", [*ops[:1], {"op": "remove", "path": "/data/b"}]
+        )
+    assert kube.stored("ConfigMap")[0]["data"] == {"b": "2"}
+    made = await kube.apply(config_map("d"))
+    assert made["metadata"]["resourceVersion"] == "1"
+    merged = await kube.apply({**config_map("d"), "data": {"c": "3"}})
+    assert merged["data"] == {"a": "1", "b": "2", "c": "3"}
+    assert merged["metadata"]["resourceVersion"] == "2"
+
+
+async def test_discovery_answers_what_is_served() -> None:
+    kube = FakeKube()
+    kube.served["/version"] = {"major": "1", "minor": "34"}
+    kube.served["/apis/resource.k8s.io/v1"] = {"kind": "APIResourceList"}
+    assert (await kube.version())["minor"] == "34"
+    assert await kube.resources("resource.k8s.io/v1") == {"kind": "APIResourceList"}
+    assert await kube.resources("resource.k8s.io/v1beta1") is None
+
+
+async def test_with_versions_a_replace_on_a_stale_version_is_a_conflict() -> None:
+    loose, strict = FakeKube(config_map("c")), FakeKube(config_map("c"), versions=True)
+    read = {**config_map("c"), "metadata": {"name": "c", "namespace": "ns", "resourceVersion": "1"}}
+    for kube in (loose, strict):
+        await kube.replace({**read, "data": {"first": "1"}})  # now at version 2
+    with pytest.raises(Conflict):
+        await strict.replace({**read, "data": {"second": "2"}})
+    assert (await loose.replace({**read, "data": {"second": "2"}}))["data"] == {"second": "2"}
 
 
 async def test_scripted_failures_come_in_order_then_the_answers() -> None:

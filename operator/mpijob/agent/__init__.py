@@ -12,4 +12,8 @@ that talks to the API, and :mod:`~mpijob.agent.main` is the CLI loop.
 container holds (a gRPC client, stubs generated in :mod:`~mpijob.agent.podresources_v1`) and
 compares it with the placement; :mod:`~mpijob.agent.gpu_actual` is the loop's step that turns a
 mismatch into the ``mpijob.io/gpu-actual`` annotation, a metric and an Event on the MPIJob.
+:mod:`~mpijob.agent.csi` is the CSI node service ``mps.mpijob.io`` that shows a placed share pod
+its own GPU's MPS pipe directory (stubs in :mod:`~mpijob.agent.csi_v1` and
+:mod:`~mpijob.agent.pluginregistration_v1`), served to the kubelet by
+:mod:`~mpijob.agent.csi_server` (``mpijob-agent-csi``).
 """

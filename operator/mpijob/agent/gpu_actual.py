@@ -26,7 +26,7 @@ pod, a fake in tests).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
 import grpc
@@ -35,10 +35,11 @@ from mpijob import keys, metrics
 from mpijob.agent import podresources
 from mpijob.agent.podresources import Check, Held, Verdict
 from mpijob.desired.gpu_binding import pod_binding
+from mpijob.desired.predicates import TERMINAL_PHASES
+from mpijob.objects import JSON
 
 logger = logging.getLogger("mpijob.agent")
 
-JSON = Mapping[str, Any]
 
 #: Event type of a placement not honoured.
 WARNING: Final = "Warning"
@@ -188,7 +189,7 @@ def event_message(check: Check) -> str:
 def _placed(pod: JSON) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     phase = (pod.get("status") or {}).get("phase")
-    return bool(annotations.get(keys.GPU_UUIDS)) and phase not in podresources.TERMINAL_PHASES
+    return bool(annotations.get(keys.GPU_UUIDS)) and phase not in TERMINAL_PHASES
 
 
 def _key(pod: JSON) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 
 Each GPU gets its own ``nvidia-cuda-mps-control -d`` with ``CUDA_VISIBLE_DEVICES=<uuid>`` and its
 own pipe and log directory under the host directory pods mount
-(:func:`mpijob.desired.fractional.mps_directories`). One daemon per GPU keeps the device index
+(:func:`mpijob.shares.pod_edits.mps_directories`). One daemon per GPU keeps the device index
 the same on both sides: the daemon's only GPU is its device 0, and so is the one GPU a client
 container sees, which is what ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<N>G`` names.
 
@@ -14,7 +14,7 @@ earlier. The defaults are node-wide caps that no client can raise; per-pod limit
 client environment, which only lowers them (see the README on what that enforces).
 
 Runs the daemon binary through an injectable ``run`` so that tests need no GPU; called by
-:mod:`mpijob.agent.main` and by ``hack/gpu/mps_check.py``.
+:mod:`mpijob.agent.main` and by ``bench/gpu/mps_check.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from mpijob import keys
-from mpijob.desired.fractional import CLIENT_DEVICE, MpsDirectories, mps_directories
+from mpijob.shares.pod_edits import CLIENT_DEVICE, MpsDirectories, mps_directories
 
 logger = logging.getLogger("mpijob.agent.mps")
 

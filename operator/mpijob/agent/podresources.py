@@ -29,13 +29,13 @@ import grpc
 
 from mpijob import keys
 from mpijob.agent.podresources_v1 import api_pb2, api_pb2_grpc
+from mpijob.desired.predicates import terminal
 
 logger = logging.getLogger("mpijob.agent")
 
 SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: Seconds one ``List`` may take; the kubelet answers from memory.
 TIMEOUT: Final = 10.0
-TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
 PodKey = tuple[str, str]
 """(namespace, name)."""
@@ -201,7 +201,7 @@ def compare(
     for pod in pods:
         meta = pod.get("metadata") or {}
         text = (meta.get("annotations") or {}).get(keys.GPU_UUIDS)
-        if not text or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        if not text or terminal(pod):
             continue
         recorded = tuple(u.strip() for u in text.split(",") if u.strip())
         key = (str(meta.get("namespace")), str(meta.get("name")))

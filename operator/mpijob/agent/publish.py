@@ -1,16 +1,15 @@
 """The agent's API calls: its Node's topology annotation, the report on placed pods and, on
 ``core_mem`` nodes, the GPU-share extended resources in its Node's status.
 
-Uses the in-cluster service account in a pod, else the local kubeconfig (the operator's
-:func:`~mpijob.handlers.kube.configuration`). The agent's RBAC (``manifests/base/rbac/agent.yaml``)
-allows exactly what is called here: ``get`` and ``patch`` nodes; ``patch`` ``nodes/status``;
-``list`` and ``patch`` pods; ``create`` events; ``list`` ResourceSlices. Called by
-:mod:`mpijob.agent.main`.
+Uses the in-cluster service account in a pod, else the local kubeconfig
+(:func:`~mpijob.platform.credentials.configuration`). The agent's RBAC
+(``manifests/base/rbac/agent.yaml``) allows exactly what is called here: ``get`` and
+``patch`` nodes; ``patch`` ``nodes/status``; ``list`` and ``patch`` pods; ``create`` events;
+``list`` ResourceSlices. Called by :mod:`mpijob.agent.main`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +17,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.handlers.kube import configuration
-
-JSON = Mapping[str, Any]
+from mpijob.objects import JSON
+from mpijob.platform.credentials import configuration
 
 
 class NodeAnnotator:
@@ -96,3 +94,23 @@ class NodeStatusPatcher:
     def __call__(self, node: str, body: list[dict[str, Any]]) -> None:
         # A list body is sent as application/json-patch+json by the client.
         self._api.patch_node_status(node, body)
+
+
+class NodePods:
+    """One pod bound to the agent's node, for the CSI node service
+    (:class:`mpijob.agent.csi.PodReader`): a list with the field selectors ``metadata.name`` and
+    ``spec.nodeName``, so the agent reads no pod of another node (RBAC cannot narrow ``list``
+    to one node; the agent never asks for more)."""
+
+    def __init__(self) -> None:
+        self._client = kubernetes.client.ApiClient(configuration())
+        self._core: Any = kubernetes.client.CoreV1Api(self._client)
+
+    def __call__(self, namespace: str, name: str, node: str) -> JSON | None:
+        pods = self._core.list_namespaced_pod(
+            namespace, field_selector=f"metadata.name={name},spec.nodeName={node}"
+        )
+        if not pods.items:
+            return None
+        found: JSON = self._client.sanitize_for_serialization(pods.items[0])
+        return found

@@ -7,7 +7,6 @@ Handlers call :func:`parse`, then :func:`with_defaults`, then :func:`validate`; 
 from mpijob.api.defaults import with_defaults
 from mpijob.api.errors import FieldError, InvalidMPIJob, validation_message
 from mpijob.api.models import (
-    JSON,
     JobCondition,
     JobKey,
     MPIJob,
@@ -22,6 +21,7 @@ from mpijob.api.models import (
 from mpijob.api.parsing import managed_by, parse
 from mpijob.api.resources import container_gpus, gpu_count, gpu_ids
 from mpijob.api.validation import validate
+from mpijob.objects import JSON
 
 __all__ = [
     "JSON",

@@ -7,7 +7,8 @@ are deep-copied into children and never modelled. Unknown fields are kept (``ext
 so that a newer upstream field survives a round trip.
 
 Built by :func:`mpijob.api.parse`; read by the builders, the status rules, admission and the
-handlers. :data:`JSON` and :data:`JobKey` name the two shapes every layer passes around.
+handlers. :data:`~mpijob.objects.JSON` and :data:`JobKey` name the two shapes every layer passes
+around.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from pydantic.alias_generators import to_camel
 
 from mpijob import keys
 
-JSON = dict[str, Any]
-"""A Kubernetes object or fragment as plain JSON."""
 JobKey = tuple[str, str]
 """(namespace, name) of an MPIJob: the work queue's key."""
 

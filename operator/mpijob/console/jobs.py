@@ -20,15 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Final
 
 from mpijob import keys
 from mpijob.api import gpu_count
 from mpijob.api.models import parse_time
 from mpijob.api.resources import gpu_ids
 from mpijob.desired.claims import allocated_devices, claim_name
-
-JSON = Mapping[str, Any]
+from mpijob.objects import JSON
 
 TRAINER: Final = "MPIJOB"
 NONE: Final = "N/A"

@@ -17,9 +17,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from mpijob.handlers.kube import configuration
-
-JSON = dict[str, Any]
+from mpijob.objects import JSON
+from mpijob.platform.credentials import configuration
 
 
 class ConsoleError(Exception):

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from rich.table import Table
 from rich.text import Text
 
 from mpijob import keys
-from mpijob.admission.fractional import read_node
 from mpijob.api import gpu_ids
-from mpijob.api.fractional import PERCENT_MAX, Placed
+from mpijob.desired.predicates import terminal
+from mpijob.objects import JSON
 from mpijob.placement.model import PcieLevel, Topology
-
-JSON = Mapping[str, Any]
-
-FINISHED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+from mpijob.shares.ledger import read_node
+from mpijob.shares.request import PERCENT_MAX, Placed
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ def gpu_usage(pods: Iterable[JSON]) -> dict[int, GpuUse]:
     usage: dict[int, GpuUse] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+        if terminal(pod):
             continue
         ids = (meta.get("annotations") or {}).get(keys.GPU_IDS)
         if not ids:
@@ -144,7 +142,7 @@ def share_usage(pods: Iterable[JSON]) -> dict[int, list[ShareUse]]:
     usage: dict[int, list[ShareUse]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+        if terminal(pod):
             continue
         placed = Placed.loads((meta.get("annotations") or {}).get(keys.GPU_SHARE))
         if placed is None:

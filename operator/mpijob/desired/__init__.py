@@ -9,6 +9,6 @@ comes back. Children: :mod:`names`, :mod:`service`, :mod:`config_map`, :mod:`ssh
 ``--gpu-binding`` flag and its mode), :mod:`claims` (a placed worker's ResourceClaim and the pod
 that uses it); the sync: :mod:`observed` (what was seen), :mod:`sync` (the plan), :mod:`status`
 (the one status function, with :mod:`conditions` and :mod:`events`); :mod:`binding`
-(creation-to-bound time for the histogram); :mod:`fractional` (what a placed GPU share writes
-into any pod).
+(creation-to-bound time for the histogram). What a placed GPU share writes into a pod is
+:mod:`mpijob.shares.pod_edits`.
 """

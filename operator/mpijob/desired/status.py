@@ -79,7 +79,7 @@ class ConditionChange:
 @dataclass(frozen=True)
 class AdmissionOutcome:
     """What our gang admission's latest decision means for the status (see
-    :mod:`mpijob.admission.outcome`, which builds it)."""
+    :mod:`mpijob.gang.outcome`, which builds it)."""
 
     conditions: Sequence[ConditionChange] = ()
     """Conditions to set, in order."""

@@ -126,6 +126,8 @@ class Delete:
     name: str
     uid: str | None = None
     """A precondition, so that a same-named successor is never deleted."""
+    grace_seconds: int | None = None
+    """None: the object's own grace period (a pod's ``terminationGracePeriodSeconds``)."""
 
 
 Action = Create | Patch | Replace | Delete

@@ -1,1 +1,1 @@
-"""handlers package."""
+"""The Kopf handlers and their wiring."""

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import api
-from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
+from mpijob.gang import quota, topology
 
 EXPECTATION_SECONDS = 60.0
 

@@ -8,34 +8,36 @@ the fields, and is not retried until it changes. Beyond upstream's rules, a job 
 could not be stored (the API server's ConfigMap limit) is invalid too, rather than retried
 forever against a 413, and so is a topology-placed worker template naming its own node.
 
-Every read happens first (the caches, our admission's latest decision); then
-:func:`mpijob.desired.sync.plan` and :func:`mpijob.desired.status.next_status` decide, and
-:func:`_apply` dispatches the plan's actions in order, stopping at the first failure. The status
-is written last, only when it changed.
+Every read happens first (the caches, our admission's latest decision, the nodes a placed job's
+decision names); then :mod:`mpijob.gang.gate` (where the job stands with gang admission, whether
+its placement still holds), :func:`mpijob.desired.sync.plan` and
+:func:`mpijob.desired.status.next_status` decide, and :func:`_apply` dispatches the actions in
+order, stopping at the first failure: the plan's, with the release of a decision no longer
+needed, or the giving back of a placement that no longer holds. The status is written last,
+only when it changed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from mpijob import api, keys, metrics
-from mpijob.admission import kueue, outcome, queue, timeout, topology
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.fabric import fabric_level
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
-from mpijob.desired.conditions import set_condition
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.status import AdmissionOutcome, Counter
-from mpijob.handlers.kube import ApiError
+from mpijob.desired.status import Counter
+from mpijob.gang import gate as admission_gate
+from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import OwnershipError
 from mpijob.placement.fabric import Fabric
+from mpijob.platform.kube import ApiError
+from mpijob.platform.workers import OwnershipError
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,10 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     body = rt.cache.job_body(key)
     if body is None:
         rt.forget(key)
-        await _release_orphan(rt, key)
+        # A deleted job's decision goes once its pods are gone (each pod event re-queues).
+        release = admission_gate.release(key, None, rt.cache.decision(key), rt.cache.pods(key))
+        if release is not None:
+            await _apply(rt, key, None, {}, release, {})
         return
     meta = body.get("metadata") or {}
     owner = api.managed_by(body)
@@ -71,7 +76,26 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     now = datetime.now(UTC)
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
-    if await _placement_gone(rt, key, job, body, seen, gate, now):
+    check = admission_gate.check_placement(
+        key,
+        job,
+        gate,
+        seen.pods,
+        seen.claims,
+        await _decision_nodes(rt, gate),
+        rt.gpu_binding,
+        rt.settings.placement_release_seconds,
+        now,
+    )
+    for seconds in check.rechecks:
+        rt.workers.enqueue_after(key, seconds)
+    if check.why:
+        # The placement no longer holds: given back, as actions, and the sync ends there.
+        decision = rt.cache.decision(key)
+        replacement = admission_gate.place_anew(
+            job, seen.pods, seen.claims, decision, check.why, check.reason, now, check.gone
+        )
+        await _replace(rt, key, job, body, replacement)
         return
     options = sync.Options(
         cluster_domain=rt.settings.cluster_domain,
@@ -101,48 +125,11 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if result.launcher_seen:
         metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
     _observe(rt, key, job, result.status, seen, now)
-    for event in [*result.events, *plan.events, *_binding_events(rt, gate, result.events)]:
+    binding_events = admission_gate.binding_events(gate, rt.gpu_binding, result.events)
+    for event in [*result.events, *plan.events, *binding_events]:
         rt.recorder.post(body, event)
     for counter in result.counters:
         COUNTERS[counter].inc()
-
-
-async def _placement_gone(
-    rt: Runtime,
-    key: JobKey,
-    job: api.MPIJob,
-    body: JSON,
-    seen: sync.Observed,
-    gate: Gate,
-    now: datetime,
-) -> bool:
-    """Whether the job's placement no longer holds (a node lost, pinned GPUs taken, a worker
-    unschedulable too long) and was given back; re-queues the job for what time alone changes."""
-    if gate.decision is not None:
-        lost, gone = await _lost_nodes(rt, key, job, gate.decision)
-        if lost:
-            await _place_anew(rt, key, job, body, seen, lost, keys.REASON_NODE_LOST, gone)
-            return True
-    if gate.placement is not None and rt.gpu_binding is GpuBinding.DRA:
-        taken = topology.gpus_taken(seen.pods, seen.claims, now)
-        if taken.message:
-            await _place_anew(rt, key, job, body, seen, taken.message, keys.REASON_GPUS_TAKEN)
-            return True
-        if taken.recheck is not None:
-            rt.workers.enqueue_after(key, taken.recheck + 0.5)
-    if gate.decision is not None:
-        release_after = rt.settings.placement_release_seconds
-        stuck = topology.unschedulable_workers(gate.decision, key[1], seen.pods, now, release_after)
-        if stuck.message:
-            await _place_anew(
-                rt, key, job, body, seen, stuck.message, keys.REASON_WORKERS_UNSCHEDULABLE
-            )
-            return True
-        if stuck.recheck is not None:
-            rt.workers.enqueue_after(key, stuck.recheck + 0.5)
-    if gate.recheck is not None:
-        rt.workers.enqueue_after(key, gate.recheck)
-    return False
 
 
 def checked(
@@ -197,21 +184,30 @@ async def _read_secret(
 async def _apply(
     rt: Runtime,
     key: JobKey,
-    job: api.MPIJob,
+    job: api.MPIJob | None,
     body: JSON,
     action: sync.Action,
     versions: dict[tuple[str, str], str],
-) -> None:
-    """Run one action. ``versions`` holds the resourceVersions this plan's own writes returned,
-    so a Replace after a Patch of the same object (resume: clear startTime, then unsuspend)
-    sends the version the Patch produced, as upstream's UpdateStatus-then-Update does."""
+) -> bool:
+    """Run one action; whether it changed anything (a Delete of what is gone already did not).
+    ``versions`` holds the resourceVersions this plan's own writes returned, so a Replace after
+    a Patch of the same object (resume: clear startTime, then unsuspend) sends the version the
+    Patch produced, as upstream's UpdateStatus-then-Update does. ``job`` is None only for the
+    deletion of a deleted job's decision."""
+    namespace = key[0]
+    match action:
+        case sync.Delete(api_version=version, kind=kind, name=name, uid=uid, grace_seconds=grace):
+            return await rt.kube.delete(
+                version, kind, namespace, name, uid=uid, grace_seconds=grace
+            )
+    assert job is not None
     match action:
         case sync.Create(obj=obj):
             await _create(rt, key, job, body, obj)
         case sync.Patch(deferrable=True, api_version=version, kind=kind, name=name, patch=patch):
-            rt.deferred.patch(version, kind, job.namespace, name, patch)
+            rt.deferred.patch(version, kind, namespace, name, patch)
         case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
-            out = await rt.kube.patch(version, kind, job.namespace, name, patch, subresource=sub)
+            out = await rt.kube.patch(version, kind, namespace, name, patch, subresource=sub)
             versions[(kind, name)] = (out.get("metadata") or {}).get("resourceVersion", "")
         case sync.Replace(obj=obj):
             meta = obj["metadata"]
@@ -221,12 +217,16 @@ async def _apply(
             replaced = await rt.kube.replace(obj)
             if obj["kind"] == "Secret":
                 rt.cache.saw_secret(key, replaced)
-        case sync.Delete(api_version=version, kind=kind, name=name, uid=uid):
-            await rt.kube.delete(version, kind, job.namespace, name, uid=uid)
+    return True
 
 
 async def _apply_all(
-    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, actions: list[sync.Action], gate: Gate
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    body: JSON,
+    actions: list[sync.Action],
+    gate: admission_gate.Gate,
 ) -> bool:
     """Run the plan's actions in order; False when a refused worker gave the placement back
     (the sync ends there)."""
@@ -235,7 +235,7 @@ async def _apply_all(
         try:
             await _apply(rt, key, job, body, action, versions)
         except ApiError as e:
-            refused = _refused_worker(action, e)
+            refused = admission_gate.refused_worker(action, e.status)
             if gate.decision is None or not refused:
                 raise
             # Its GPUs must not stay reserved for pods that cannot exist: give them back, with
@@ -246,21 +246,18 @@ async def _apply_all(
                 f"{int(rt.settings.placement_release_seconds)}s"
             )
             again = rt.cache.observe(key, job)
-            await _place_anew(rt, key, job, body, again, why, keys.REASON_WORKERS_REFUSED)
+            replacement = admission_gate.place_anew(
+                job,
+                again.pods,
+                again.claims,
+                rt.cache.decision(key),
+                why,
+                keys.REASON_WORKERS_REFUSED,
+                datetime.now(UTC),
+            )
+            await _replace(rt, key, job, body, replacement)
             return False
     return True
-
-
-def _refused_worker(action: sync.Action, e: ApiError) -> str:
-    """The worker pod ``action`` created, if the API server refused it for good as it stands: a
-    quota (403), a template it finds invalid (400, 422); empty otherwise. Not a conflict, a rate
-    limit or the server's own trouble, which a retry may get past."""
-    if not isinstance(action, sync.Create) or action.obj.get("kind") != "Pod":
-        return ""
-    meta = action.obj.get("metadata") or {}
-    if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) != keys.ROLE_WORKER:
-        return ""
-    return str(meta.get("name") or "") if e.status in (400, 403, 422) else ""
 
 
 async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JSON) -> None:
@@ -300,171 +297,68 @@ async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JS
 # --- admission ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Gate:
-    """Where a job stands with our own gang admission, as the plan and the status need it."""
-
-    admitted: bool = True
-    placement: list[sync.PodPlacement] | None = None
-    decision: topology.Decision | None = None
-    """The job's decision, while it holds one."""
-    outcome: AdmissionOutcome | None = None
-    release: sync.Delete | None = None
-    """Deleting the decision the job no longer needs (it finished or was suspended, and its
-    pods are gone), after the plan's own actions."""
-    recheck: float | None = None
-    """Seconds until the job's state changes by time alone (its hold-off ends): sync it then."""
-
-
-def _release(rt: Runtime, key: JobKey, job: api.MPIJob | None) -> sync.Delete | None:
-    """The deletion of the job's PlacementDecision, once :func:`topology.releasable`."""
+def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> admission_gate.Gate:
+    """A topology job's admission state (:func:`mpijob.gang.gate.gate`), from what the caches
+    and the admission service hold; the service's line follows it."""
     body = rt.cache.decision(key)
-    decision = topology.parse_decision(body)
-    if body is None:
-        return None
-    if decision is not None and not topology.releasable(decision, key[1], job, rt.cache.pods(key)):
-        return None
-    meta = body.get("metadata") or {}
-    return sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, key[1], meta.get("uid"))
-
-
-async def _release_orphan(rt: Runtime, key: JobKey) -> None:
-    """A deleted job's decision goes once its pods are gone (each pod event re-queues)."""
-    release = _release(rt, key, None)
-    if release is not None:
-        await rt.kube.delete(
-            release.api_version, release.kind, key[0], release.name, uid=release.uid
-        )
-
-
-def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> Gate:
-    """A topology job's admission state; reads only (the release is a planned action)."""
-    if rt.admission is None or not topology.wants_topology(
+    decision = topology.load_decision(job, body)
+    nodes = rt.cache.nodes({a.node for a in decision.assignments}) if decision else {}
+    standing = None
+    if rt.admission is not None and topology.wants_topology(
         job, default=rt.settings.gpu_topology_default
     ):
-        return Gate(release=_release(rt, key, job))
-    if job.status.finished:
-        rt.admission.drop(key)
-        return Gate(release=_release(rt, key, job))
-    decision = topology.load_decision(job, rt.cache.decision(key))
-    if job.spec.suspended:
-        rt.admission.drop(key)
-        # A suspended job holds no GPUs once its pods are gone; it is placed anew on resume.
-        return Gate(admitted=False, release=_release(rt, key, job))
-    if decision is not None:
-        rt.admission.drop(key)
-        waiting = queue.waiting_job(job, priority_values={})
-        nodes = rt.cache.nodes({a.node for a in decision.assignments})
-        states = {n.name: n for n in topology.node_states(nodes.values())}
-        return Gate(
-            placement=topology.pod_placements(decision, states),
-            decision=decision,
-            outcome=outcome.outcome(queue.Admit(waiting, decision), now=now),
-        )
-    # A decision under this name that is not this job's (an earlier job of the name, deleted
-    # and created again however fast) goes as soon as that job's pods are gone, or this job
-    # would wait on it for good: only a deleted job's own sync released it.
-    release = _release(rt, key, job)
-    until = timeout.held_off_until(job, rt.settings.placement_release_seconds)
-    if until is not None and now < until:
-        # Its placement was released because its workers could not be created or scheduled:
-        # it stays out of the line a while, so the jobs behind it get the GPUs. Its condition
-        # keeps saying why.
-        rt.admission.drop(key)
-        return Gate(admitted=False, release=release, recheck=(until - now).total_seconds() + 0.5)
-    if rt.admission.pending(key):
-        # Admitted; the watch event with the decision is on its way.
-        return Gate(admitted=False, release=release)
-    last = rt.admission.decision(key)
-    if isinstance(last, queue.TimedOut):
-        return Gate(admitted=False, outcome=outcome.outcome(last, now=now), release=release)
-    rt.admission.want(key, job)
-    if last is None:
-        waiting = queue.waiting_job(job, priority_values={})
-        last = queue.Wait(waiting, "waiting for the next admission pass")
-    explained = outcome.outcome(kueue.explain(job, last), now=now)
-    return Gate(admitted=False, outcome=explained, release=release)
+        standing = admission_gate.Standing(rt.admission.pending(key), rt.admission.decision(key))
+    gate = admission_gate.gate(
+        key,
+        job,
+        topology_default=rt.settings.gpu_topology_default,
+        release_seconds=rt.settings.placement_release_seconds,
+        decision_body=body,
+        pods=rt.cache.pods(key),
+        nodes={name: node for name, node in nodes.items() if node is not None},
+        standing=standing,
+        now=now,
+    )
+    if rt.admission is not None:
+        if gate.line is admission_gate.Line.DROP:
+            rt.admission.drop(key)
+        elif gate.line is admission_gate.Line.WANT:
+            rt.admission.want(key, job)
+    return gate
 
 
-DEVICE_PLUGIN_PICKS = (
-    "GPU binding is annotations: the workers carry the GPUs placement chose "
-    f"({keys.GPU_IDS}) and a node affinity, but the device plugin, not the operator, picks "
-    "which GPUs of the node each container gets (NVIDIA's DRA driver and --gpu-binding=dra "
-    "enforce the choice)"
-)
-
-
-def _binding_events(rt: Runtime, gate: Gate, posted: list[events.Event]) -> list[events.Event]:
-    """Once per admission, in the annotations binding: the choice is not enforced."""
-    if gate.placement is None or rt.gpu_binding is not GpuBinding.ANNOTATIONS:
-        return []
-    if not any(e.reason == keys.REASON_GANG_ADMITTED for e in posted):
-        return []
-    return [events.normal(keys.REASON_DEVICE_PLUGIN_PICKS, DEVICE_PLUGIN_PICKS)]
-
-
-async def _lost_nodes(
-    rt: Runtime, key: JobKey, job: api.MPIJob, decision: topology.Decision
-) -> tuple[str, set[str]]:
-    """Why the job's nodes make it be placed anew (see :func:`topology.lost_nodes`), and which
-    of them were deleted. A node absent from the watched pool is read: deleted, or only no
-    longer opted in (one GET, only while a placed job names such a node)."""
-    wanted = {a.node for a in decision.assignments}
+async def _decision_nodes(rt: Runtime, gate: admission_gate.Gate) -> dict[str, JSON | None]:
+    """The nodes the job's decision names (None: deleted). A node absent from the watched pool
+    is read: deleted, or only no longer opted in (one GET, only while a placed job names such a
+    node)."""
+    if gate.decision is None:
+        return {}
+    wanted = {a.node for a in gate.decision.assignments}
     nodes: dict[str, JSON | None] = dict(rt.cache.nodes(wanted))
     for name in sorted(wanted - nodes.keys()):
         nodes[name] = await rt.kube.get("v1", "Node", None, name)
-    why = topology.lost_nodes(decision, job, nodes, rt.cache.pods(key))
-    return why, {name for name, node in nodes.items() if node is None}
+    return nodes
 
 
-async def _place_anew(
-    rt: Runtime,
-    key: JobKey,
-    job: api.MPIJob,
-    body: JSON,
-    seen: sync.Observed,
-    why: str,
-    reason: str,
-    gone: Collection[str] = (),
+async def _replace(
+    rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, plan: admission_gate.Replacement
 ) -> None:
-    """The placement no longer holds (a pinned GPU was taken before its claim was allocated, or
-    a node under the job was lost): remove the job's workers, their claims and its decision (no
-    pod of it runs on GPUs other than those recorded), and let our admission place it again.
-    Workers on a deleted node go at once (no kubelet will confirm their end). Said once, as a
-    Warning, and as ``GangAdmitted=False`` with the same reason until the job is admitted
-    again; the launcher is left to its Job's restart policy and backoff, as upstream leaves it.
-    """
-    for pod in seen.pods:
-        meta = pod.get("metadata") or {}
-        if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) == keys.ROLE_WORKER:
-            grace = 0 if (pod.get("spec") or {}).get("nodeName") in gone else None
-            await rt.kube.delete(
-                "v1",
-                "Pod",
-                job.namespace,
-                str(meta["name"]),
-                uid=meta.get("uid"),
-                grace_seconds=grace,
-            )
-    for name, claim in seen.claims.items():
-        uid = (claim.get("metadata") or {}).get("uid")
-        await rt.kube.delete(keys.DRA_API_VERSION, "ResourceClaim", job.namespace, name, uid=uid)
-    decision = rt.cache.decision(key)
-    if decision is None:
+    """Apply a :class:`~mpijob.gang.gate.Replacement` in its order; the Warning only once the
+    decision is gone (a decision already deleted was placed anew by an earlier sync)."""
+    versions: dict[tuple[str, str], str] = {}
+    for action in plan.actions:
+        await _apply(rt, key, job, body, action, versions)
+    if plan.release is None:
         return
-    # The condition first: a conflict retries the whole sync while the decision still says why.
-    after = job.status.model_copy(deep=True)
-    if set_condition(after, keys.COND_GANG_ADMITTED, "False", reason, why, datetime.now(UTC)):
-        await _write_status(rt, key, body, after.to_body())
-    uid = (decision.get("metadata") or {}).get("uid")
-    if not await rt.kube.delete(
-        keys.DECISION_API_VERSION, keys.DECISION_KIND, job.namespace, job.name, uid=uid
-    ):
+    if plan.status is not None:
+        await _write_status(rt, key, body, plan.status.to_body())
+    if not await _apply(rt, key, job, body, plan.release, versions):
         return  # placed anew already: the cache had not seen the decision go
-    log.warning("MPIJob %s/%s: %s", *key, why)
-    if reason == keys.REASON_GPUS_TAKEN:
+    log.warning("MPIJob %s/%s: %s", *key, plan.event.message if plan.event else "")
+    if plan.reason == keys.REASON_GPUS_TAKEN:
         metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
-    rt.recorder.post(body, events.warning(reason, why))
+    if plan.event is not None:
+        rt.recorder.post(body, plan.event)
 
 
 def _observe(

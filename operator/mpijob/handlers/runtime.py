@@ -1,27 +1,31 @@
 """What the handlers share for the life of the process, one object per concern.
 
 - :class:`~mpijob.handlers.cache.Cache`: the indices, expectations and our last status write;
-- :class:`~mpijob.handlers.workers.Workers`: the work queue, its workers and the leader gate;
+- :class:`~mpijob.platform.workers.Workers`: the work queue, its workers and the leader gate;
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
-Created in ``on.startup`` and kept in Kopf's ``memo``.
+Created in ``on.startup`` and kept in Kopf's memo (:class:`OperatorMemo`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import kopf
+
 from mpijob import metrics
 from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.admission import Admission
+from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
-from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube_api import KubeApi
-from mpijob.handlers.recorder import Recorder
-from mpijob.handlers.workers import Workers
+from mpijob.placement.fabric import Fabric
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.kube_api import KubeApi
+from mpijob.platform.recorder import Recorder
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from mpijob.shares.service import ShareService
 
 
 @dataclass
@@ -71,3 +75,16 @@ class Runtime:
         await self.recorder.close()
         await self.deferred.drain()
         await self.kube.aclose()
+
+
+class OperatorMemo(kopf.Memo):
+    """Kopf's memo, as this operator fills it: what ``run`` knows before Kopf starts, then
+    what ``on.startup`` builds. Every handler receives it (a shallow copy per object)."""
+
+    settings: OperatorSettings
+    gpu_binding: GpuBinding
+    fabric: Fabric | None
+    runtime: Runtime
+    """Set by ``on.startup``, before any watch or webhook is served."""
+    shares: ShareService
+    """With ``--fractional-gpus``: the share service, set by ``on.startup``."""

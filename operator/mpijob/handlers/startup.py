@@ -1,12 +1,10 @@
-"""Operator lifecycle: configure Kopf once, build the runtime, start and stop the workers.
+"""Operator lifecycle: tune Kopf once, build the runtime, start and stop the workers.
 
-``run`` is the programmatic entry (the CLI calls it). Kopf is configured here and nowhere else:
-its peering is off (a Lease elects the leader instead), Event posting is off (we post our own,
-with upstream's source component), its finalizer and storage keys use our prefix so that if
-anything is ever stored it is ours, and node watches are filtered server-side to opted-in nodes.
+``run`` is the programmatic entry (the CLI calls it). Kopf's settings and the changes to its
+classes are :mod:`mpijob.platform.kopf_tuning`'s, applied here.
 Before Kopf starts, :func:`preflight` checks that the CRDs are served and picks the
 ``--gpu-binding`` mode, which decides the watches registered. With ``--fractional-gpus`` it
-also registers :mod:`~mpijob.handlers.fractional` (GPU-share webhooks), serves them with a
+also registers :mod:`~mpijob.shares.service` (GPU-share webhooks), serves them with a
 certificate made at start, and applies their configurations.
 """
 
@@ -14,88 +12,44 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
-import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kopf
-import orjson
 import uvloop
 import yaml
 
 from mpijob import keys, metrics
-from mpijob.admission import quota
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
-from mpijob.handlers import fractional, reconcile, watches
-from mpijob.handlers.admission import Admission, store_decision
-from mpijob.handlers.deferred import DeferredPatches
-from mpijob.handlers.kube import ApiError, Kube, connection_info
-from mpijob.handlers.kube_api import KubeApi
-from mpijob.handlers.leader import LeaderElector
-from mpijob.handlers.recorder import Recorder
-from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import Workers
+from mpijob.gang import quota
+from mpijob.gang.service import Admission, store_decision
+from mpijob.handlers import reconcile, watches
+from mpijob.handlers.cache import Cache
+from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
+from mpijob.platform import kopf_tuning, tls
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.kube import ApiError, Kube, connection_info
+from mpijob.platform.kube_api import KubeApi
+from mpijob.platform.leader import LeaderElector
+from mpijob.platform.recorder import Recorder
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from mpijob.shares import service as share_service
+from mpijob.shares import webhook
+from mpijob.shares.service import ShareService
 
 log = logging.getLogger(__name__)
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """No diff-base: the operator registers no on.create/update/resume handlers, the only ones a
-    diff is for. Kopf still builds an essence of every event's body (a deep copy of the whole
-    object) before it knows whether any handler needs it; this storage makes that essence empty
-    and never stores one."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        pass
-
-
-def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
-    settings.posting.enabled = False
-    settings.peering.standalone = True
-    settings.persistence.finalizer = keys.PREFIX + "finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpijob.io")
-    settings.persistence.diffbase_storage = NoDiffBase()
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.watching.connect_timeout = 10
-    settings.networking.request_timeout = 60
-    settings.watching.chunk_size = 500
-    # Kopf's worker for an object keeps that object's last event body until it exits, 5 s
-    # idle by default: under a burst of pod events that held every recent pod whole (peak RSS
-    # 102 -> 91 MiB in make bench with 0.5 s). A pod's next event after that costs a new task.
-    settings.queueing.idle_timeout = 0.5
-    # Pods are watched unfiltered (as upstream's informer does): placement must see the GPUs
-    # of every placed pod, not only ours. Nodes: only those opted into topology placement.
-    settings.watching.label_selectors["v1", "nodes"] = (
-        f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
-    )
-    settings.execution.max_workers = max(4, ours.threadiness)
-    if ours.fractional_gpus:
-        # Shares go to core_mem nodes; the topology handlers still filter on their own label.
-        settings.watching.label_selectors["v1", "nodes"] = (
-            f"{keys.NODE_GPU_SCHEDULE_LABEL} in"
-            f" ({keys.NODE_GPU_SCHEDULE_TOPOLOGY},{keys.NODE_GPU_SCHEDULE_CORE_MEM})"
-        )
-
-
-async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
-    ours: OperatorSettings = memo["settings"]
-    configure(settings, ours)
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs: Any) -> None:
+    ours = memo.settings
+    kopf_tuning.configure(settings, ours)
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
         qps=ours.kube_api_qps,
@@ -109,62 +63,70 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     else:
         metrics.IS_LEADER.set(1)
     instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
+    binding = memo.get("gpu_binding", GpuBinding.ANNOTATIONS)
+    fabric = memo.get("fabric")
+    cache = Cache()
+    # Indices are live mappings: empty now, complete when the workers open (see watches).
+    cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
+    cache.server_minor = await server_minor(kube)
+    workers = Workers(ours.threadiness, leader=leader)
+    admission = Admission(
+        write_decision=lambda obj: store_decision(kube, obj),
+        enqueue=workers.enqueue,
+        snapshot=cache.placement_snapshot,
+        live=cache.job,
+        decision_of=cache.decision,
+        priority_values=cache.priority_values,
+        inter_node_gbps=ours.inter_node_gbps,
+        create_object=kube.create,
+        get_object=kube.get,
+        binding=binding,
+        fabric=fabric,
+    )
     rt = Runtime(
         settings=ours,
-        gpu_binding=memo.get("gpu_binding", GpuBinding.ANNOTATIONS),
+        gpu_binding=binding,
         kube=kube,
         recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
         deferred=DeferredPatches(kube),
-        workers=Workers(ours.threadiness, leader=leader),
+        workers=workers,
+        cache=cache,
+        admission=admission,
     )
-    # Indices are live mappings: empty now, complete when the workers open (see watches).
-    rt.cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
-    rt.cache.server_minor = await server_minor(kube)
-    memo["runtime"] = rt
-    rt.admission = Admission(
-        write_decision=lambda obj: store_decision(kube, obj),
-        enqueue=rt.workers.enqueue,
-        snapshot=rt.cache.placement_snapshot,
-        live=rt.cache.job,
-        decision_of=rt.cache.decision,
-        priority_values=rt.cache.priority_values,
-        inter_node_gbps=ours.inter_node_gbps,
-        binding=rt.gpu_binding,
-        fabric=memo.get("fabric"),
-        create_object=kube.create,
-        get_object=kube.get,
-    )
-    rt.workers.run(rt.admission.run_forever(), name="admission")
-    fabric = memo.get("fabric")
+    memo.runtime = rt
+    rt.workers.run(admission.run_forever(), name="admission")
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
         rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
     if ours.fractional_gpus:
-        shares: fractional.FractionalAdmission = memo["fractional"]
-        shares.workers_of = fractional.workers_reader(kube)
-        shares.events = rt.recorder.post
+        shares = ShareService(
+            workers_of=share_service.workers_reader(kube),
+            events=rt.recorder.post,
+            runtime_class=ours.gpu_share_runtime_class,
+        )
+        memo[webhook.MEMO_KEY] = shares
         selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
         await shares.rebuild(
             await kube.list("v1", "Node", None, labels=selector),
             await kube.list("v1", "Pod", None),
         )
         cert = (
-            fractional.mounted_certificate(Path(ours.webhook_cert_dir))
+            tls.mounted_certificate(Path(ours.webhook_cert_dir))
             if ours.webhook_cert_dir
-            else fractional.serving_certificate(
+            else tls.serving_certificate(
                 ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
             )
         )
-        fractional.configure_server(
+        webhook.configure_server(
             settings, cert, ours.webhook_port, client_ca=ours.webhook_client_ca
         )
         rt.workers.run(
             shares.run_placement(
-                fractional.pod_patcher(kube), leader.leading if leader is not None else None
+                share_service.pod_patcher(kube), leader.leading if leader is not None else None
             ),
             name="gpu-share-placement",
         )
-        await fractional.apply_configurations(
-            kube.request,
+        await webhook.apply_configurations(
+            kube.apply,
             service_namespace=ours.lock_namespace,
             service_name=ours.webhook_service,
             port=443,
@@ -200,12 +162,10 @@ async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:
     """
     unknown = []
     try:
-        await kube.request("GET", "/apis/" + keys.DRA_API_VERSION)
-        served = True
+        served = await kube.resources(keys.DRA_API_VERSION) is not None
     except ApiError as error:
         served = False
-        if not error.not_found:
-            unknown.append(f"{keys.DRA_API_VERSION}: {error.status} {error.message}")
+        unknown.append(f"{keys.DRA_API_VERSION}: {error.status} {error.message}")
     device_class = False
     if served:
         try:
@@ -227,15 +187,15 @@ async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:
 
 async def server_minor(kube: KubeApi) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
-    check then counts the operator's claims itself, see :mod:`mpijob.admission.quota`)."""
+    check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
     try:
-        return quota.server_minor(await kube.request("GET", "/version"))
+        return quota.server_minor(await kube.version())
     except (ApiError, OSError) as error:
         log.warning("Could not read the API server's version: %s", error)
         return None
 
 
-async def cleanup(memo: Any, **_: Any) -> None:
+async def cleanup(memo: OperatorMemo, **_: Any) -> None:
     rt: Runtime | None = memo.get("runtime")
     if rt is not None:
         await rt.stop()
@@ -247,10 +207,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 
 def registry_for(
-    ours: OperatorSettings,
-    binding: GpuBinding = GpuBinding.ANNOTATIONS,
-    memo: kopf.Memo | None = None,
+    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
 ) -> kopf.OperatorRegistry:
+    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks."""
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
@@ -263,10 +222,7 @@ def registry_for(
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
     if ours.fractional_gpus:
-        shares = fractional.FractionalAdmission(runtime_class=ours.gpu_share_runtime_class)
-        fractional.register(registry, shares)
-        if memo is not None:
-            memo["fractional"] = shares
+        webhook.register(registry)
     return registry
 
 
@@ -287,12 +243,10 @@ async def check_crds(kube: KubeApi) -> None:
     failure (the API server still starting) is left to Kopf's own retries."""
     for group_version, plural, source in NEEDED_CRDS:
         try:
-            served = await kube.request("GET", f"/apis/{group_version}")
+            served = await kube.resources(group_version) or {}
         except ApiError as e:
-            if not e.not_found:
-                log.warning("Could not check that %s is served: %s", group_version, e)
-                continue
-            served = {}
+            log.warning("Could not check that %s is served: %s", group_version, e)
+            continue
         if not any(r.get("name") == plural for r in served.get("resources") or []):
             raise MissingCRD(
                 f"{plural}.{group_version.split('/')[0]} ({group_version}) is not served: "
@@ -327,94 +281,12 @@ async def preflight(ours: OperatorSettings) -> GpuBinding:
         await kube.aclose()
 
 
-def _loads(text: str | bytes) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:  # what orjson refuses and json takes (lone surrogates)
-        return json.loads(text)
-
-
-def decode_watch_events_with_orjson() -> None:
-    """Kopf decodes every line of its watch streams with the standard library's ``json``
-    (about a tenth of the operator's CPU under load); orjson gives the same objects in a
-    fraction of the time. Kopf has no setting for it, so the name its streaming module decodes
-    with is pointed at :func:`_loads`; a Kopf without that name keeps its own decoding."""
-    from kopf._cogs.clients import api
-
-    if getattr(api, "json", None) is json:
-        decoding = types.ModuleType(json.__name__, json.__doc__)
-        vars(decoding).update({**vars(json), "loads": _loads})
-        api.json = decoding  # type: ignore[attr-defined]
-    else:
-        log.warning("Kopf's watch decoding was not found; watch events decode with json")
-
-
 #: Allocations between two collections of the cyclic garbage collector's youngest generation
 #: (Python's default: 700). A watch event decodes into hundreds of objects that live until Kopf
 #: has handled it; at 700 the collector ran every few events while they were alive, scanned
 #: them, promoted them and scanned them again in the older generations: 0.9 s of 4.0 s CPU in
 #: ``make bench``. At this size most of them are freed by their reference counts first.
 GC_YOUNG_THRESHOLD = 20_000
-
-
-def views_without_cycles() -> None:
-    """Kopf wraps every event's body in a ``Body`` and gives each handler call a ``Patch``;
-    both keep their ``metadata``/``spec``/``status`` views as attributes, and the metadata view
-    its ``labels``/``annotations`` views, while each view points back at its parent. So every
-    event's whole object stayed until the garbage collector found the cycle. Built on each
-    access instead (a view is a path over the same dict: reads and writes go where they went),
-    the views leave no cycle and an event's body is freed as soon as Kopf drops it. A Kopf
-    whose classes differ keeps its own."""
-    from kopf._cogs.structs import bodies, dicts, patches
-
-    views: dict[type, dict[str, type]] = {
-        bodies.Body: {"metadata": bodies.Meta, "meta": bodies.Meta, "spec": bodies.Spec,
-                      "status": bodies.Status},
-        patches.Patch: {"metadata": patches.MetaPatch, "meta": patches.MetaPatch,
-                        "spec": patches.SpecPatch, "status": patches.StatusPatch},
-        bodies.Meta: {"labels": dicts.MappingView, "annotations": dicts.MappingView},
-        patches.MetaPatch: {"labels": dicts.MutableMappingView,
-                            "annotations": dicts.MutableMappingView},
-    }  # fmt: skip
-    cached = {"_meta", "_spec", "_status"}
-    if not all(
-        isinstance(vars(cls).get(name), property) for cls, named in views.items() for name in named
-    ):
-        log.warning("Kopf's body and patch views were not found; they keep their cycles")
-        return
-
-    def without_cached_views(init: Callable[..., None]) -> Callable[..., None]:
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            for name in cached & vars(self).keys():
-                delattr(self, name)  # the view goes, and with it the cycle
-
-        return __init__
-
-    # A body and a metadata view are only their path over the object now: nothing is built
-    # first to be dropped (the properties below build the views when asked).
-    bodies.Body.__init__ = _path_view(dicts.ReplaceableMappingView)  # type: ignore[method-assign,assignment]
-    bodies.Meta.__init__ = _path_view(dicts.MappingView, "metadata")  # type: ignore[method-assign,assignment]
-    patches.MetaPatch.__init__ = _path_view(dicts.MutableMappingView, "metadata")  # type: ignore[method-assign,assignment]
-    patches.Patch.__init__ = without_cached_views(patches.Patch.__init__)  # type: ignore[method-assign]
-    for cls, named in views.items():
-        for name, view in named.items():
-            setattr(cls, name, _view_property(view, name))
-
-
-def _path_view(base: Any, *path: str) -> Callable[[Any, Any], None]:
-    def __init__(self: Any, src: Any) -> None:
-        base.__init__(self, src, *path)
-
-    return __init__
-
-
-def _view_property(view: type, name: str) -> property:
-    """A parent's view built on access: metadata's labels and annotations are plain views by
-    path, the others know their path."""
-    if name in ("labels", "annotations"):
-        return property(lambda self: view(self, name))
-    return property(view)
 
 
 def load_fabric(value: str) -> Fabric | None:
@@ -447,20 +319,20 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def run(ours: OperatorSettings) -> None:
+def run(ours: OperatorSettings, *, verbose: bool = False, json_logs: bool = False) -> None:
     """Run the operator until SIGINT/SIGTERM."""
+    kopf_tuning.configure_logging(verbose=verbose, json_lines=json_logs)
     if ours.kubeconfig:
         os.environ["KUBECONFIG"] = ours.kubeconfig
-    decode_watch_events_with_orjson()
-    views_without_cycles()
+    kopf_tuning.patch_kopf()
     fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
     binding = asyncio.run(preflight(ours))
-    memo = kopf.Memo(settings=ours, gpu_binding=binding, fabric=fabric)
+    memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
     uvloop.run(
         kopf.operator(
-            registry=registry_for(ours, binding, memo),
+            registry=registry_for(ours, binding),
             memo=memo,
             standalone=True,
             clusterwide=ours.cluster_wide,

@@ -15,7 +15,7 @@ deletion (which only drops the entry), so the children's event handlers are filt
 deletions, and the many pod events cost Kopf one handler call each instead of two. Kopf calls
 index functions while it lists, before every index is complete; the work queue holds what they
 ask for until :func:`mpijob_event` (an event handler, which Kopf calls only once every index is
-complete) opens it (:meth:`~mpijob.handlers.workers.Workers.open`).
+complete) opens it (:meth:`~mpijob.platform.workers.Workers.open`).
 
 An event for a child also ends the expectation its creation left (see
 :mod:`mpijob.handlers.cache`); Kopf stores an index function's result before any other task
@@ -33,11 +33,11 @@ from typing import Any
 import kopf
 
 from mpijob import keys, metrics
-from mpijob.admission import quota, topology
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
-from mpijob.handlers.kube import ApiError
-from mpijob.handlers.runtime import Runtime
+from mpijob.gang import quota, topology
+from mpijob.handlers.runtime import OperatorMemo, Runtime
+from mpijob.platform.kube import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def _key(namespace: str | None, name: str) -> JobKey:
     return (namespace or "", name)
 
 
-def _runtime(memo: Any) -> Runtime:
-    return memo["runtime"]  # type: ignore[no-any-return]
+def _runtime(memo: OperatorMemo) -> Runtime:
+    return memo.runtime
 
 
 def _picked(section: Any, fields: tuple[str, ...]) -> JSON:
@@ -96,7 +96,12 @@ async def mpijobs_by_key(
 
 
 async def mpijob_event(
-    namespace: str | None, name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any
+    namespace: str | None,
+    name: str,
+    type: str | None,
+    body: kopf.Body,
+    memo: OperatorMemo,
+    **_: Any,
 ) -> None:
     rt = _runtime(memo)
     rt.workers.open()  # Kopf calls event handlers only once every index is complete
@@ -120,7 +125,7 @@ def _pod_job(labels: Any) -> str | None:
 
 
 async def pods_by_job(
-    body: kopf.Body, namespace: str | None, name: str, labels: Any, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, labels: Any, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
     if not (job := _pod_job(labels)):
         return {}
@@ -131,7 +136,7 @@ async def pods_by_job(
 
 
 async def pod_deleted(
-    namespace: str | None, name: str, labels: Any, body: kopf.Body, memo: Any, **_: Any
+    namespace: str | None, name: str, labels: Any, body: kopf.Body, memo: OperatorMemo, **_: Any
 ) -> None:
     if job := _pod_job(labels):
         rt = _runtime(memo)
@@ -198,7 +203,9 @@ async def decisions_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> 
     return {_key(namespace, job): dict(body)} if job else {}
 
 
-async def decision_event(namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def decision_event(
+    namespace: str | None, body: kopf.Body, memo: OperatorMemo, **_: Any
+) -> None:
     rt = _runtime(memo)
     if job := str((body.spec.get("job") or {}).get("name") or ""):
         rt.workers.enqueue(_key(namespace, job))  # it may be released, or its job may now run
@@ -220,7 +227,9 @@ async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]
     }
 
 
-async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def node_event(
+    type: str | None, name: str, body: kopf.Body, memo: OperatorMemo, **_: Any
+) -> None:
     rt = _runtime(memo)
     if type == "DELETED" or not topology.opted_in(body):
         # Jobs placed there may have lost workers (deleted, NotReady and evicted, drained).
@@ -254,13 +263,13 @@ def deleted(type: str | None, **_: Any) -> bool:
 
 
 async def child_deleted(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
     if job := _job_of(body):
         _child_changed(_runtime(memo), _key(namespace, job), str(body.get("kind")), name)
 
 
-def _owned(body: kopf.Body, namespace: str | None, name: str, memo: Any) -> JobKey | None:
+def _owned(body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo) -> JobKey | None:
     """The controlling job's key, its sync asked for; None for anyone else's object."""
     if not (job := _job_of(body)):
         return None
@@ -275,7 +284,7 @@ def _child(body: kopf.Body, **fields: Any) -> JSON:
 
 
 async def services_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
     """The selector and DNS settings the sync corrects when they drift."""
     if not (key := _owned(body, namespace, name, memo)):
@@ -285,7 +294,7 @@ async def services_by_job(
 
 
 async def configmaps_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
     if not (key := _owned(body, namespace, name, memo)):
         return {}
@@ -293,13 +302,13 @@ async def configmaps_by_job(
 
 
 async def launchers_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
     return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
 
 
 async def podgroups_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
     return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
 
@@ -337,7 +346,7 @@ async def allocations_by_node(
 
 
 async def claim_event(
-    body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
     rt = _runtime(memo)
     if job := _job_of(body):
@@ -393,7 +402,7 @@ def limits_gpus(spec: kopf.Spec, **_: Any) -> bool:
     return any(r in (spec.get("hard") or {}) for r in quota.GPU_RESOURCES)
 
 
-async def gpu_quota_event(memo: Any, **_: Any) -> None:
+async def gpu_quota_event(memo: OperatorMemo, **_: Any) -> None:
     rt = _runtime(memo)
     if rt.admission is not None:
         rt.admission.wake()  # room may have appeared (a pod finished, the limit was raised)

@@ -12,10 +12,10 @@ from matplotlib.colors import to_rgb
 from rich.console import Console
 
 from mpijob import keys
-from mpijob.api.fractional import Placed, Share
 from mpijob.console import plot
 from mpijob.console import topology as view
 from mpijob.placement import codec, smi, topologies
+from mpijob.shares.request import Placed, Share
 from support.console_objects import pod_body
 
 pytestmark = pytest.mark.unit

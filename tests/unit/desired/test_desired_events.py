@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpijob import keys
-from mpijob.admission import outcome, queue
 from mpijob.desired import events
 from mpijob.desired import status as rules
+from mpijob.gang import outcome, queue
 from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.handlers.kube import ApiError
 from mpijob.handlers.startup import detect_gpu_binding
+from mpijob.platform.kube import ApiError
 from support.fake_kube import FakeKube
 
 
@@ -19,7 +19,7 @@ def cluster(*, api: int = 200, device_class: int = 200) -> FakeKube:
     if api == 200:
         kube.served["/apis/resource.k8s.io/v1"] = {"kind": "APIResourceList"}
     elif api != 404:
-        kube.fail("request", ApiError(api, "Forbidden", "no"))
+        kube.fail("resources", ApiError(api, "Forbidden", "no"))
     if device_class == 200:
         kube.add(
             {
@@ -34,9 +34,9 @@ def cluster(*, api: int = 200, device_class: int = 200) -> FakeKube:
 
 
 def reads(kube: FakeKube) -> list[str]:
-    """What was read: raw paths, and objects as apiVersion/kind/name."""
+    """What was read: discovery paths, and objects as apiVersion/kind/name."""
     return [
-        c.args[1] if c.verb == "request" else f"{c.args[0]}/{c.args[1]}/{c.args[3]}"
+        f"/apis/{c.args[0]}" if c.verb == "resources" else f"{c.args[0]}/{c.args[1]}/{c.args[3]}"
         for c in kube.calls
     ]
 

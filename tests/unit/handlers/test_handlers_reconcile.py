@@ -14,11 +14,11 @@ import pytest
 
 from mpijob import keys
 from mpijob.desired.events import Event
+from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
-from mpijob.handlers.admission import Admission
-from mpijob.handlers.deferred import DeferredPatches
 from mpijob.handlers.runtime import Runtime
-from mpijob.handlers.workers import Workers
+from mpijob.platform.deferred import DeferredPatches
+from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 from support import jobs
 from support.fake_kube import FakeKube
@@ -301,6 +301,8 @@ def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, FakeKube, Recording
         live=rt.cache.job,
         decision_of=rt.cache.decision,
         priority_values=dict,
+        create_object=kube.create,
+        get_object=kube.get,
         inter_node_gbps=25.0,
     )
     return rt, kube, recorder

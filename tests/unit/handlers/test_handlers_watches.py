@@ -9,11 +9,12 @@ import kopf
 import pytest
 
 from mpijob import keys
-from mpijob.admission import quota
+from mpijob.gang import quota
 from mpijob.handlers.cache import Cache
+from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
-from mpijob.handlers.workers import Workers
-from mpijob.handlers.workqueue import BASE_DELAY_SECONDS
+from mpijob.platform.workers import Workers
+from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
@@ -28,7 +29,7 @@ def _event(version: str) -> kopf.Body:
 async def _event_seen(type: str | None, version: str) -> Workers:
     rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
     rt.cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
-    memo = {"runtime": rt}
+    memo = OperatorMemo(runtime=rt)
     await mpijob_event(namespace="ns", name="pi", type=type, body=_event(version), memo=memo)
     assert rt.workers.indexed.is_set()  # an event handler runs only once the indices are full
     return rt.workers
@@ -102,7 +103,7 @@ async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_
     placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n0"}, {"node": "n1"}]}}
     other = {"spec": {"job": {"name": "other"}, "workers": [{"node": "n0"}]}}
     rt.cache.indices = {"decisions_by_job": {KEY: [placed], ("ns", "other"): [other]}}
-    memo = {"runtime": rt}
+    memo = OperatorMemo(runtime=rt)
     await node_event(type="MODIFIED", name="n1", body=_node("True"), memo=memo)
     assert len(rt.workers.queue) == 0  # a heartbeat of a healthy node
     await node_event(type="MODIFIED", name="n1", body=_node("False"), memo=memo)

@@ -11,7 +11,7 @@ import yaml
 from manifests_files import ROOT
 
 from mpijob import api, keys
-from mpijob.api.fractional import read_request
+from mpijob.shares.request import read_request
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ from manifests_files import (
     operator_permissions,
 )
 
-from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
+from mpijob.shares.pod_edits import WEBHOOK_CONFIGURATION
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def grants(group: str, resources: str, verbs: str) -> set[tuple[str, str, str]]:
     return {(group, r, v) for r in resources.split() for v in verbs.split()}
 
 
-#: What the operator's code calls today (handlers/kube.py, recorder, leader election, Kopf).
+#: What the operator's code calls today (platform/kube.py, recorder, leader election, Kopf).
 OPERATOR_CLUSTER = (
     grants("kubeflow.org", "mpijobs", "list watch")
     | grants("kubeflow.org", "mpijobs/status", "update")

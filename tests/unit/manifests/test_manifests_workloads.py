@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from typing import Any
@@ -21,8 +22,11 @@ MPS_DAEMONSET = one(BASE / "agent-mps-daemonset.yaml", "DaemonSet")
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def container(workload: dict[str, Any]) -> dict[str, Any]:
+def container(workload: dict[str, Any], name: str = "") -> dict[str, Any]:
     containers = workload["spec"]["template"]["spec"]["containers"]
+    if name:
+        (found,) = [c for c in containers if c["name"] == name]
+        return dict(found)
     assert len(containers) == 1
     return dict(containers[0])
 
@@ -111,7 +115,8 @@ def test_agent_daemonset() -> None:
 
 def test_mps_agent_daemonset_runs_on_core_mem_nodes_only_and_shares_their_gpus() -> None:
     pod = MPS_DAEMONSET["spec"]["template"]["spec"]
-    c = container(MPS_DAEMONSET)
+    assert [c["name"] for c in pod["containers"]] == ["agent", "csi"]
+    c = container(MPS_DAEMONSET, "agent")
     assert c["command"] == ["mpijob-agent"]
     args = agent_main.main.make_context("mpijob-agent", list(c["args"])).params
     assert args["share_gpus"]
@@ -124,7 +129,7 @@ def test_mps_agent_daemonset_runs_on_core_mem_nodes_only_and_shares_their_gpus()
     assert {"key": keys.NODE_GPU_SCHEDULE_LABEL, "operator": "In", "values": ["core_mem"]} in terms[
         "nodeSelectorTerms"
     ][0]["matchExpressions"]
-    # The daemons' pipe directories are where client pods' hostPath volumes point.
+    # The daemons' pipe directories are what the CSI container bind-mounts into client pods.
     mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["mps"]
     volume = {v["name"]: v for v in pod["volumes"]}["mps"]
     assert mount == volume["hostPath"]["path"] == keys.MPS_ROOT
@@ -135,6 +140,39 @@ def test_mps_agent_daemonset_runs_on_core_mem_nodes_only_and_shares_their_gpus()
     assert set(plain["NVIDIA_DRIVER_CAPABILITIES"].split(",")) == {"compute", "utility"}
     assert "nvidia.com/gpu" not in str(c["resources"])
     assert "agent-mps-daemonset.yaml" in (BASE / "kustomization.yaml").read_text()
+
+
+def test_the_mps_agent_serves_its_csi_driver_to_the_kubelet() -> None:
+    """The csi container: privileged (bind mounts propagated into the kubelet's pod folders),
+    its sockets where the kubelet's plugin watcher and the CSIDriver's name put them."""
+    from mpijob.agent import csi_server
+
+    pod = MPS_DAEMONSET["spec"]["template"]["spec"]
+    c = container(MPS_DAEMONSET, "csi")
+    assert c["command"] == ["mpijob-agent-csi"]
+    assert SCRIPTS["mpijob-agent-csi"] == "mpijob.agent.csi_server:main"
+    assert field_env(c) == {"NODE_NAME": "spec.nodeName"}
+    assert c["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+    params = csi_server.main.make_context("mpijob-agent-csi", ["--node-name", "n"]).params
+    kubelet = params["kubelet_dir"]
+    assert params["mps_root"] == keys.MPS_ROOT
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    csi_socket, registration = csi_server.sockets(kubelet)
+    for path in (
+        keys.MPS_ROOT,
+        f"{kubelet}/pods",
+        *map(os.path.dirname, (csi_socket, registration)),
+    ):
+        assert volumes[mounts[path]["name"]] == path
+    assert mounts[keys.MPS_ROOT]["readOnly"] is True
+    assert mounts[f"{kubelet}/pods"]["mountPropagation"] == "Bidirectional"
+    driver = one(BASE / "csi-driver.yaml", "CSIDriver")
+    assert driver["metadata"]["name"] == keys.MPS_CSI_DRIVER
+    assert driver["spec"]["podInfoOnMount"] is True
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["attachRequired"] is False
+    assert "csi-driver.yaml" in (BASE / "kustomization.yaml").read_text()
 
 
 def test_agent_mounts_the_kubelets_pod_resources_folder_read_only() -> None:
@@ -225,8 +263,8 @@ def test_agent_daemonset_probes_its_health_endpoint() -> None:
 
 
 def test_fractional_gpus_overlay_serves_the_webhooks_its_configurations_name() -> None:
-    from mpijob.desired.fractional import WEBHOOK_CONFIGURATION
     from mpijob.settings import OperatorSettings
+    from mpijob.shares.pod_edits import WEBHOOK_CONFIGURATION
 
     overlay = ROOT / "manifests" / "overlays" / "fractional-gpus"
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 import yaml
 from manifests_files import ROOT
 
-pytestmark = pytest.mark.unit
+from hack import operator_image
 
-sys.path.insert(0, str(ROOT / "hack"))
-import operator_image  # noqa: E402 - hack/operator_image.py
+pytestmark = pytest.mark.unit
 
 COMPONENTS = ROOT / "manifests" / "components"
 

@@ -1,0 +1,570 @@
+"""Between Kubernetes objects and the placement engine: requests, node states, decisions.
+
+The placement engine knows nothing of Kubernetes; this module translates, and stays pure:
+
+- which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
+  nodes their worker template's selector and node affinity admit (:func:`eligible`, on
+  :func:`mpijob.desired.predicates.admits`, which the share webhook also asks); a placed
+  worker's template may not name its node (:func:`template_errors`);
+- a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
+  operator writes, so that a restarted operator knows every reservation and no tenant can
+  forge one; when it may be deleted (:func:`releasable`);
+- which opted-in nodes exist and which of their GPUs are taken (:func:`holdings`,
+  :func:`node_states`): by decisions, and by the GPU requests of bound, unfinished pods that
+  no decision placed (terminating ones included), never by annotations a pod carries;
+- the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
+  of its ComputeDomain when the job spans nodes of one NVLink clique;
+- each node's place in the fabric, from its labels (:func:`locations`);
+- whether a node under a placed job was lost (:func:`lost_nodes`).
+
+Called by :mod:`mpijob.gang.service` and the reconciler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mpijob import keys
+from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
+from mpijob.api.errors import FieldError, forbidden
+from mpijob.api.models import parse_time
+from mpijob.desired import compute_domain, names
+from mpijob.desired.predicates import admits, effective_gpus, terminal
+from mpijob.desired.sync import PodPlacement
+from mpijob.placement import codec, fabric_labels
+from mpijob.placement.fabric import Fabric, Location
+from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def gpus_per_worker(job: MPIJob) -> int:
+    """Whole GPUs one worker asks for."""
+    worker = job.spec.worker
+    return gpu_count(worker.template) if worker is not None else 0
+
+
+def wants_topology(job: MPIJob, *, default: bool) -> bool:
+    """Opted in by ``mpijob.io/gpu-topology: "true"`` (or the operator's default), with GPUs."""
+    value = (job.metadata.annotations or {}).get(keys.GPU_TOPOLOGY, "").strip().lower()
+    opted = value == "true" or (default and value != "false")
+    return opted and job.spec.worker_replicas > 0 and gpus_per_worker(job) > 0
+
+
+def template_errors(job: MPIJob, *, default: bool) -> list[FieldError]:
+    """A topology-placed worker template must not name its node: the pod would bypass the
+    scheduler and run there, on GPUs placement may have given to another job."""
+    worker = job.spec.worker
+    if worker is None or not wants_topology(job, default=default):
+        return []
+    if not (worker.template.get("spec") or {}).get("nodeName"):
+        return []
+    path = f"spec.mpiReplicaSpecs[{keys.REPLICA_WORKER}].template.spec.nodeName"
+    return [
+        forbidden(
+            path,
+            "topology-placed workers run on the nodes placement chooses; remove nodeName "
+            f'(or set the annotation {keys.GPU_TOPOLOGY}: "false" to place this job yourself)',
+        )
+    ]
+
+
+def eligible(job: MPIJob, node: Mapping[str, Any]) -> bool:
+    """Whether the worker template's ``nodeSelector`` and required node affinity admit ``node``.
+
+    Placement honours them, so a decision never contradicts the template (the pod would stay
+    Pending on the node placement chose for it).
+    """
+    worker = job.spec.worker
+    return admits(((worker.template if worker is not None else {}).get("spec")) or {}, node)
+
+
+def request_of(job: MPIJob) -> JobRequest:
+    return JobRequest(workers=job.spec.worker_replicas, gpus_per_worker=gpus_per_worker(job))
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The placement an admitted job holds, as its PlacementDecision records it."""
+
+    uid: str
+    """The MPIJob's uid: a same-named successor never inherits a decision."""
+    assignments: tuple[WorkerAssignment, ...]
+    ring_gbps: float
+    summary: str = ""
+    compute_domain: str = ""
+    """The job's ComputeDomain, when it spans nodes of one NVLink clique; empty otherwise."""
+
+
+def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = "") -> JSON:
+    """The PlacementDecision recording ``placement`` for ``job``: in the job's namespace, under
+    its name. No owner reference: the operator deletes it itself, once the job's pods are gone
+    (garbage collection would delete it while they still hold their GPUs)."""
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {
+            "name": job.name,
+            "namespace": job.namespace,
+            "labels": {keys.LABEL_JOB_NAME: job.name},
+        },
+        "spec": {
+            "job": {"name": job.name, "uid": job.metadata.uid},
+            "ringGBps": placement.ring_gbps,
+            "summary": placement.summary,
+            "workers": [{"node": a.node, "gpus": list(a.gpus)} for a in placement.assignments],
+            **({"computeDomain": compute_domain} if compute_domain else {}),
+        },
+    }
+
+
+def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
+    """A PlacementDecision's content; None for none, or one that does not read (then it holds
+    nothing: only the operator writes these, so it is not ours to guess at)."""
+    if not body:
+        return None
+    try:
+        spec = body["spec"]
+        assignments = tuple(
+            WorkerAssignment(str(w["node"]), tuple(sorted(int(g) for g in w["gpus"])))
+            for w in spec["workers"]
+        )
+        return Decision(
+            str(spec["job"]["uid"]),
+            assignments,
+            float(spec.get("ringGBps") or 0.0),
+            str(spec.get("summary") or ""),
+            str(spec.get("computeDomain") or ""),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def load_decision(job: MPIJob, body: Mapping[str, Any] | None) -> Decision | None:
+    """The job's decision: the PlacementDecision ``body`` if it was written for this job (its
+    uid) and still describes it (as many workers); else None and the job is placed anew."""
+    decision = parse_decision(body)
+    if decision is None or decision.uid != job.metadata.uid:
+        return None
+    if len(decision.assignments) != job.spec.worker_replicas:
+        return None  # scaled since: the old decision no longer describes the job
+    return decision
+
+
+def pod_placements(decision: Decision, nodes: Mapping[str, NodeState]) -> list[PodPlacement]:
+    """Per worker: its node, and the annotations that tell the device layer its GPUs."""
+    out = []
+    channel = (
+        compute_domain.channel_template(decision.compute_domain)
+        if decision.compute_domain
+        else None
+    )
+    for assignment in decision.assignments:
+        annotations = {
+            keys.GPU_IDS: ",".join(str(g) for g in assignment.gpus),
+            keys.RING_BANDWIDTH: f"{decision.ring_gbps:g}",
+        }
+        node = nodes.get(assignment.node)
+        uuids = node.topology.uuids_of(assignment.gpus) if node is not None else None
+        if uuids:
+            annotations[keys.GPU_UUIDS] = ",".join(uuids)
+        out.append(PodPlacement(assignment.node, annotations, channel))
+    return out
+
+
+def locations(
+    nodes: Iterable[Mapping[str, Any]],
+    fabric: Fabric,
+    hypernodes: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Location]:
+    """Each node's domains in the fabric, read from its labels, and for the levels on HyperNode
+    tiers from the HyperNodes (none listed: no node is in a domain of those levels)."""
+    labels = {
+        str((node.get("metadata") or {}).get("name")): (node.get("metadata") or {}).get("labels")
+        or {}
+        for node in nodes
+    }
+    if fabric_labels.hypernode_tiers(fabric):
+        labels = fabric_labels.with_hypernodes(labels, hypernodes)
+    return {name: fabric.location(own) for name, own in labels.items()}
+
+
+def releasable(
+    decision: Decision, name: str, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]
+) -> bool:
+    """Whether the decision for the job ``name`` can be deleted now: its job is gone (or
+    replaced by a same-named one), finished or suspended, and none of its placed workers holds a
+    GPU any more (a terminating one still does: its container keeps the device until it exits).
+
+    Only a placed worker keeps a decision: a pod of the worker's name and index, controlled by
+    the job, bound to the node its assignment names. Any other pod, even one naming the job as
+    its controller (anyone who may create pods in the namespace can write such a reference),
+    holds nothing of the decision's: bound, it is counted by its own GPU requests instead.
+    """
+    running = job is not None and not (job.status.finished or job.spec.suspended)
+    if running and job is not None and job.metadata.uid == decision.uid:
+        return False
+    return not any(placed_worker(p, name, decision) is not None for p in pods)
+
+
+def placed_worker(pod: Mapping[str, Any], name: str, decision: Decision) -> int | None:
+    """The index of the worker ``pod`` is in the decision for job ``name``, while it holds that
+    worker's GPUs (bound to the assignment's node, not finished); None for any other pod."""
+    meta = pod.get("metadata") or {}
+    if not names.is_controlled_by(pod, decision.uid) or terminal(pod):
+        return None
+    prefix = f"{name}{keys.WORKER_SUFFIX}-"
+    pod_name = str(meta.get("name") or "")
+    index = pod_name[len(prefix) :]
+    if not pod_name.startswith(prefix) or not index.isdigit() or str(int(index)) != index:
+        return None
+    if int(index) >= len(decision.assignments):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    return int(index) if node == decision.assignments[int(index)].node else None
+
+
+def lost_nodes(
+    decision: Decision,
+    job: MPIJob,
+    nodes: Mapping[str, Mapping[str, Any] | None],
+    pods: Iterable[Mapping[str, Any]],
+) -> str:
+    """Why a placed job must be placed anew because of its nodes; empty while it need not.
+
+    ``nodes`` maps each node of the decision to the Node, or None once it was deleted. A deleted
+    node has lost its workers: nothing runs there any more, and its GPUs must not stay reserved.
+    A node that is not Ready, was cordoned (drained) or left the topology pool keeps the job's
+    worker while that worker lives (the node may come back; the cluster decides evictions), and
+    loses it once the worker is gone, terminating or failed: a worker recreated there would
+    wait for good, pinned to a node placement no longer offers.
+    """
+    workers = {
+        str((p.get("metadata") or {}).get("name")): p
+        for p in pods
+        if names.is_controlled_by(p, job.metadata.uid)
+    }
+    found = []
+    for index, assignment in enumerate(decision.assignments):
+        node = nodes.get(assignment.node)
+        worker = workers.get(names.worker_name(job, index))
+        alive = worker is not None and not terminal(worker) and not _terminating(worker)
+        if node is not None and (opted_in(node) or alive):
+            continue
+        found.append(f"node {assignment.node} {_unusable(node)}")
+    if not found:
+        return ""
+    return f"{'; '.join(sorted(set(found)))}: its workers are removed and the job placed anew"
+
+
+def _unusable(node: Mapping[str, Any] | None) -> str:
+    if node is None:
+        return "was deleted"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "was cordoned and its worker is gone"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
+        return "left the topology pool and its worker is gone"
+    return "is not Ready and its worker is gone"
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+#: How long a placed worker's pod may stay unschedulable with its claim unallocated before the
+#: job is placed anew: the scheduler retries a claim whose device is busy, so a moment passes.
+TAKEN_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Taken:
+    """Whether a placed job's pinned GPUs were taken before its claims were allocated."""
+
+    message: str = ""
+    """Why the job must be placed anew; empty while it need not (yet)."""
+    recheck: float | None = None
+    """Seconds until a worker that cannot be scheduled now reaches the grace: look again then."""
+
+
+def gpus_taken(
+    pods: Iterable[Mapping[str, Any]],
+    claims: Mapping[str, Mapping[str, Any]],
+    now: datetime,
+    grace: float = TAKEN_GRACE_SECONDS,
+) -> Taken:
+    """Whether the job must be placed anew (dra binding): a worker whose pod uses a pinned claim
+    has been unschedulable for ``grace`` seconds while its claim is unallocated, because another
+    claim took one of its GPUs between the decision and the binding."""
+    recheck: float | None = None
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        claim_name = (meta.get("annotations") or {}).get(keys.GPU_CLAIM)
+        if not claim_name or (pod.get("spec") or {}).get("nodeName") or terminal(pod):
+            continue
+        claim = claims.get(claim_name)
+        if claim is None or (claim.get("status") or {}).get("allocated"):
+            continue
+        if (stuck := _unschedulable(pod, now)) is None:
+            continue
+        waited, message = stuck
+        if waited < grace:
+            left = grace - waited
+            recheck = left if recheck is None else min(recheck, left)
+            continue
+        ids = (meta.get("annotations") or {}).get(keys.GPU_IDS, "?")
+        return Taken(
+            f"worker {meta.get('name')}'s GPUs [{ids}] could not be allocated for "
+            f"{int(waited)}s (another claim holds one: "
+            f"{message or 'unschedulable'}); placing the job anew"
+        )
+    return Taken(recheck=recheck)
+
+
+def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] | None:
+    """Seconds ``pod`` has been unschedulable (``PodScheduled=False``, reason ``Unschedulable``)
+    and the scheduler's message; None while it is not."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (c.get("type"), c.get("status"), c.get("reason")) == (
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+        ):
+            since = parse_time(c.get("lastTransitionTime"))
+            waited = (now - since).total_seconds() if since is not None else 0.0
+            return waited, str(c.get("message") or "")
+    return None
+
+
+def unschedulable_workers(
+    decision: Decision,
+    name: str,
+    pods: Iterable[Mapping[str, Any]],
+    now: datetime,
+    seconds: float,
+) -> Taken:
+    """Whether a placed job must give its placement back because a worker of it has been
+    unschedulable (``PodScheduled=False``, reason ``Unschedulable``) for ``seconds``: its
+    decision would otherwise hold GPUs for a pod that never runs (a request no node can meet,
+    a toleration it lacks), and the jobs behind it would wait for good."""
+    recheck: float | None = None
+    prefix = f"{name}{keys.WORKER_SUFFIX}-"
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        pod_name = str(meta.get("name") or "")
+        if not pod_name.startswith(prefix) or not names.is_controlled_by(pod, decision.uid):
+            continue
+        if (pod.get("spec") or {}).get("nodeName") or terminal(pod) or _terminating(pod):
+            continue
+        if (stuck := _unschedulable(pod, now)) is None:
+            continue
+        waited, message = stuck
+        if waited < seconds:
+            left = seconds - waited
+            recheck = left if recheck is None else min(recheck, left)
+            continue
+        return Taken(
+            f"worker {pod_name} has been unschedulable for {int(waited)}s "
+            f"({message or 'no reason given'}); its placement is released and the "
+            f"job is queued again in {int(seconds)}s"
+        )
+    return Taken(recheck=recheck)
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+def opted_in(node: Mapping[str, Any]) -> bool:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
+        return False
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one admission pass reads from the caches."""
+
+    nodes: list[JSON]
+    """Opted-in nodes."""
+    pods: list[JSON]
+    """Pods that request GPUs (``nvidia.com/gpu``), anyone's."""
+    decisions: dict[JobKey, Decision]
+    """Every PlacementDecision, by the job it names."""
+    allocated: dict[str, list[str]] = field(default_factory=dict)
+    """Node -> NVIDIA GPU devices (``gpu-<minor>``) allocated to any ResourceClaim (dra mode)."""
+    slices: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Node -> device name -> GPU UUID, from the NVIDIA driver's ResourceSlices (dra mode)."""
+    quotas: dict[str, list[JSON]] = field(default_factory=dict)
+    """Namespace -> its ResourceQuotas that limit GPUs (:mod:`mpijob.gang.quota`)."""
+    claims: dict[JobKey, list[JSON]] = field(default_factory=dict)
+    """Job key -> the ResourceClaims a job of that name controls (dra mode)."""
+    claims_as_gpus: bool = False
+    """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
+    hypernodes: list[JSON] = field(default_factory=list)
+    """Volcano's HyperNodes (when the fabric reads HyperNode tiers and the API serves them)."""
+
+
+@dataclass
+class Holdings:
+    """Which GPUs are taken, as far as the operator may believe it.
+
+    Decisions are believed: only the operator writes them. A pod is counted by what the cluster
+    says it holds, never by annotations it carries: a worker whose ``mpijob.io/gpu-ids`` match
+    its job's decision holds exactly those GPUs (the decision counts them); any other pod bound
+    to a node holds as many GPUs as it requests there, which ones unknown.
+    """
+
+    known: dict[str, set[int]] = field(default_factory=dict)
+    """Node -> GPU indices held by decisions."""
+    uuids: dict[str, set[str]] = field(default_factory=dict)
+    """Node -> UUIDs of GPUs the scheduler allocated to ResourceClaims (anyone's)."""
+    unplaced: dict[str, int] = field(default_factory=dict)
+    """Node -> GPUs held by pods that no decision placed (a count: the indices are unknown)."""
+    holders: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
+    """Node -> (namespace, pod, GPUs) of those pods, to say who holds them when a job waits."""
+
+    def note(self, nodes: Iterable[str], namespace: str) -> str:
+        """Who holds GPUs on ``nodes`` outside our placement, for the message of a job waiting
+        in ``namespace``: pods of that namespace by name, any other namespace's as a count only
+        (a job's status is read by its own namespace's users, who must not learn what runs in
+        another's)."""
+        parts = []
+        for node in sorted(set(nodes)):
+            own = [f"{pod} ({n})" for ns, pod, n in self.holders.get(node, ()) if ns == namespace]
+            other = sum(n for ns, _, n in self.holders.get(node, ()) if ns != namespace)
+            if other:
+                own.append(f"{other} GPU(s) by pods of other namespaces")
+            if own:
+                parts.append(f"{node}: {', '.join(own)}")
+        return "held by pods this operator did not place: " + "; ".join(parts) if parts else ""
+
+
+def holdings(
+    decisions: Mapping[JobKey, Decision],
+    pods: Iterable[Mapping[str, Any]],
+    allocated: Mapping[str, Iterable[str]] | None = None,
+    slices: Mapping[str, Mapping[str, str]] | None = None,
+) -> Holdings:
+    """GPUs held by ``decisions`` (by job key), by ``pods`` (bound, unfinished pods that
+    request GPUs; terminating ones included) and by DRA allocations (``allocated`` devices per
+    node, identified through the driver's ``slices``; a device no slice names counts as one GPU
+    of unknown index)."""
+    out = Holdings()
+    for node, devices in (allocated or {}).items():
+        names_ = (slices or {}).get(node) or {}
+        for device in devices:
+            if uuid := names_.get(device):
+                out.uuids.setdefault(node, set()).add(uuid)
+            else:
+                out.unplaced[node] = out.unplaced.get(node, 0) + 1
+    for decision in decisions.values():
+        for assignment in decision.assignments:
+            out.known.setdefault(assignment.node, set()).update(assignment.gpus)
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        count = _gpus_of(pod)
+        if not node or not count or terminal(pod) or _placed_by(pod, decisions):
+            continue
+        meta = pod.get("metadata") or {}
+        out.unplaced[node] = out.unplaced.get(node, 0) + count
+        out.holders.setdefault(node, []).append(
+            (str(meta.get("namespace") or ""), str(meta.get("name") or ""), count)
+        )
+    return out
+
+
+def _placed_by(pod: Mapping[str, Any], decisions: Mapping[JobKey, Decision]) -> bool:
+    """Whether ``pod`` is the worker its job's decision placed, on that node and those GPUs."""
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME)
+    decision = decisions.get((str(meta.get("namespace") or ""), str(job))) if job else None
+    if decision is None or not names.is_controlled_by(pod, decision.uid):
+        return False
+    prefix = f"{job}{keys.WORKER_SUFFIX}-"
+    name = str(meta.get("name") or "")
+    index = name[len(prefix) :]
+    if not name.startswith(prefix) or not index.isdigit():
+        return False
+    if int(index) >= len(decision.assignments):
+        return False
+    assignment = decision.assignments[int(index)]
+    ids = gpu_ids((meta.get("annotations") or {}).get(keys.GPU_IDS))
+    node = (pod.get("spec") or {}).get("nodeName")
+    return node == assignment.node and tuple(sorted(ids)) == assignment.gpus
+
+
+def _gpus_of(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod (or a summary of one) holds, as the scheduler counts them."""
+    return effective_gpus(pod.get("spec") or {})
+
+
+def node_states(
+    nodes: Iterable[Mapping[str, Any]], held: Holdings | None = None
+) -> list[NodeState]:
+    """Opted-in, Ready, schedulable nodes with a readable topology, and their taken GPUs.
+
+    A node whose annotation cannot be read is skipped (the agent, or a person, must fix it);
+    placement never guesses a topology.
+    """
+    held = held or Holdings()
+    states = []
+    for node in nodes:
+        if not opted_in(node):
+            continue
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        text = (meta.get("annotations") or {}).get(keys.GPU_TOPOLOGY)
+        if not text:
+            continue
+        try:
+            topology = codec.loads(text)
+        except ValueError:
+            continue
+        taken = {g for g in held.known.get(name, ()) if 0 <= g < topology.size}
+        allocated = held.uuids.get(name, set())
+        by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+        taken |= {by_uuid[u] for u in allocated if u in by_uuid}
+        unplaced = held.unplaced.get(name, 0) + len(allocated - set(by_uuid))
+        states.append(NodeState(name, topology, frozenset(taken), unplaced))
+    return sorted(states, key=lambda s: s.name)
+
+
+def slice_conflicts(
+    nodes: Iterable[Mapping[str, Any]], slices: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """Nodes whose NVIDIA ResourceSlice names other GPUs than their topology annotation, and
+    why: placement skips them (a claim pinned by a UUID the driver does not publish would never
+    be allocated, and one it does publish may not be the GPU the topology describes)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        published = set((slices.get(name) or {}).values())
+        text = (meta.get("annotations") or {}).get(keys.GPU_TOPOLOGY)
+        if not published or not text:
+            continue
+        try:
+            described = {g.uuid for g in codec.loads(text).gpus if g.uuid}
+        except ValueError:
+            continue
+        if published != described:
+            only_slice = sorted(published - described)
+            only_topology = sorted(described - published)
+            out[name] = (
+                f"node {name}: its {keys.NVIDIA_GPU_DRIVER} ResourceSlice and its "
+                f"{keys.GPU_TOPOLOGY} annotation disagree (only in the slice: "
+                f"{', '.join(only_slice) or 'none'}; only in the topology: "
+                f"{', '.join(only_topology) or 'none'}); placement skips the node until they agree"
+            )
+    return out

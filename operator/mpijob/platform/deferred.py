@@ -1,0 +1,81 @@
+"""Requests nothing waits on, sent after the sync that asked for them, one at a time.
+
+:class:`Line` is the one background writer both kinds use: the Event recorder's creates and
+count updates, and :class:`DeferredPatches`. A job's ``discover_hosts.sh`` follows its workers
+as they start, so under load every few pod events of a job asked for one more ConfigMap patch,
+each holding a reconcile worker and a token of the client's rate limit that the next job's
+children needed. Here the sync hands the patch over and goes on; the line sends one request at a
+time, not urgent (behind every request a job waits for), and a newer patch of the same object
+replaces one still waiting: a burst of refreshes costs one request. A patch that fails is logged
+and dropped; the next sync of its job asks again, so nothing is lost but time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
+
+log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
+
+
+class Line:
+    """Work done by one task, one piece at a time, in the order put; a piece put under a key
+    that still waits replaces it in place. The task ends when the line is empty."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._waiting: OrderedDict[Hashable, Work] = OrderedDict()
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def put(self, key: Hashable, work: Work) -> None:
+        self._waiting[key] = work
+        self._idle.clear()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def drain(self) -> None:
+        """Wait until every piece put so far is done (or failed)."""
+        await self._idle.wait()
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                _, work = self._waiting.popitem(last=False)
+                try:
+                    await work()
+                except Exception:
+                    log.exception("%s: a background request failed", self._name)
+        finally:
+            self._idle.set()
+
+
+class DeferredPatches:
+    def __init__(self, kube: KubeApi) -> None:
+        self._kube = kube
+        self._line = Line("deferred patches")
+
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: Any) -> None:
+        """Send ``patch`` (a merge patch) later, in place of one for the same object waiting."""
+        target = (api_version, kind, namespace, name)
+
+        async def send() -> None:
+            try:
+                await self._kube.patch(*target, patch, urgent=False)
+            except ApiError as e:
+                level = logging.DEBUG if e.not_found else logging.WARNING
+                log.log(level, "Deferred patch of %s %s/%s failed: %s", kind, namespace, name, e)
+
+        self._line.put(target, send)
+
+    async def drain(self) -> None:
+        await self._line.drain()

@@ -1,0 +1,529 @@
+"""The operator's one adapter to the Kubernetes API: async calls on plain dicts.
+
+Requests go out on Kopf's own event loop through aiohttp (the library Kopf watches with), with
+the credentials Kopf logs in with (:func:`connection_info`: the pod's service account, else the
+kubeconfig), so the operator's writes and its watches always authenticate alike. Objects stay
+plain JSON dicts, as the builders produce them, encoded and decoded by orjson (every create
+returns the whole object: decoding is a good part of a request's cost). Every request is
+counted by verb for ``mpi_operator_api_requests_total``.
+
+Client-side rate limits follow upstream's clients: ``--kube-api-qps``/``--kube-api-burst``
+apply per API client, and upstream has one client for the core and batch kinds (Events
+included), one for MPIJobs, one per PodGroup API and one for leader election; so each of those
+API groups has its own token bucket here (:func:`bucket_of`).
+
+Callers name kinds and verbs, never URLs: every kind the operator reads or writes is in
+:data:`KINDS`, and server-side apply (:meth:`Kube.apply`), JSON patch (:meth:`Kube.json_patch`)
+and the discovery reads are methods. A refusal raises a subclass of :class:`ApiError` by status
+(:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, ...), in Kopf's manner; each keeps
+``status``. What the API server did not do (429, a 5xx with ``Retry-After``, a read's 5xx) is
+sent again a bounded number of times, after the server's ``Retry-After`` when it names one
+(:func:`retry_after`).
+
+The console and the node agent are synchronous programs and use the official ``kubernetes``
+client, with credentials from :func:`mpijob.platform.credentials.configuration`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import os
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+import aiohttp
+import kopf
+import orjson
+
+from mpijob import keys, metrics
+from mpijob.objects import JSON
+from mpijob.platform import credentials
+from mpijob.platform.ratelimit import TokenBucket
+
+REQUEST_TIMEOUT_SECONDS = 60.0
+#: Tries after the first of a request the API server answered "not now" (see Kube.request).
+MAX_RETRIES: Final = 3
+#: The first wait before such a retry when the server names none; it doubles with each try.
+RETRY_BASE_SECONDS: Final = 0.5
+#: The longest wait before one retry, whatever ``Retry-After`` says: a caller's loop (the
+#: leader's renewal, a reconcile) has its own clock and must get the answer back in time.
+RETRY_MAX_SECONDS: Final = 10.0
+#: The field manager of the operator's server-side applies.
+FIELD_MANAGER: Final = "mpijob-operator"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST API."""
+
+    prefix: str
+    plural: str
+    namespaced: bool = True
+
+
+KINDS: Mapping[tuple[str, str], Kind] = {
+    ("v1", "Pod"): Kind("/api/v1", "pods"),
+    ("v1", "Service"): Kind("/api/v1", "services"),
+    ("v1", "ConfigMap"): Kind("/api/v1", "configmaps"),
+    ("v1", "Secret"): Kind("/api/v1", "secrets"),
+    ("v1", "Event"): Kind("/api/v1", "events"),
+    ("v1", "Node"): Kind("/api/v1", "nodes", namespaced=False),
+    ("batch/v1", "Job"): Kind("/apis/batch/v1", "jobs"),
+    ("kubeflow.org/v2beta1", "MPIJob"): Kind("/apis/kubeflow.org/v2beta1", "mpijobs"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): Kind(
+        "/apis/scheduling.x-k8s.io/v1alpha1", "podgroups"
+    ),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): Kind(
+        "/apis/scheduling.volcano.sh/v1beta1", "podgroups"
+    ),
+    ("mpijob.io/v1alpha1", "PlacementDecision"): Kind(
+        "/apis/mpijob.io/v1alpha1", "placementdecisions"
+    ),
+    ("resource.k8s.io/v1", "ResourceClaim"): Kind("/apis/resource.k8s.io/v1", "resourceclaims"),
+    ("resource.k8s.io/v1", "DeviceClass"): Kind(
+        "/apis/resource.k8s.io/v1", "deviceclasses", namespaced=False
+    ),
+    ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
+        "/apis/scheduling.k8s.io/v1", "priorityclasses", namespaced=False
+    ),
+    ("topology.volcano.sh/v1alpha1", "HyperNode"): Kind(
+        "/apis/topology.volcano.sh/v1alpha1", "hypernodes", namespaced=False
+    ),
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"): Kind(
+        "/apis/resource.nvidia.com/v1beta1", "computedomains"
+    ),
+    ("v1", "Namespace"): Kind("/api/v1", "namespaces", namespaced=False),
+    ("coordination.k8s.io/v1", "Lease"): Kind("/apis/coordination.k8s.io/v1", "leases"),
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): Kind(
+        "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): Kind(
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        namespaced=False,
+    ),
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer, with the API's own reason and message.
+
+    ``ApiError(status, reason, message)`` makes the subclass of that status (``ApiError(404,
+    ...)`` is a :class:`NotFound`), so a test's fake raises what the API adapter would.
+    """
+
+    #: The status a subclass stands for (its instances carry the exact one in ``status``).
+    code: ClassVar[int] = 0
+
+    def __new__(cls, status: int, reason: str = "", message: str = "") -> ApiError:
+        made = cls
+        if cls is ApiError:
+            made = _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+        return super().__new__(made)
+
+    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.reason, self.message))
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @classmethod
+    def from_response(cls, status: int, reason: str, raw: bytes) -> ApiError:
+        """From a non-2xx answer: the API's Status ``reason`` and ``message`` when it sent one."""
+        message = raw.decode(errors="replace")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        if isinstance(body, dict):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or message)
+        return ApiError(status, reason, message)
+
+
+class BadRequest(ApiError):
+    code = 400
+
+
+class Unauthorized(ApiError):
+    code = 401
+
+
+class Forbidden(ApiError):
+    code = 403
+
+
+class NotFound(ApiError):
+    code = 404
+
+
+class Conflict(ApiError):
+    """409: a write on a stale ``resourceVersion``, or a create of a name that exists."""
+
+    code = 409
+
+
+class Gone(ApiError):
+    """410: a list's ``continue`` token (or a watch's version) expired."""
+
+    code = 410
+
+
+class Invalid(ApiError):
+    """422: the object was refused (validation, an admission webhook's denial)."""
+
+    code = 422
+
+
+class TooManyRequests(ApiError):
+    code = 429
+
+
+class ServerError(ApiError):
+    """Any 5xx."""
+
+    code = 500
+
+
+_BY_STATUS: Mapping[int, type[ApiError]] = {
+    cls.code: cls
+    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Invalid,
+                TooManyRequests)
+}  # fmt: skip
+
+
+def retry_after(method: str, status: int, header: str | None, attempt: int) -> float | None:
+    """Seconds to wait before sending a request again, or None when it must not be.
+
+    Sent again, up to :data:`MAX_RETRIES` times, what the API server did not do: a 429 (API
+    Priority and Fairness refused it first), a 5xx that names a ``Retry-After`` (as client-go
+    does), and a read's 5xx. A write's 5xx without ``Retry-After`` is not: it may have been done
+    (a JSON patch that adds, sent twice, adds twice). The wait is ``Retry-After`` (seconds; its
+    date form is taken as 1 s), else :data:`RETRY_BASE_SECONDS` doubled each try; never more than
+    :data:`RETRY_MAX_SECONDS`.
+    """
+    if attempt > MAX_RETRIES or not (status == 429 or status >= 500):
+        return None
+    if status >= 500 and not header and method != "GET":
+        return None
+    wait = RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
+    if header:
+        try:
+            wait = max(0.0, float(header))
+        except ValueError:
+            wait = 1.0
+    return min(wait, RETRY_MAX_SECONDS)
+
+
+def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    try:
+        k = KINDS[api_version, kind]
+    except KeyError:
+        raise ValueError(f"unsupported kind {api_version}/{kind}") from None
+    parts = [k.prefix]
+    if k.namespaced and namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(k.plural)
+    if name:
+        parts.append(name)
+    return "/".join(parts)
+
+
+def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """Kopf's connection info with the credentials :func:`credentials.in_cluster` chooses: the
+    service account, else the kubeconfig (the named file, else ``$KUBECONFIG``, else
+    ``~/.kube/config``); the operator's Kopf login handler logs in with it too."""
+    settings = kopf.OperatorSettings()
+    info = None
+    if credentials.in_cluster(kubeconfig):
+        info = kopf.login_with_service_account(settings=settings)
+    elif kubeconfig:
+        # Kopf reads the file from $KUBECONFIG only; name it there for this one read.
+        before = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = kubeconfig
+        try:
+            info = kopf.login_with_kubeconfig(settings=settings)
+        finally:
+            if before is None:
+                del os.environ["KUBECONFIG"]
+            else:
+                os.environ["KUBECONFIG"] = before
+    else:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("No credentials: no service account token and no kubeconfig")
+    return info
+
+
+#: API path prefixes with their own client-side rate limit, as upstream's separate clients
+#: (MPIJobs, each PodGroup API, and leader election's Lease).
+OWN_BUCKETS = (
+    f"/apis/{keys.GROUP}/",
+    "/apis/coordination.k8s.io/",
+    f"/apis/{keys.VOLCANO_POD_GROUP_API_VERSION.split('/')[0]}/",
+    f"/apis/{keys.SCHED_PLUGINS_POD_GROUP_API_VERSION.split('/')[0]}/",
+)
+
+
+def bucket_of(url: str) -> str:
+    """The rate-limit bucket a request path draws from: its API group's, or the shared one."""
+    return next((prefix for prefix in OWN_BUCKETS if url.startswith(prefix)), "")
+
+
+class Kube:
+    """Async JSON access to the API server, on the running event loop.
+
+    Made anywhere; its HTTP session opens with the first request, in that request's loop.
+    """
+
+    def __init__(
+        self,
+        info: kopf.ConnectionInfo,
+        *,
+        qps: float = 0,
+        burst: int = 1,
+        concurrency: int = 16,
+        reload: Callable[[], kopf.ConnectionInfo] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._info = info
+        self._reload = reload
+        self._sleep = sleep
+        self._qps, self._burst = qps, burst
+        self._limiters: dict[str, TokenBucket] = {}
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_kubeconfig(
+        cls, kubeconfig: str | None, *, qps: float, burst: int, concurrency: int
+    ) -> Kube:
+        """A client with :func:`connection_info`'s credentials (``kubeconfig`` names the file)."""
+
+        def login() -> kopf.ConnectionInfo:
+            return connection_info(kubeconfig)
+
+        return cls(login(), qps=qps, burst=burst, concurrency=concurrency, reload=login)
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            context: ssl.SSLContext | bool = (
+                self._info.as_ssl_context() if self._info.server.startswith("https") else False
+            )
+            connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+                headers={"User-Agent": "mpijob-operator", "Accept": "application/json"},
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _limiter(self, url: str) -> TokenBucket | None:
+        if self._qps <= 0:
+            return None
+        bucket = bucket_of(url)
+        if bucket not in self._limiters:
+            self._limiters[bucket] = TokenBucket(self._qps, self._burst)
+        return self._limiters[bucket]
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        urgent: bool = True,
+        retry: bool = True,
+    ) -> JSON:
+        """One request; ``urgent=False`` lets every urgent request of its bucket go first.
+
+        What the API server did not do is sent again (:func:`retry_after`), each try drawing its
+        own token, unless ``retry=False`` (a caller whose own loop retries on a clock, as the
+        leader's renewal). A 401 logs in again once (a rotated service-account token or a
+        refreshed kubeconfig). Any other refusal raises its :class:`ApiError`.
+        """
+        limiter = self._limiter(url)
+        data = None if body is None else orjson.dumps(body)
+        relogged = False
+        attempt = 0
+        while True:
+            if limiter is not None:
+                await limiter.take(urgent=urgent)
+            metrics.API_REQUESTS.labels(verb=method.lower()).inc()
+            headers = {"Content-Type": content_type, **self._info.as_http_headers()}
+            async with self._open().request(
+                method,
+                self._info.server.rstrip("/") + url,
+                params=query,
+                data=data,
+                headers=headers,
+            ) as resp:
+                raw = await resp.read()
+                status, reason = resp.status, resp.reason or ""
+                wait_header = resp.headers.get("Retry-After")
+            if status < 400:
+                return orjson.loads(raw) if raw else {}
+            if status == 401 and not relogged and self._reload is not None:
+                relogged = True
+                self._info = await asyncio.to_thread(self._reload)
+                continue
+            attempt += 1
+            wait = retry_after(method, status, wait_header, attempt) if retry else None
+            if wait is None:
+                raise ApiError.from_response(status, reason, raw)
+            await self._sleep(wait)
+
+    # --- verbs on objects -------------------------------------------------------------------
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str, *, retry: bool = True
+    ) -> JSON | None:
+        """The object, or None when there is none."""
+        try:
+            return await self.request("GET", path(api_version, kind, namespace, name), retry=retry)
+        except NotFound:
+            return None
+
+    async def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        labels: str = "",
+        fields: str = "",
+        urgent: bool = True,
+    ) -> list[JSON]:
+        """Every object, page by page (500 a page)."""
+        items: list[JSON] = []
+        query = {"limit": "500"}
+        if labels:
+            query["labelSelector"] = labels
+        if fields:
+            query["fieldSelector"] = fields
+        while True:
+            url = path(api_version, kind, namespace)
+            result = await self.request("GET", url, query=query, urgent=urgent)
+            items += result.get("items", [])
+            more = (result.get("metadata") or {}).get("continue")
+            if not more:
+                return items
+            query = {**query, "continue": more}
+
+    async def create(self, obj: JSON, *, urgent: bool = True, retry: bool = True) -> JSON:
+        meta = obj["metadata"]
+        url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        return await self.request("POST", url, obj, urgent=urgent, retry=retry)
+
+    async def replace(self, obj: JSON, *, retry: bool = True) -> JSON:
+        meta = obj["metadata"]
+        url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        return await self.request("PUT", url, obj, retry=retry)
+
+    async def replace_status(self, obj: JSON) -> JSON:
+        meta = obj["metadata"]
+        url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        return await self.request("PUT", url + "/status", obj)
+
+    async def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: JSON,
+        *,
+        subresource: str = "",
+        urgent: bool = True,
+    ) -> JSON:
+        """A JSON merge patch (RFC 7386)."""
+        url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self.request(
+            "PATCH", url, patch, content_type="application/merge-patch+json", urgent=urgent
+        )
+
+    async def json_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        ops: builtins.list[JSON],
+        *,
+        subresource: str = "",
+    ) -> JSON:
+        """A JSON patch (RFC 6902): a list of operations, applied in order or not at all."""
+        url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return await self.request("PATCH", url, ops, content_type="application/json-patch+json")
+
+    async def apply(self, obj: JSON, *, field_manager: str = FIELD_MANAGER) -> JSON:
+        """Server-side apply of ``obj`` (the fields it names are this manager's, by force)."""
+        meta = obj["metadata"]
+        url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        return await self.request(
+            "PATCH",
+            url,
+            obj,
+            query={"fieldManager": field_manager, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    # --- discovery ----------------------------------------------------------------------------
+
+    async def version(self) -> JSON:
+        """The API server's ``/version``."""
+        return await self.request("GET", "/version")
+
+    async def resources(self, group_version: str) -> JSON | None:
+        """The discovery document of ``group_version`` (its served resources); None when the
+        API server does not serve that group version."""
+        prefix = "/api/" if group_version == "v1" else "/apis/"
+        try:
+            return await self.request("GET", prefix + group_version)
+        except NotFound:
+            return None
+
+    async def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        propagation: str = "Background",
+        grace_seconds: int | None = None,
+    ) -> bool:
+        """Delete by name (and uid, when given, so a same-named successor is safe).
+        ``grace_seconds=0`` removes a pod at once (one on a deleted node: no kubelet confirms)."""
+        body: JSON = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            await self.request("DELETE", path(api_version, kind, namespace, name), body)
+        except (NotFound, Conflict):
+            return False
+        return True

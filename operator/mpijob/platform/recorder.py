@@ -1,0 +1,289 @@
+"""Posts Kubernetes Events about MPIJobs, as upstream's event recorder does.
+
+Events carry upstream's source component (``mpi-job-controller``) so tooling that filters on it
+keeps working. A repeat of the same event (same object, type, reason and message) increments the
+``count`` of the first one instead of creating a new object, like client-go's correlator; this
+matters because upstream emits ``MPIJobRunning`` on every running sync.
+
+One writer (:class:`~mpijob.platform.deferred.Line`) sends them, in order, one request at a time,
+as client-go's broadcaster does. Events are not urgent requests, and one writer keeps them so:
+under load a burst of Events never lines up in the rate limiter ahead of the children and
+statuses that jobs wait for. Repeats posted while their Event waits in line ride along with one
+count update. Posting never blocks or fails a reconcile.
+
+The Events that matter are posted at least once, though the operator is killed between a status
+write and its Event, or the API server goes away:
+
+- a create or count update that fails for want of the API (no answer, 429, 5xx) is retried,
+  backing off to :data:`RETRY_MAX_SECONDS`, until it is answered; a refusal (4xx) is logged and
+  dropped, as before;
+- each job's status says which of them its transitions posted
+  (:func:`mpijob.desired.events.implied_by`). On its first sync in this process,
+  :meth:`Recorder.ensure` posts those the API does not have. What the API has is read once per
+  start, before the first such check: one list of this component's MPIJob Events (per watched
+  namespace, 500 a page), which also lets a repeat after a restart count up the Event the
+  previous process made. A transition older than :data:`EVENT_TTL_SECONDS` is not posted again:
+  its Event may have expired, which says nothing of whether it was posted.
+
+The cost in requests: one list (a page per 500 Events) per start, plus one create for each
+Event found missing; nothing is written on the MPIJobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import aiohttp
+
+from mpijob import keys
+from mpijob.desired import events
+from mpijob.desired.events import Event
+from mpijob.platform.deferred import Line
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
+
+log = logging.getLogger(__name__)
+
+MAX_TRACKED = 4096
+#: The API server's default ``--event-ttl`` (1 h): an older transition's Event may be gone.
+EVENT_TTL_SECONDS = 3600.0
+#: The first and the longest wait between two tries of a request the API did not answer.
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 30.0
+
+
+def _now() -> str:
+    return _stamp(datetime.now(UTC))
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Series:
+    """One Event object and how many times it happened."""
+
+    name: str
+    namespace: str
+    count: int = 1
+    sent: int = 0
+    """The count the API has; 0 until the Event is created."""
+    failed: bool = False
+
+
+def _unanswered(error: Exception) -> bool:
+    """The API did not answer (or is overloaded): the request is worth trying again."""
+    if isinstance(error, ApiError):
+        return error.status == 429 or error.status >= 500
+    return isinstance(error, (OSError, TimeoutError, aiohttp.ClientError))
+
+
+class Recorder:
+    def __init__(self, kube: KubeApi, *, instance: str, namespaces: Sequence[str] = ()) -> None:
+        self._kube = kube
+        self._instance = instance
+        self._namespaces = tuple(namespaces)
+        self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
+        self._line = Line("event writer")
+        self._loaded = False
+        """What the API has was read (or cannot be)."""
+        self._blind = False
+        """It cannot be read (a refusal): then nothing is posted again, which might repeat."""
+        self._ensured: set[str] = set()
+        """Jobs (uids) whose implied Events were checked in this process."""
+        self._closing = asyncio.Event()
+
+    def post(self, obj: dict[str, Any], event: Event) -> None:
+        """Post ``event`` about ``obj`` (an MPIJob body; a pod's for GPU shares) in the
+        background."""
+        meta = obj.get("metadata", {})
+        uid = meta.get("uid", "")
+        key = (uid, event.type, event.reason, event.message)
+        series = self._seen.get(key)
+        if series is not None and not series.failed:
+            series.count += 1
+            self._seen.move_to_end(key)
+            # One count update in line is enough: it sends the count it finds when its turn comes.
+            self._line.put(("update", series.name), partial(self._update, series))
+            return
+        ns = meta.get("namespace", "default")
+        series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
+        self._seen[key] = series
+        while len(self._seen) > MAX_TRACKED:
+            self._seen.popitem(last=False)
+        body = self._event(obj, event, series)
+        self._line.put(("create", series.name), partial(self._create, series, body))
+
+    def ensure(self, obj: dict[str, Any], implied: Callable[[], Sequence[events.Implied]]) -> None:
+        """Once per job and process: post those of ``implied()`` (the Events the job's status
+        says were posted) that the API does not have, in the background."""
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        if not uid or uid in self._ensured:
+            return
+        self._ensured.add(uid)
+        if not self._loaded:
+            self._line.put(("load",), self._load)
+        self._line.put(("ensure", uid), partial(self._ensure, obj, list(implied())))
+
+    async def drain(self) -> None:
+        """Wait until every Event posted so far is sent (or failed)."""
+        await self._line.drain()
+
+    async def close(self) -> None:
+        """Send what waits, trying each request once more at most (the process is stopping)."""
+        self._closing.set()
+        await self._line.drain()
+
+    async def _retrying(self, what: str, request: Callable[[], Awaitable[Any]]) -> Any:
+        """``request()``, tried again while the API does not answer (unless stopping)."""
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            try:
+                return await request()
+            except Exception as e:
+                if self._closing.is_set() or not _unanswered(e):
+                    raise
+                log.info(
+                    "Event request unanswered; retrying", extra={"reason": what, "error": str(e)}
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)  # or stop waiting: closing
+            delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+    async def _load(self) -> None:
+        """Read the MPIJob Events of this component the API has, as series to count up."""
+        if self._loaded:
+            return
+        fields = f"source={keys.EVENT_COMPONENT},involvedObject.kind={keys.KIND}"
+        namespaces: Sequence[str | None] = self._namespaces
+        if not namespaces or any(c in n for n in self._namespaces for c in "*?["):
+            namespaces = [None]
+        try:
+            found = []
+            for ns in namespaces:
+                found += await self._retrying(
+                    "list", partial(self._kube.list, "v1", "Event", ns, fields=fields, urgent=False)
+                )
+        except Exception as e:
+            log.warning(
+                "Could not read the posted Events; lost ones will not be posted again",
+                extra={"error": str(e)},
+            )
+            self._loaded = self._blind = True
+            return
+        for item in found:
+            meta = item.get("metadata") or {}
+            involved = item.get("involvedObject") or {}
+            key = (
+                str(involved.get("uid") or ""),
+                str(item.get("type") or ""),
+                str(item.get("reason") or ""),
+                str(item.get("message") or ""),
+            )
+            count = int(item.get("count") or 1)
+            series = Series(str(meta.get("name")), str(meta.get("namespace")), count, count)
+            self._seen.setdefault(key, series)
+        while len(self._seen) > MAX_TRACKED:
+            self._seen.popitem(last=False)
+        self._loaded = True
+
+    async def _ensure(self, obj: dict[str, Any], implied: list[events.Implied]) -> None:
+        if self._blind:
+            return
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        now = datetime.now(UTC)
+        for item in implied:
+            e = item.event
+            if (uid, e.type, e.reason, e.message) in self._seen:
+                continue
+            if item.since is None or (now - item.since).total_seconds() > EVENT_TTL_SECONDS:
+                continue
+            meta = obj.get("metadata", {})
+            ns = meta.get("namespace", "default")
+            series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
+            self._seen[(uid, e.type, e.reason, e.message)] = series
+            body = self._event(obj, e, series, at=_stamp(item.since))
+            log.info("Posting an Event a restart or an outage lost", extra={"reason": e.reason})
+            await self._create(series, body)
+
+    async def _create(self, series: Series, body: dict[str, Any]) -> None:
+        try:
+            await self._retrying(body["reason"], partial(self._kube.create, body, urgent=False))
+            series.sent = 1
+        except ApiError as e:
+            if e.conflict:  # a try whose answer was lost made it: the name is the series'
+                series.sent = 1
+                return
+            series.failed = True
+            self._log(body["reason"], e)
+        except Exception as e:
+            series.failed = True
+            self._log(body["reason"], e)
+
+    async def _update(self, series: Series) -> None:
+        if series.failed or series.sent >= series.count:
+            return
+        count = series.count
+        patch = {"count": count, "lastTimestamp": _now()}
+        try:
+            await self._retrying(
+                "count update",
+                partial(
+                    self._kube.patch,
+                    "v1",
+                    "Event",
+                    series.namespace,
+                    series.name,
+                    patch,
+                    urgent=False,
+                ),
+            )
+            series.sent = count
+        except Exception as e:
+            series.failed = True  # expired or never made: the next repeat starts a new Event
+            self._log("count update", e)
+
+    def _event(
+        self, obj: dict[str, Any], event: Event, series: Series, *, at: str = ""
+    ) -> dict[str, Any]:
+        meta = obj.get("metadata", {})
+        now = at or _now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": series.name, "namespace": series.namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", keys.API_VERSION),
+                "kind": obj.get("kind", keys.KIND),
+                "name": meta.get("name"),
+                "namespace": series.namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message,
+            "source": {"component": keys.EVENT_COMPONENT},
+            "reportingComponent": keys.EVENT_COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    @staticmethod
+    def _log(what: str, error: Exception) -> None:
+        if isinstance(error, ApiError):
+            log.warning("Failed to post event", extra={"reason": what, "error": str(error)})
+        else:
+            log.error("Failed to post event", exc_info=error, extra={"reason": what})

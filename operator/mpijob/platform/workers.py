@@ -1,0 +1,133 @@
+"""The reconcile workers: a fixed number of tasks taking job keys from the work queue.
+
+Workers take nothing before :meth:`Workers.open` (Kopf's indices are complete: the watch
+handlers call it), run only while this replica leads (the Lease gate), retry a failed reconcile
+with the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
+heartbeat that the metrics thread reads. Created in ``on.startup``. Also :func:`on_wake`, the
+loop of the background passes (gang admission, waiting GPU shares).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from mpijob import metrics
+from mpijob.api import JobKey
+from mpijob.platform.kube import ApiError
+from mpijob.platform.leader import LeaderElector
+from mpijob.platform.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 5.0
+
+
+async def on_wake(
+    wake: asyncio.Event,
+    interval: float,
+    pending: Callable[[], bool],
+    work: Callable[[], Awaitable[object]],
+    what: str,
+) -> None:
+    """Run ``work`` whenever ``wake`` is set, or every ``interval`` seconds, while ``pending``
+    says there is something to do; a failed run is logged and the next one tries again."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=interval)
+        wake.clear()
+        if not pending():
+            continue
+        try:
+            await work()
+        except Exception:  # one failed pass must not end the loop for good
+            log.exception("%s failed; trying again at the next change", what)
+
+
+class OwnershipError(Exception):
+    """A child's name is taken by an object this MPIJob does not control."""
+
+
+@dataclass
+class Workers:
+    threadiness: int
+    leader: LeaderElector | None = None
+    queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    heartbeat: float = field(default_factory=time.monotonic)
+    indexed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def open(self) -> None:
+        """Every index is complete: a sync from now on sees all of a job's children."""
+        self.indexed.set()
+
+    def enqueue(self, key: JobKey) -> None:
+        self.queue.add(key)
+        metrics.QUEUE_DEPTH.set(len(self.queue))
+
+    def enqueue_rate_limited(self, key: JobKey) -> None:
+        """Reconcile ``key`` once its backoff has passed (an MPIJob's own event, as upstream's
+        ``AddRateLimited``; see :data:`mpijob.platform.workqueue.BASE_DELAY_SECONDS`)."""
+        self.queue.add_rate_limited(key)
+
+    def enqueue_after(self, key: JobKey, delay: float) -> None:
+        """Reconcile ``key`` again in ``delay`` seconds (a state that changes with time alone)."""
+        self.queue.add_after(key, delay)
+
+    def start(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
+        for i in range(self.threadiness):
+            self.tasks.append(asyncio.create_task(self._work(reconcile), name=f"reconcile-{i}"))
+        self.tasks.append(asyncio.create_task(self._beat(), name="heartbeat"))
+
+    def run(self, work: Awaitable[None], name: str) -> None:
+        """Run a background loop for the life of the workers (stopped with them)."""
+        self.tasks.append(asyncio.create_task(work, name=name))  # type: ignore[arg-type]
+
+    def alive(self, within: float) -> bool:
+        return time.monotonic() - self.heartbeat < within
+
+    async def _beat(self) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    async def _work(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
+        await self.indexed.wait()
+        while True:
+            if self.leader is not None:
+                await self.leader.leading.wait()
+            key = await self.queue.get()
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            started = time.perf_counter()
+            try:
+                await reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                metrics.RECONCILE_ERRORS.inc()
+                delay = self.queue.add_rate_limited(key)
+                log.warning(
+                    "Reconcile of MPIJob %s/%s failed; retrying in %.2fs: %s",
+                    *key,
+                    delay,
+                    exc,
+                    exc_info=not isinstance(exc, ApiError | OwnershipError),
+                )
+            else:
+                self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+                metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def stop(self) -> None:
+        self.queue.close()
+        for task in self.tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.leader is not None:
+            self.leader.stop()

@@ -1,0 +1,118 @@
+"""The share webhook's wiring: Kopf's registry (node and pod watches, the mutating and
+validating webhooks), its HTTPS server, and the webhook configurations the operator applies.
+
+The decisions are :class:`~mpijob.shares.service.ShareService`'s; the configurations are
+built by :func:`mpijob.shares.pod_edits.webhook_configurations`, so that their failure policy,
+timeout, match conditions and namespace selector are ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import jsonpatch
+import kopf
+
+from mpijob import keys
+from mpijob.objects import JSON
+from mpijob.platform.tls import ServingCertificate
+from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
+from mpijob.shares.service import ShareService
+
+log = logging.getLogger(__name__)
+
+#: The key of the operator's :class:`ShareService` in Kopf's memo.
+MEMO_KEY = "shares"
+
+
+def service(memo: kopf.Memo) -> ShareService:
+    """The operator's one share service, from Kopf's memo."""
+    return cast(ShareService, memo[MEMO_KEY])
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Add the node and pod watches and both webhooks to ``registry``. They ask the operator's
+    one :class:`ShareService`, made complete at start and kept in Kopf's memo as ``shares``
+    (the watches and the webhook server start after the startup handlers)."""
+    core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
+
+    async def node_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+        await service(memo).on_node(dict(body), type)
+
+    async def pod_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+        await service(memo).on_pod(dict(body), type)
+
+    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, memo: kopf.Memo, **_: Any) -> None:
+        ops = await service(memo).mutate(dict(body), dryrun=dryrun)
+        if ops:
+            patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
+
+    def validate(body: Any, memo: kopf.Memo, **_: Any) -> None:
+        service(memo).validate(dict(body))
+
+    kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
+
+    def counted(annotations: Any, spec: Any, **_: Any) -> bool:
+        """Share pods, waiting pods, and bound pods (their requests take room on nodes)."""
+        return (
+            keys.GPU_SHARE in annotations
+            or keys.GPU_SHARE_WAITING in annotations
+            or bool(spec.get("nodeName"))
+        )
+
+    kopf.on.event("v1", "pods", when=counted, registry=registry)(pod_event)
+    kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
+    kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
+        validate
+    )
+
+
+def configure_server(
+    settings: kopf.OperatorSettings, cert: ServingCertificate, port: int, *, client_ca: str = ""
+) -> None:
+    """Kopf serves the webhooks over HTTPS on ``port``; it manages no configuration itself.
+
+    With ``client_ca`` (a PEM file) the TLS handshake requires a client certificate it signed:
+    only the API server, which presents one through its admission configuration, is answered;
+    any other client is refused before a request is read.
+    """
+    if not client_ca:
+        log.warning(
+            "The GPU-share webhooks answer any client that reaches port %d: set"
+            " --webhook-client-ca so that only the API server is answered",
+            port,
+        )
+    settings.admission.server = kopf.WebhookServer(
+        addr="0.0.0.0",  # all interfaces: the Service reaches the pod on its IP
+        port=port,
+        certfile=str(cert.certfile),
+        pkeyfile=str(cert.keyfile),
+        verify_mode=ssl.CERT_REQUIRED if client_ca else None,
+        verify_cafile=client_ca or None,
+    )
+    settings.admission.managed = None
+
+
+async def apply_configurations(
+    apply: Callable[[JSON], Awaitable[Any]],
+    *,
+    service_namespace: str,
+    service_name: str,
+    port: int,
+    ca_bundle: str,
+    url: str = "",
+) -> None:
+    """Server-side apply both webhook configurations (``apply`` is :meth:`Kube.apply`)."""
+    for obj in webhook_configurations(
+        service_namespace=service_namespace,
+        service_name=service_name,
+        port=port,
+        ca_bundle=ca_bundle,
+        exempt_namespaces=(service_namespace, "kube-system"),
+        url=url,
+    ):
+        await apply(obj)
+        log.info("Applied the %s for GPU shares", obj["kind"])

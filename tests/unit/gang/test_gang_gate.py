@@ -1,0 +1,213 @@
+"""Where a job stands with gang admission, as its reconcile plans it: reads in, actions out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpijob import api, keys
+from mpijob.desired import sync
+from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.gang import gate, queue, topology
+from mpijob.placement import codec, topologies
+from mpijob.placement.job import Placement, WorkerAssignment
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, 1, tzinfo=UTC)
+KEY = ("ns", "train")
+NODE = {
+    "metadata": {
+        "name": "dgx-0",
+        "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+        "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.dgx1_v100())},
+    },
+    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def job(*, suspended: bool = False, status: dict[str, Any] | None = None) -> api.MPIJob:
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: 2}}}
+            ]
+        }
+    }
+    body: dict[str, Any] = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {
+            "name": "train",
+            "namespace": "ns",
+            "uid": "uid-train",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {keys.GPU_TOPOLOGY: "true"},
+        },
+        "spec": {
+            "runPolicy": {"suspend": suspended},
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "template": template},
+                "Worker": {"replicas": 1, "template": template},
+            },
+        },
+        "status": status or {},
+    }
+    return api.with_defaults(api.parse(body))
+
+
+def decision_body(j: api.MPIJob) -> dict[str, Any]:
+    placement = Placement((WorkerAssignment("dgx-0", (0, 1)),), 100.0, "by hand")
+    body = topology.decision_object(j, placement)
+    body["metadata"]["uid"] = "decision-uid"
+    return body
+
+
+def pod(name: str, role: str, node: str = "dgx-0") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "labels": {keys.LABEL_JOB_ROLE: role},
+            "ownerReferences": [{"uid": "uid-train", "controller": True}],
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
+def run(j: api.MPIJob, standing: gate.Standing | None, body: Any = None) -> gate.Gate:
+    return gate.gate(
+        KEY,
+        j,
+        topology_default=False,
+        release_seconds=60.0,
+        decision_body=body,
+        pods=[],
+        nodes={"dgx-0": NODE},
+        standing=standing,
+        now=NOW,
+    )
+
+
+def test_without_our_admission_a_job_is_admitted_and_keeps_its_line() -> None:
+    g = run(job(), None)
+    assert g.admitted
+    assert g.placement is None
+    assert g.line is gate.Line.KEEP
+
+
+def test_a_job_without_a_decision_waits_in_the_line_and_says_so() -> None:
+    g = run(job(), gate.Standing())
+    assert not g.admitted
+    assert g.line is gate.Line.WANT
+    assert g.outcome is not None
+    assert g.release is None
+
+
+def test_a_decided_job_leaves_the_line_with_its_workers_placed() -> None:
+    j = job()
+    g = run(j, gate.Standing(), decision_body(j))
+    assert g.admitted
+    assert g.line is gate.Line.DROP
+    assert g.decision is not None
+    assert g.placement is not None
+    assert [p.node for p in g.placement] == ["dgx-0"]
+
+
+def test_an_admission_on_its_way_keeps_the_job_where_it_is() -> None:
+    g = run(job(), gate.Standing(pending=True))
+    assert not g.admitted
+    assert g.line is gate.Line.KEEP
+    assert g.outcome is None
+
+
+def test_a_suspended_job_leaves_the_line_and_its_decision_goes_with_its_pods() -> None:
+    j = job(suspended=True)
+    g = run(j, gate.Standing(), decision_body(j))
+    assert not g.admitted
+    assert g.line is gate.Line.DROP
+    assert g.release == sync.Delete(
+        keys.DECISION_API_VERSION, keys.DECISION_KIND, "train", "decision-uid"
+    )
+
+
+def test_a_released_job_is_held_off_and_synced_when_the_hold_off_ends() -> None:
+    since = (NOW - timedelta(seconds=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": keys.COND_GANG_ADMITTED,
+        "status": "False",
+        "reason": keys.REASON_WORKERS_UNSCHEDULABLE,
+        "message": "stuck",
+        "lastTransitionTime": since,
+        "lastUpdateTime": since,
+    }
+    g = run(job(status={"conditions": [condition]}), gate.Standing())
+    assert g.line is gate.Line.DROP
+    assert g.recheck == pytest.approx(40.5)
+
+
+def test_a_timed_out_job_shows_it_and_is_not_queued_again() -> None:
+    j = job()
+    timed_out = queue.TimedOut(queue.waiting_job(j, priority_values={}), "too long")
+    g = run(j, gate.Standing(last=timed_out))
+    assert g.line is gate.Line.KEEP
+    assert g.outcome is not None
+
+
+def test_giving_a_placement_back_deletes_workers_and_claims_then_the_decision() -> None:
+    j = job()
+    pods = [pod("train-launcher", keys.ROLE_LAUNCHER), pod("train-worker-0", keys.ROLE_WORKER)]
+    claims = {"train-worker-0-gpus": {"metadata": {"uid": "claim-uid"}}}
+    plan = gate.place_anew(
+        j, pods, claims, decision_body(j), "node lost", keys.REASON_NODE_LOST, NOW, {"dgx-0"}
+    )
+    assert plan.actions == [
+        sync.Delete("v1", "Pod", "train-worker-0", "uid-train-worker-0", grace_seconds=0),
+        sync.Delete(keys.DRA_API_VERSION, "ResourceClaim", "train-worker-0-gpus", "claim-uid"),
+    ], "the launcher stays; a worker on a deleted node goes at once"
+    assert plan.status is not None
+    condition = plan.status.condition(keys.COND_GANG_ADMITTED)
+    assert condition is not None
+    assert condition.reason == keys.REASON_NODE_LOST
+    assert plan.release == sync.Delete(
+        keys.DECISION_API_VERSION, keys.DECISION_KIND, "train", "decision-uid"
+    )
+    assert plan.event is not None
+    assert plan.event.message == "node lost"
+
+
+def test_without_a_decision_only_the_workers_go() -> None:
+    plan = gate.place_anew(
+        job(), [pod("train-worker-0", keys.ROLE_WORKER)], {}, None, "x", "R", NOW
+    )
+    assert plan.actions == [sync.Delete("v1", "Pod", "train-worker-0", "uid-train-worker-0")]
+    assert plan.release is None
+    assert plan.event is None
+
+
+def test_a_deleted_node_under_a_placed_job_gives_the_placement_back() -> None:
+    j = job()
+    g = run(j, gate.Standing(), decision_body(j))
+    pods = [pod("train-worker-0", keys.ROLE_WORKER)]
+    held = gate.check_placement(
+        KEY, j, g, pods, {}, {"dgx-0": NODE}, GpuBinding.ANNOTATIONS, 60, NOW
+    )
+    assert not held.why
+    lost = gate.check_placement(
+        KEY, j, g, pods, {}, {"dgx-0": None}, GpuBinding.ANNOTATIONS, 60, NOW
+    )
+    assert lost.reason == keys.REASON_NODE_LOST
+    assert lost.gone == {"dgx-0"}
+
+
+def test_only_a_worker_the_api_server_refuses_for_good_counts_as_refused() -> None:
+    worker = sync.Create({"kind": "Pod", **pod("train-worker-0", keys.ROLE_WORKER)})
+    launcher = sync.Create({"kind": "Pod", **pod("train-launcher", keys.ROLE_LAUNCHER)})
+    assert gate.refused_worker(worker, 403) == "train-worker-0"
+    assert gate.refused_worker(worker, 422) == "train-worker-0"
+    assert gate.refused_worker(worker, 409) == ""
+    assert gate.refused_worker(launcher, 403) == ""

@@ -1,0 +1,458 @@
+"""Which GPUs placement must not hand out: decisions believed, pods counted by their requests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpijob import keys
+from mpijob.gang import topology
+from mpijob.placement import codec, topologies
+from mpijob.placement.job import Placement, WorkerAssignment
+from support import jobs
+
+pytestmark = pytest.mark.unit
+
+
+JOB_UID = "uid-j"
+
+
+def pod(
+    node: str,
+    ids: str = "",
+    *,
+    gpus: int = 0,
+    name: str = "squatter",
+    job: str = "",
+    owner: str = "",
+    phase: str = "Running",
+    terminating: bool = False,
+) -> Any:
+    """A pod as the GPU index keeps it: GPU requests, labels, owner, annotations."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "annotations": {}}
+    if ids:
+        meta["annotations"][keys.GPU_IDS] = ids
+    if job:
+        meta["labels"] = {keys.LABEL_JOB_NAME: job}
+    if owner:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": keys.API_VERSION,
+                "kind": keys.KIND,
+                "name": job,
+                "uid": owner,
+                "controller": True,
+            }
+        ]
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+    limits = {keys.GPU_RESOURCE: str(gpus)} if gpus else {}
+    spec = {"nodeName": node, "containers": [{"resources": {"limits": limits}}]}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def worker(index: int, node: str, ids: str, **kw: Any) -> Any:
+    return pod(
+        node, ids, gpus=len(ids.split(",")), name=f"j-worker-{index}", job="j", owner=JOB_UID, **kw
+    )
+
+
+def decision(*workers: tuple[str, tuple[int, ...]], uid: str = JOB_UID) -> topology.Decision:
+    assignments = tuple(WorkerAssignment(node, gpus) for node, gpus in workers)
+    return topology.Decision(uid, assignments, 25.0, "summary")
+
+
+DECISIONS = {("ns", "j"): decision(("n0", (0, 1)), ("n0", (2, 3)))}
+
+
+def test_decisions_hold_their_gpus_and_their_own_workers_add_nothing() -> None:
+    held = topology.holdings(DECISIONS, [worker(0, "n0", "0,1"), worker(1, "n0", "2,3")])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {}
+
+
+def test_a_forged_gpu_ids_annotation_holds_nothing_without_a_gpu_request() -> None:
+    held = topology.holdings(DECISIONS, [pod("n0", "4,5,6,7")])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {}
+
+
+def test_a_pod_no_decision_placed_is_counted_by_its_requests_not_its_annotation() -> None:
+    held = topology.holdings({}, [pod("n0", "0", gpus=3), pod("n1", gpus=1, name="other")])
+    assert held.known == {}
+    assert held.unplaced == {"n0": 3, "n1": 1}
+    assert held.note(["n0"], "ns") == "held by pods this operator did not place: n0: squatter (3)"
+
+
+def test_a_waiting_message_names_no_pod_of_another_namespace() -> None:
+    other = pod("n0", gpus=8, name="secret-project-x")
+    other["metadata"]["namespace"] = "hostile-b"
+    held = topology.holdings({}, [pod("n0", gpus=1), other])
+    note = held.note(["n0"], "ns")
+    assert note == (
+        "held by pods this operator did not place: n0: squatter (1), "
+        "8 GPU(s) by pods of other namespaces"
+    )
+    assert "hostile-b" not in note
+    assert "secret-project-x" not in note
+    assert held.note(["n0"], "hostile-b") == (
+        "held by pods this operator did not place: n0: secret-project-x (8), "
+        "1 GPU(s) by pods of other namespaces"
+    )
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        worker(0, "n0", "4,5"),  # not the GPUs its decision gave worker 0
+        worker(0, "n1", "0,1"),  # not the node
+        worker(5, "n0", "0,1"),  # no such worker in the decision
+        pod("n0", "0,1", gpus=2, name="j-worker-0", job="j", owner="another-uid"),
+        pod("n0", "0,1", gpus=2, name="j-worker-0", job="j"),  # no owner at all
+    ],
+)
+def test_a_pod_that_only_looks_like_a_placed_worker_is_counted_by_its_requests(
+    forged: Any,
+) -> None:
+    held = topology.holdings(DECISIONS, [forged])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert sum(held.unplaced.values()) == 2
+
+
+def test_a_terminating_pod_keeps_its_gpus_until_it_is_gone() -> None:
+    held = topology.holdings({}, [pod("n0", gpus=2, terminating=True)])
+    assert held.unplaced == {"n0": 2}
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_pod_frees_its_gpus(phase: str) -> None:
+    assert topology.holdings({}, [pod("n0", gpus=2, phase=phase, terminating=True)]).unplaced == {}
+
+
+def test_an_unbound_pod_holds_nothing_yet() -> None:
+    unbound = pod("n0", gpus=2)
+    unbound["spec"]["nodeName"] = ""
+    assert topology.holdings({}, [unbound]).unplaced == {}
+
+
+def test_an_init_container_counts_when_it_asks_for_more_than_the_containers() -> None:
+    p = pod("n0", gpus=1)
+    p["spec"]["initContainers"] = [{"resources": {"requests": {keys.GPU_RESOURCE: "4"}}}]
+    assert topology.holdings({}, [p]).unplaced == {"n0": 4}
+
+
+def test_unplaced_gpus_lower_what_a_node_can_give() -> None:
+    node_body = {
+        "metadata": {
+            "name": "n0",
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+            "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.load("dgx1-v100"))},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    held = topology.holdings(DECISIONS, [pod("n0", gpus=3)])
+    [state] = topology.node_states([node_body], held)
+    assert state.used == {0, 1, 2, 3}
+    assert state.free_count == 1
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+def test_a_decision_object_reads_back_and_belongs_to_its_job_only() -> None:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    placement = Placement(
+        (WorkerAssignment("n0", (0, 1)), WorkerAssignment("n0", (2, 3))), 25.0, "2x2 on n0"
+    )
+    body = topology.decision_object(job, placement)
+    assert body["metadata"] == {
+        "name": "j",
+        "namespace": "ns",
+        "labels": {keys.LABEL_JOB_NAME: "j"},
+    }
+    assert "ownerReferences" not in body["metadata"]
+    loaded = topology.load_decision(job, body)
+    assert loaded == topology.Decision(JOB_UID, placement.assignments, 25.0, "2x2 on n0")
+    successor = job.model_copy(deep=True)
+    successor.metadata.uid = "uid-successor"
+    assert topology.load_decision(successor, body) is None
+    scaled = job.model_copy(deep=True)
+    assert scaled.spec.worker is not None
+    scaled.spec.worker.replicas = 3
+    assert topology.load_decision(scaled, body) is None
+    assert topology.parse_decision({"spec": {"workers": "junk"}}) is None
+
+
+def test_a_decision_is_released_only_once_its_job_stopped_and_its_pods_are_gone() -> None:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    held = decision(("n0", (0, 1)))
+    live = [worker(0, "n0", "0,1")]
+    gone = [worker(0, "n0", "0,1", phase="Succeeded")]
+    assert not topology.releasable(held, "j", job, [])  # running: it holds its GPUs
+    suspended = job.model_copy(deep=True)
+    suspended.spec.run_policy.suspend = True
+    terminating = [worker(0, "n0", "0,1", terminating=True)]
+    assert not topology.releasable(held, "j", suspended, terminating)
+    assert topology.releasable(held, "j", suspended, gone)
+    assert not topology.releasable(held, "j", None, live)  # deleted, a pod still terminating
+    assert topology.releasable(held, "j", None, [])
+    successor = job.model_copy(deep=True)
+    successor.metadata.uid = "uid-successor"
+    assert topology.releasable(held, "j", successor, [])
+
+
+def test_only_the_placed_workers_keep_a_decision() -> None:
+    """A pod naming the job as its controller holds nothing of the decision unless it is a
+    placed worker, bound where its assignment says: anyone who may create pods can write such
+    a reference."""
+    held = decision(("n0", (0, 1)), ("n1", (0, 1)))
+    finished = topology_job()
+    finished.metadata.uid = JOB_UID
+    finished.spec.run_policy.suspend = True
+    extra = worker(0, "", "0,1")
+    extra["metadata"]["name"] = "j-extra"
+    pending = worker(1, "", "0,1")  # never bound
+    elsewhere = worker(1, "n0", "0,1")  # bound to another node than its assignment's
+    beyond = worker(2, "n1", "0,1")  # an index the decision does not have
+    padded = worker(1, "n1", "0,1")
+    padded["metadata"]["name"] = "j-worker-01"
+    for pods in ([extra], [pending], [elsewhere], [beyond], [padded]):
+        assert topology.releasable(held, "j", None, pods), pods
+        assert topology.releasable(held, "j", finished, pods), pods
+    assert not topology.releasable(held, "j", None, [worker(1, "n1", "0,1")])
+
+
+def topology_job(node_name: str = "", *, opted: str = "true") -> Any:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "i", "resources": {"limits": {keys.GPU_RESOURCE: 2}}}]
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    return jobs.parsed(
+        jobs.body(
+            "j",
+            "ns",
+            uid="",
+            launcher={"spec": {"containers": [{"name": "l"}]}},
+            worker={"spec": spec},
+            workers=2,
+            metadata={"annotations": {keys.GPU_TOPOLOGY: opted}},
+        )
+    )
+
+
+def test_a_topology_worker_template_naming_its_node_is_refused_naming_the_field() -> None:
+    [error] = topology.template_errors(topology_job("dgx-3"), default=False)
+    assert error.path == "spec.mpiReplicaSpecs[Worker].template.spec.nodeName"
+    assert error.message.startswith("Forbidden: ")
+    assert "remove nodeName" in error.message
+
+
+def test_node_name_is_the_users_choice_when_the_job_is_not_topology_placed() -> None:
+    assert topology.template_errors(topology_job("dgx-3", opted="false"), default=True) == []
+    assert topology.template_errors(topology_job(), default=False) == []
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def job_with(worker_spec: dict[str, Any]) -> Any:
+    job = topology_job()
+    assert job.spec.worker is not None
+    job.spec.worker.template["spec"].update(worker_spec)
+    return job
+
+
+def affinity(*terms: dict[str, Any]) -> dict[str, Any]:
+    required = {"nodeSelectorTerms": list(terms)}
+    return {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    }
+
+
+def test_without_selector_or_affinity_every_node_is_eligible() -> None:
+    assert topology.eligible(topology_job(), node("n0"))
+
+
+def test_node_selector_labels_must_all_match() -> None:
+    job = job_with({"nodeSelector": {"pool": "a", "zone": "z1"}})
+    assert topology.eligible(job, node("n0", pool="a", zone="z1", extra="x"))
+    assert not topology.eligible(job, node("n1", pool="a"))
+    assert not topology.eligible(job, node("n2", pool="b", zone="z1"))
+
+
+@pytest.mark.parametrize(
+    ("expression", "labels", "expected"),
+    [
+        ({"key": "pool", "operator": "In", "values": ["a", "b"]}, {"pool": "b"}, True),
+        ({"key": "pool", "operator": "In", "values": ["a"]}, {}, False),
+        ({"key": "pool", "operator": "NotIn", "values": ["a"]}, {"pool": "b"}, True),
+        ({"key": "pool", "operator": "NotIn", "values": ["a"]}, {}, True),
+        ({"key": "gpu", "operator": "Exists"}, {"gpu": ""}, True),
+        ({"key": "gpu", "operator": "DoesNotExist"}, {"gpu": ""}, False),
+        ({"key": "gen", "operator": "Gt", "values": ["7"]}, {"gen": "8"}, True),
+        ({"key": "gen", "operator": "Lt", "values": ["7"]}, {"gen": "x"}, False),
+    ],
+)
+def test_required_node_affinity_expressions(
+    expression: dict[str, Any], labels: dict[str, str], expected: bool
+) -> None:
+    job = job_with(affinity({"matchExpressions": [expression]}))
+    assert topology.eligible(job, node("n0", **labels)) is expected
+
+
+def test_affinity_terms_are_ored_and_match_fields_read_the_node_name() -> None:
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    by_label = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}
+    job = job_with(affinity(by_name, by_label))
+    assert topology.eligible(job, node("n1"))
+    assert topology.eligible(job, node("n9", pool="a"))
+    assert not topology.eligible(job, node("n2"))
+    assert not topology.eligible(job_with(affinity({})), node("n1")), "an empty term matches none"
+
+
+# --- the dra binding ------------------------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def dgx_node(name: str = "n0") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+            "annotations": {keys.GPU_TOPOLOGY: codec.dumps(topologies.for_node("dgx1-v100", name))},
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def slice_of(node: dict[str, Any]) -> dict[str, str]:
+    topo = codec.loads(node["metadata"]["annotations"][keys.GPU_TOPOLOGY])
+    return {f"gpu-{g.index}": str(g.uuid) for g in topo.gpus}
+
+
+def test_gpus_allocated_to_anyones_claims_are_taken_by_index_through_the_slice() -> None:
+    node = dgx_node()
+    held = topology.holdings(
+        {}, [], allocated={"n0": ["gpu-1", "gpu-2", "gpu-9"]}, slices={"n0": slice_of(node)}
+    )
+    [state] = topology.node_states([node], held)
+    assert state.used == {1, 2}
+    assert state.unplaced == 1, "a device the slice does not name counts, index unknown"
+    assert state.free_count == 5
+
+
+def test_a_node_whose_slice_disagrees_with_its_topology_is_named() -> None:
+    node = dgx_node()
+    published = slice_of(node)
+    assert topology.slice_conflicts([node], {"n0": published}) == {}
+    published["gpu-7"] = "GPU-not-this-one"
+    [(name, message)] = topology.slice_conflicts([node], {"n0": published}).items()
+    assert name == "n0"
+    assert "GPU-not-this-one" in message
+    assert "skips the node" in message
+
+
+def unschedulable_worker(seconds_ago: float, *, bound: bool = False) -> dict[str, Any]:
+    since = (T0 - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "cannot allocate all claims",
+        "lastTransitionTime": since,
+    }
+    meta = {
+        "name": "j-worker-0",
+        "annotations": {keys.GPU_CLAIM: "j-worker-0-gpus", keys.GPU_IDS: "1,2"},
+    }
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": "n0"} if bound else {},
+        "status": {"phase": "Pending", "conditions": [condition]},
+    }
+
+
+UNALLOCATED = {"j-worker-0-gpus": {"status": {"allocated": []}}}
+
+
+def test_a_worker_whose_pinned_gpus_stay_unallocatable_past_the_grace_is_placed_anew() -> None:
+    taken = topology.gpus_taken([unschedulable_worker(12)], UNALLOCATED, T0, grace=10)
+    assert "j-worker-0's GPUs [1,2] could not be allocated for 12s" in taken.message
+    assert "placing the job anew" in taken.message
+
+
+def test_within_the_grace_the_job_is_looked_at_again_when_it_ends() -> None:
+    taken = topology.gpus_taken([unschedulable_worker(4)], UNALLOCATED, T0, grace=10)
+    assert taken.message == ""
+    assert taken.recheck == pytest.approx(6)
+
+
+def test_an_allocated_claim_or_a_bound_worker_is_no_theft() -> None:
+    allocated = {"j-worker-0-gpus": {"status": {"allocated": [["n0", "gpu-1", "gpus"]]}}}
+    assert topology.gpus_taken([unschedulable_worker(60)], allocated, T0) == topology.Taken()
+    bound = unschedulable_worker(60, bound=True)
+    assert topology.gpus_taken([bound], UNALLOCATED, T0) == topology.Taken()
+
+
+# --- a node lost under a placed job ------------------------------------------------------------
+
+
+def pool_node(name: str, *, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
+        },
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+    }
+
+
+def placed_job() -> Any:
+    job = topology_job()
+    job.metadata.uid = JOB_UID
+    return job
+
+
+TWO_NODES = decision(("n0", (0, 1)), ("n1", (0, 1)))
+BOTH_RUNNING = [worker(0, "n0", "0,1"), worker(1, "n1", "0,1")]
+
+
+def test_healthy_nodes_lose_nothing_and_a_missing_worker_there_is_only_recreated() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1")}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[:1]) == ""
+
+
+def test_a_deleted_node_loses_its_workers_at_once() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": None}
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING)
+    assert why == "node n1 was deleted: its workers are removed and the job placed anew"
+
+
+def test_a_not_ready_node_keeps_its_worker_while_that_worker_lives() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    evicted = [BOTH_RUNNING[0], worker(1, "n1", "0,1", terminating=True)]
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, evicted)
+    assert why.startswith("node n1 is not Ready and its worker is gone")
+
+
+def test_a_drained_node_loses_the_worker_it_evicted() -> None:
+    nodes = {"n0": pool_node("n0", cordoned=True), "n1": pool_node("n1")}
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[1:])
+    assert why.startswith("node n0 was cordoned and its worker is gone")
+
+
+def test_a_worker_of_an_earlier_job_of_the_name_is_not_this_job_s() -> None:
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    earlier = [worker(0, "n0", "0,1"), pod("n1", "0,1", name="j-worker-1", job="j", owner="old")]
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, earlier) != ""

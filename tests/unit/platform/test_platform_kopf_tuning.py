@@ -1,0 +1,72 @@
+"""The changes to Kopf's private classes: its watch streams' JSON decoding, its views without
+reference cycles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from kopf._cogs.clients import api
+
+from mpijob.platform import kopf_tuning
+
+pytestmark = pytest.mark.unit
+
+
+def test_kopfs_watch_lines_decode_through_orjson_to_the_same_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Kopf's module is the process's: give its own decoding back when the test ends.
+    monkeypatch.setattr(api, "json", api.json)
+    kopf_tuning.decode_watch_events_with_orjson()
+    line = '{"type": "ADDED", "object": {"kind": "Pod", "metadata": {"name": "pi-worker-0"}}}'
+    assert api.json is not json
+    assert api.json.loads is kopf_tuning._loads
+    assert api.json.loads(line) == json.loads(line)
+    assert api.json.loads('"\\ud800"') == "\ud800"  # orjson refuses a lone surrogate; json takes it
+    assert api.json.dumps({"a": 1}) == json.dumps({"a": 1})
+
+
+def test_kopfs_body_and_patch_views_read_and_write_as_before_and_leave_no_cycle() -> None:
+    # In a fresh interpreter: the change is to Kopf's classes, for the whole process.
+    script = textwrap.dedent(
+        """
+        import gc
+        from mpijob.platform import kopf_tuning
+        from kopf._cogs.structs import bodies, patches
+
+        def one_event():
+            raw = {"metadata": {"name": "w", "labels": {"a": "b"}}, "spec": {"s": 1}}
+            body = bodies.Body(raw)
+            patch = patches.Patch(body=body)
+            patch.meta.annotations["k"] = "v"
+            patch.status["phase"] = "Running"
+            seen = (body.meta.name, dict(body.metadata.labels), body.spec["s"], dict(body.status))
+            return seen, dict(patch), body.meta.annotations.get("k")
+
+        before = one_event()
+        kopf_tuning.views_without_cycles()
+        gc.collect()
+        gc.disable()
+        after = one_event()
+        assert after == before == (
+            ("w", {"a": "b"}, 1, {}),
+            {"metadata": {"annotations": {"k": "v"}}, "status": {"phase": "Running"}},
+            None,
+        ), after
+        print(gc.collect())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
+def test_the_watch_decoding_is_given_back_after_the_test_that_changed_it() -> None:
+    # Runs after the test above (file order): Kopf decodes with the standard library again.
+    assert api.json is json

@@ -1,0 +1,199 @@
+"""Event posting: repeats of one event count up a single Event object, as client-go does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpijob.desired.events import Event, Implied, normal
+from mpijob.platform.kube import ApiError
+from mpijob.platform.recorder import Recorder
+from support.fake_kube import FakeKube
+from support.virtual_time import virtual_time
+
+pytestmark = pytest.mark.unit
+
+JOB = {
+    "apiVersion": "kubeflow.org/v2beta1",
+    "kind": "MPIJob",
+    "metadata": {"name": "pi", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+}
+
+
+def slow_api(*stored: dict[str, Any]) -> FakeKube:
+    """An API whose calls take 50 ms, so repeats arrive while the first create is in flight;
+    holding ``stored`` Events."""
+    return FakeKube(*({"apiVersion": "v1", "kind": "Event", **e} for e in stored), latency=0.05)
+
+
+def created(api: FakeKube) -> list[dict[str, Any]]:
+    """The Events the API made, in order."""
+    return [c.args[0] for c in api.done("create")]
+
+
+def counts(api: FakeKube) -> list[int]:
+    """The counts of the Events' count updates, in order."""
+    return [c.args[-1]["count"] for c in api.calls if c.verb == "patch"]
+
+
+def lists(api: FakeKube) -> list[tuple[Any, ...]]:
+    """Each list of Events: its apiVersion, kind, namespace and field selector."""
+    return [(*c.args, c.kwargs["fields"]) for c in api.calls if c.verb == "list"]
+
+
+def refuse(api: FakeKube) -> None:
+    api.fail("create", ApiError(403, "Forbidden", "events is forbidden"))
+
+
+RUNNING = normal("MPIJobRunning", "MPIJob ns/pi is running")
+
+
+async def post_running(times: int) -> tuple[FakeKube, Recorder]:
+    """The same Running Event posted ``times`` times in a burst, then drained."""
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
+    for _ in range(times):
+        recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    return api, recorder
+
+
+@virtual_time
+async def test_a_burst_of_repeats_creates_one_event_and_counts_up() -> None:
+    api, _ = await post_running(5)
+    assert len(created(api)) == 1
+    event = created(api)[0]
+    assert (event["reason"], event["source"], event["involvedObject"]["uid"]) == (
+        "MPIJobRunning",
+        {"component": "mpi-job-controller"},
+        "u1",
+    )
+    # The four repeats arrived while the create was in flight: one count update carries them.
+    assert counts(api) == [5]
+
+
+@virtual_time
+async def test_repeats_after_the_update_count_up_again() -> None:
+    api, recorder = await post_running(2)
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert len(created(api)) == 1
+    assert counts(api) == [2, 3]
+
+
+@virtual_time
+async def test_different_events_are_different_objects() -> None:
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
+    recorder.post(JOB, normal("MPIJobCreated", "MPIJob ns/pi is created."))
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert sorted(e["reason"] for e in created(api)) == ["MPIJobCreated", "MPIJobRunning"]
+    assert counts(api) == []
+
+
+@virtual_time
+async def test_one_request_at_a_time_in_the_order_posted() -> None:
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
+    reasons = [f"Reason{i}" for i in range(5)]
+    for reason in reasons:
+        recorder.post(JOB, normal(reason, "m"))
+    await recorder.drain()
+    assert [e["reason"] for e in created(api)] == reasons
+    assert api.most_in_flight == 1
+
+
+@virtual_time
+async def test_an_event_that_could_not_be_created_is_created_anew_by_its_next_repeat() -> None:
+    api = slow_api()
+    refuse(api)
+    recorder = Recorder(api, instance="test")
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert created(api) == []
+    recorder.post(JOB, RUNNING)
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert len(created(api)) == 1
+    assert counts(api) == [2]
+
+
+# --- at least once: through an outage, and across a restart -----------------------------------
+
+
+@virtual_time
+async def test_an_event_the_api_did_not_answer_is_sent_again_until_it_is() -> None:
+    api = slow_api()
+    api.fail("create", *[ApiError(503, "ServiceUnavailable", "restarting")] * 3)
+    recorder = Recorder(api, instance="test")
+    recorder.post(JOB, CREATED)
+    await recorder.drain()
+    assert [e["reason"] for e in created(api)] == ["MPIJobCreated"]
+    assert len(api.calls) == 4  # three unanswered, then made
+
+
+@virtual_time
+async def test_a_refused_event_is_not_retried() -> None:
+    api = slow_api()
+    refuse(api)
+    recorder = Recorder(api, instance="test")
+    recorder.post(JOB, CREATED)
+    await recorder.drain()
+    assert created(api) == []
+    refused = [(c.verb, getattr(c.error, "status", None)) for c in api.calls]
+    assert refused == [("create", 403)]  # one try, refused
+
+
+NOW = datetime.now(UTC)
+CREATED = normal("MPIJobCreated", "MPIJob ns/pi is created.")
+
+
+def stored(event: Event, count: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "pi.0123", "namespace": "ns"},
+        "involvedObject": {"uid": "u1", "kind": "MPIJob"},
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message,
+        "count": count,
+    }
+
+
+@virtual_time
+async def test_after_a_restart_the_events_the_api_lacks_are_posted_once() -> None:
+    succeeded = normal("MPIJobSucceeded", "MPIJob ns/pi successfully completed.")
+    old = normal("GangAdmitted", "MPIJob ns/pi is admitted.")
+    api = slow_api(stored(CREATED))
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    implied = [
+        Implied(CREATED, NOW),  # the API has it
+        Implied(succeeded, NOW - timedelta(seconds=5)),  # lost to a kill
+        Implied(old, NOW - timedelta(hours=2)),  # may have expired: says nothing
+    ]
+    recorder.ensure(JOB, lambda: implied)
+    recorder.ensure(JOB, lambda: implied)  # once per job and process
+    await recorder.drain()
+    assert [(e["reason"], e["firstTimestamp"]) for e in created(api)] == [
+        ("MPIJobSucceeded", (NOW - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ]
+    assert lists(api) == [
+        ("v1", "Event", "ns", "source=mpi-job-controller,involvedObject.kind=MPIJob")
+    ]
+
+
+@virtual_time
+async def test_a_repeat_after_a_restart_counts_up_the_event_the_last_process_made() -> None:
+    api = slow_api(stored(RUNNING, count=4))
+    recorder = Recorder(api, instance="test")
+    recorder.ensure(JOB, lambda: [Implied(RUNNING, NOW)])
+    await recorder.drain()
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert created(api) == []
+    assert counts(api) == [5]
+    assert lists(api) == [
+        ("v1", "Event", None, "source=mpi-job-controller,involvedObject.kind=MPIJob")
+    ]
