@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpijob import api
 from mpijob.api import MPIJob
+from support.jobs import body, parsed
 
 
 def template(*requests: dict[str, str], priority_class: str = "", **spec: Any) -> dict[str, Any]:
@@ -30,14 +30,17 @@ def job(
     **spec: Any,
 ) -> MPIJob:
     """A defaulted MPIJob; ``worker`` or ``workers`` adds a Worker replica spec."""
-    replica_specs: dict[str, Any] = {"Launcher": {"replicas": 1, "template": launcher or {}}}
-    if worker is not None or workers is not None:
-        replica_specs["Worker"] = {"replicas": workers, "template": worker or {}}
-    body_spec: dict[str, Any] = {"mpiReplicaSpecs": replica_specs, **spec}
     if policy is not None:
-        body_spec["runPolicy"] = {"schedulingPolicy": policy}
-    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": "uid-1"}
-    if annotations:
-        metadata["annotations"] = annotations
-    body = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": metadata}
-    return api.with_defaults(api.parse({**body, "spec": body_spec}))
+        spec["runPolicy"] = {"schedulingPolicy": policy}
+    return parsed(
+        body(
+            name,
+            "default",
+            uid="uid-1",
+            launcher=launcher or {},
+            worker=worker,
+            workers=workers,
+            metadata={"annotations": annotations} if annotations else None,
+            **spec,
+        )
+    )

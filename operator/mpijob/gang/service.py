@@ -39,7 +39,8 @@ from mpijob.gang import decide, queue, quota, topology
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import Placement
-from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class NotRecorded(Exception):
     the message says why, for the job's owner. The job waits; the others are admitted."""
 
 
-async def store_decision(kube: Kube, obj: dict[str, Any]) -> None:
+async def store_decision(kube: KubeApi, obj: dict[str, Any]) -> None:
     """Create a job's PlacementDecision; one left by the same job (it was scaled since, so it
     no longer describes it) is replaced. One left by an earlier job of the same name stays until
     that job's pods are gone: :class:`NotRecorded` saying so."""

@@ -21,7 +21,7 @@ from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.placement.fabric import Fabric
 from mpijob.platform.deferred import DeferredPatches
-from mpijob.platform.kube import Kube
+from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
@@ -51,7 +51,7 @@ class JobMetrics:
 @dataclass
 class Runtime:
     settings: OperatorSettings
-    kube: Kube
+    kube: KubeApi
     recorder: Recorder
     deferred: DeferredPatches
     workers: Workers

@@ -35,6 +35,7 @@ from mpijob.placement.fabric import Fabric
 from mpijob.platform import kopf_tuning, tls
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.kube import ApiError, Kube, connection_info
+from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.leader import LeaderElector
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
@@ -151,7 +152,7 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs:
 HEALTHY_WITHIN_SECONDS = 30.0
 
 
-async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
+async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:
     """The ``--gpu-binding`` mode on this cluster, logged with its reason.
 
     Two reads: the ``resource.k8s.io/v1`` discovery document and the ``gpu.nvidia.com``
@@ -184,7 +185,7 @@ async def detect_gpu_binding(kube: Kube, flag: str) -> Choice:
     return choice
 
 
-async def server_minor(kube: Kube) -> int | None:
+async def server_minor(kube: KubeApi) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
     check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
     try:
@@ -236,7 +237,7 @@ NEEDED_CRDS = (
 )
 
 
-async def check_crds(kube: Kube) -> None:
+async def check_crds(kube: KubeApi) -> None:
     """Raise :class:`MissingCRD`, naming the fix, when a kind the operator watches is not
     served: Kopf would otherwise wait for it silently and never reconcile anything. Any other
     failure (the API server still starting) is left to Kopf's own retries."""

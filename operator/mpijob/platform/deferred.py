@@ -18,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
-from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Line:
 
 
 class DeferredPatches:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
         self._line = Line("deferred patches")
 

@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import metrics
-from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class LeaderElector:
         *,
         namespace: str,
         name: str,
-        kube: Kube,
+        kube: KubeApi,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.leading = asyncio.Event()

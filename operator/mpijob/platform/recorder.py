@@ -48,7 +48,8 @@ from mpijob import keys
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.platform.deferred import Line
-from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _unanswered(error: Exception) -> bool:
 
 
 class Recorder:
-    def __init__(self, kube: Kube, *, instance: str, namespaces: Sequence[str] = ()) -> None:
+    def __init__(self, kube: KubeApi, *, instance: str, namespaces: Sequence[str] = ()) -> None:
         self._kube = kube
         self._instance = instance
         self._namespaces = tuple(namespaces)

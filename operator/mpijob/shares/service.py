@@ -53,7 +53,8 @@ from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.desired.predicates import pod_requests, terminal
-from mpijob.platform.kube import ApiError, Kube
+from mpijob.platform.kube import ApiError
+from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
 from mpijob.shares.ledger import (
     Ledger,
@@ -543,7 +544,7 @@ def _gated(body: dict[str, Any]) -> bool:
     return any(g.get("name") == keys.GPU_SHARE_GATE for g in gates)
 
 
-def pod_patcher(kube: Kube) -> PatchPod:
+def pod_patcher(kube: KubeApi) -> PatchPod:
     """Send a JSON patch to a pod."""
 
     async def patch(namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
@@ -552,7 +553,7 @@ def pod_patcher(kube: Kube) -> PatchPod:
     return patch
 
 
-def workers_reader(kube: Kube) -> WorkersOf:
+def workers_reader(kube: KubeApi) -> WorkersOf:
     """How many workers an MPIJob has, read from the API server (None: no such job)."""
 
     async def workers_of(namespace: str, name: str) -> int | None:

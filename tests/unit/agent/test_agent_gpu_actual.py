@@ -1,6 +1,6 @@
 """The agent's report of placements not honoured, against a fake kubelet and a fake API.
 
-The kubelet is a real gRPC server on a unix socket (:mod:`fake_kubelet`); the API server is
+The kubelet is a real gRPC server on a unix socket (:mod:`support.fake_kubelet`); the API server is
 :class:`FakeKube`, which keeps pods and records patches and Events as the real one would.
 """
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_kubelet import NODE, UUIDS, FakeKubelet, api_pod, dra_pod, plugin_pod, serving
 from prometheus_client import REGISTRY
 
 from mpijob import keys
 from mpijob.agent.gpu_actual import GpuActual
 from mpijob.agent.podresources import Verdict
+from support.fake_kubelet import NODE, UUIDS, FakeKubelet, api_pod, dra_pod, plugin_pod, serving
 
 METRIC = "mpijob_agent_placements_not_honoured_total"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fake_kubelet import NODE, UUIDS, FakeKubelet, api_pod, dra_pod, plugin_pod, serving
 
 from mpijob.agent import podresources
 from mpijob.agent.podresources import Check, ContainerHeld, Verdict
+from support.fake_kubelet import NODE, UUIDS, FakeKubelet, api_pod, dra_pod, plugin_pod, serving
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from console_fixtures import NOW, condition, job_body, pod_body
 from rich.console import Console
 
 from mpijob import keys
 from mpijob.console import jobs, render
+from support.console_objects import NOW, condition, job_body, pod_body
 
 UUIDS = [f"GPU-{i:08d}-aaaa-bbbb-cccc-000000000000" for i in range(8)]
 

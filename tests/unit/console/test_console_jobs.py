@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from console_fixtures import NOW, condition, decision_body, job_body, pod_body, topology_job_pods
 
 from mpijob import keys
 from mpijob.console import jobs
+from support.console_objects import (
+    NOW,
+    condition,
+    decision_body,
+    job_body,
+    pod_body,
+    topology_job_pods,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from console_fixtures import condition, job_body, pod_body, topology_job_pods
 
 from mpijob import keys
 from mpijob.console import main, submit
 from mpijob.console.kube import ConsoleError
 from mpijob.placement import codec, topologies
+from support.console_objects import condition, job_body, pod_body, topology_job_pods
 
 pytestmark = pytest.mark.unit
 

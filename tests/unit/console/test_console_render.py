@@ -6,10 +6,10 @@ import io
 import re
 
 import pytest
-from console_fixtures import NOW, condition, decision_body, job_body, topology_job_pods
 from rich.console import Console, RenderableType
 
 from mpijob.console import jobs, render
+from support.console_objects import NOW, condition, decision_body, job_body, topology_job_pods
 
 pytestmark = pytest.mark.unit
 

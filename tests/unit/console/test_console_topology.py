@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from console_fixtures import pod_body
 from matplotlib import image
 from matplotlib.colors import to_rgb
 from rich.console import Console
@@ -17,6 +16,7 @@ from mpijob.console import plot
 from mpijob.console import topology as view
 from mpijob.placement import codec, smi, topologies
 from mpijob.shares.request import Placed, Share
+from support.console_objects import pod_body
 
 pytestmark = pytest.mark.unit
 

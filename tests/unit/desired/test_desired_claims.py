@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
-from desired_jobs import make_job
 
 from mpijob import api, keys
 from mpijob.desired import claims, sync
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.placement import topologies
+from support.desired_jobs import make_job
 
 GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden" / "dra"
 NOW = datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)

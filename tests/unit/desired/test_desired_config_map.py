@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-from desired_jobs import OWNER, make_job
 
 from mpijob.desired import names
 from mpijob.desired.config_map import (
@@ -15,6 +14,7 @@ from mpijob.desired.config_map import (
     hostfile,
     size_errors,
 )
+from support.desired_jobs import OWNER, make_job
 
 pytestmark = pytest.mark.unit
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from desired_jobs import make_job, pod
 
 from mpijob import keys
 from mpijob.desired import events
 from mpijob.desired import status as rules
 from mpijob.gang import outcome, queue
+from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from desired_jobs import OWNER, container, make_job
 
 from mpijob.desired.launcher import build_launcher_job, sync_scheduling_directives
 from mpijob.desired.worker import build_worker
+from support.desired_jobs import OWNER, container, make_job
 
 pytestmark = pytest.mark.unit
 

@@ -7,10 +7,10 @@ import base64
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from desired_jobs import OWNER, make_job
 
 from mpijob.desired.service import build_service, service_drift
 from mpijob.desired.ssh import build_ssh_secret, generate_ssh_key_pair, secret_needs_regeneration
+from support.desired_jobs import OWNER, make_job
 
 pytestmark = pytest.mark.unit
 

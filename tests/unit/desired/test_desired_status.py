@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from desired_jobs import make_job, pod
 
 from mpijob import api
 from mpijob.desired import status as rules
 from mpijob.desired.conditions import set_condition
 from mpijob.desired.status import Counter
+from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit
 

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from desired_jobs import make_job, pod
 
 from mpijob import api
 from mpijob.desired import status as rules
 from mpijob.desired import sync
+from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from mpijob import api, keys
+from mpijob import keys
 from mpijob.gang import kueue
 from mpijob.gang.queue import Admit, TimedOut, Wait, WaitingJob
+from support import jobs
 
 pytestmark = pytest.mark.unit
 
@@ -19,18 +20,16 @@ NO_FIT = "needs 4 GPUs on one opted-in node; most free on one node: 0"
 
 def job(queue: str | None = "gpus", *, suspend: bool = False) -> Any:
     labels = {keys.KUEUE_QUEUE_LABEL: queue} if queue is not None else {}
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {"name": "j", "namespace": "ns", "labels": labels},
-        "spec": {
-            "runPolicy": {"suspend": suspend},
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": {"spec": {"containers": [{"name": "l"}]}}},
-            },
-        },
-    }
-    return api.with_defaults(api.parse(body))
+    return jobs.parsed(
+        jobs.body(
+            "j",
+            "ns",
+            uid="",
+            launcher={"spec": {"containers": [{"name": "l"}]}},
+            metadata={"labels": labels},
+            runPolicy={"suspend": suspend},
+        )
+    )
 
 
 def test_a_job_kueue_admitted_waits_saying_kueue_admitted_it() -> None:

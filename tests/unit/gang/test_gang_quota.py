@@ -11,6 +11,7 @@ from mpijob import api, keys
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang import quota
 from mpijob.gang.quota import Charged, Held, Limit
+from support import jobs
 
 pytestmark = pytest.mark.unit
 
@@ -18,23 +19,15 @@ DRA, ANNOTATIONS = GpuBinding.DRA, GpuBinding.ANNOTATIONS
 
 
 def job(workers: int = 2, gpus: int = 4, launcher_gpus: int = 0, **worker_spec: Any) -> api.MPIJob:
-    def template(n: int, **spec: Any) -> dict[str, Any]:
-        limits = {keys.GPU_RESOURCE: n} if n else {}
-        container = {"name": "c", "image": "mpi", "resources": {"limits": limits}}
-        return {"spec": {"containers": [container], **spec}}
-
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {"name": "j", "namespace": "team", "uid": "uid-j"},
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template(launcher_gpus)},
-                "Worker": {"replicas": workers, "template": template(gpus, **worker_spec)},
-            }
-        },
-    }
-    return api.with_defaults(api.parse(body))
+    return jobs.parsed(
+        jobs.body(
+            "j",
+            "team",
+            launcher=jobs.gpu_template(launcher_gpus),
+            worker=jobs.gpu_template(gpus, **worker_spec),
+            workers=workers,
+        )
+    )
 
 
 def resource_quota(

@@ -15,6 +15,7 @@ from mpijob.handlers.cache import Cache
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
 from mpijob.platform.kube import ApiError
+from support import jobs
 
 pytestmark = pytest.mark.unit
 
@@ -29,32 +30,13 @@ NODE = {
 
 
 def topology_job(name: str, created: str, gpus: int, **spec: Any) -> api.MPIJob:
-    template = {
-        "spec": {
-            "containers": [
-                {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: gpus}}}
-            ]
-        }
-    }
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "creationTimestamp": created,
-            "annotations": {keys.GPU_TOPOLOGY: "true"},
-        },
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template},
-                "Worker": {"replicas": 1, "template": template},
-            },
-            **spec,
-        },
-    }
-    return api.with_defaults(api.parse(body))
+    template = jobs.gpu_template(gpus)
+    metadata = {"creationTimestamp": created, "annotations": {keys.GPU_TOPOLOGY: "true"}}
+    return jobs.parsed(
+        jobs.body(
+            name, "ns", launcher=template, worker=template, workers=1, metadata=metadata, **spec
+        )
+    )
 
 
 def labelled(name: str, **labels: str) -> dict[str, Any]:

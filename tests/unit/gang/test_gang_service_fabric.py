@@ -15,6 +15,9 @@ from mpijob.gang import queue, topology
 from mpijob.gang.service import Admission
 from mpijob.placement import codec, fabric, fabric_labels, topologies
 from mpijob.platform.kube import ApiError
+from support import jobs
+from support.fake_kube import FakeKube
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -43,43 +46,28 @@ def tray(name: str, clique: str) -> dict[str, Any]:
 RACKS = [tray(f"c{c}-t{t:02d}", f"uuid.{c}") for c in range(2) for t in range(18)]
 
 
-TEMPLATE = {
-    "spec": {
-        "containers": [
-            {"name": "c", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: 4}}}
-        ]
-    }
-}
+TEMPLATE = jobs.gpu_template(4)
 
 
 def job(name: str, workers: int, **annotations: str) -> api.MPIJob:
-    template = TEMPLATE
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "annotations": {keys.GPU_TOPOLOGY: "true", **annotations},
-        },
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": template},
-                "Worker": {"replicas": workers, "template": template},
-            }
-        },
+    metadata = {
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "annotations": {keys.GPU_TOPOLOGY: "true", **annotations},
     }
-    return api.with_defaults(api.parse(body))
+    return jobs.parsed(
+        jobs.body(
+            name, "ns", launcher=TEMPLATE, worker=TEMPLATE, workers=workers, metadata=metadata
+        )
+    )
 
 
 class Harness:
     def __init__(self, *jobs: api.MPIJob, served: bool = True) -> None:
         self.jobs = list(jobs)
         self.decisions: list[dict[str, Any]] = []
-        self.created: list[dict[str, Any]] = []
-        self.served = served
+        self.kube = FakeKube()
+        if not served:  # NVIDIA's DRA driver is not installed
+            self.kube.fail("create", ApiError(404, "NotFound", "the server could not find it"))
         self.admission = Admission(
             write_decision=self.write,
             enqueue=lambda key: None,
@@ -89,20 +77,17 @@ class Harness:
             priority_values=dict,
             inter_node_gbps=12.5,
             fabric=NVL72,
-            create_object=self.create,
-            get_object=self.get,
+            create_object=self.kube.create,
+            get_object=self.kube.get,
         )
 
     async def write(self, obj: dict[str, Any]) -> None:
         self.decisions.append(obj)
 
-    async def create(self, obj: dict[str, Any]) -> None:
-        if not self.served:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        self.created.append(obj)
-
-    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
-        return None
+    @property
+    def created(self) -> list[dict[str, Any]]:
+        """The objects the API made, as sent."""
+        return [c.args[0] for c in self.kube.done("create")]
 
     async def run(self) -> None:
         for j in self.jobs:
@@ -284,42 +269,32 @@ async def test_without_hypernodes_a_required_tier_waits_and_the_rest_still_run()
     assert isinstance(h.last("free"), queue.Admit)
 
 
+@virtual_time
 async def test_hypernodes_are_listed_until_volcanos_kind_is_served_and_wake_the_admission() -> None:
     """Listed, not watched: a 404 (Volcano's CRD absent, or not served yet) means none; the
     next list that finds them stores them and wakes the admission."""
     from mpijob.handlers import watches
 
-    answers: list[Any] = [ApiError(404, "NotFound", "page not found"), HYPERNODES, HYPERNODES]
-
-    class Kube:
-        async def list(self, api_version: str, kind: str, *_: Any, **__: Any) -> Any:
-            assert (api_version, kind) == (keys.HYPERNODE_API_VERSION, "HyperNode")
-            answer = answers.pop(0) if answers else HYPERNODES
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
+    kube = FakeKube()
+    kube.fail("list", ApiError(404, "NotFound", "page not found"))
+    kube.add(
+        *({"apiVersion": keys.HYPERNODE_API_VERSION, "kind": "HyperNode", **h} for h in HYPERNODES)
+    )
     woken: list[bool] = []
     rt = SimpleNamespace(
-        kube=Kube(),
+        kube=kube,
         cache=SimpleNamespace(hypernodes=[]),
         admission=SimpleNamespace(wake=lambda: woken.append(True)),
     )
-    sleeps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        if len(sleeps) == 3:
-            raise asyncio.CancelledError
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(watches.asyncio, "sleep", sleep)
-        with pytest.raises(asyncio.CancelledError):
-            await watches.follow_hypernodes(rt)  # type: ignore[arg-type]
+    following = asyncio.create_task(watches.follow_hypernodes(rt))  # type: ignore[arg-type]
+    await asyncio.sleep(2.5 * watches.HYPERNODE_POLL_SECONDS)  # lists at 0, 10 and 20 s
+    following.cancel()
+    assert len(kube.calls) == 3
     assert {h["metadata"]["name"] for h in rt.cache.hypernodes} == {
         h["metadata"]["name"] for h in HYPERNODES
     }
     assert woken == [True], "woken once: when they appeared, not for an unchanged list"
+    assert {c.args[:2] for c in kube.calls} == {(keys.HYPERNODE_API_VERSION, "HyperNode")}
 
 
 # --- A level annotation the fabric lacks: the job is Invalid, naming the annotation ------------

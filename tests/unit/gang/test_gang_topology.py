@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from mpijob import api, keys
+from mpijob import keys
 from mpijob.gang import topology
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
+from support import jobs
 
 pytestmark = pytest.mark.unit
 
@@ -231,18 +232,17 @@ def topology_job(node_name: str = "", *, opted: str = "true") -> Any:
     }
     if node_name:
         spec["nodeName"] = node_name
-    body = {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {"name": "j", "namespace": "ns", "annotations": {keys.GPU_TOPOLOGY: opted}},
-        "spec": {
-            "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "template": {"spec": {"containers": [{"name": "l"}]}}},
-                "Worker": {"replicas": 2, "template": {"spec": spec}},
-            }
-        },
-    }
-    return api.with_defaults(api.parse(body))
+    return jobs.parsed(
+        jobs.body(
+            "j",
+            "ns",
+            uid="",
+            launcher={"spec": {"containers": [{"name": "l"}]}},
+            worker={"spec": spec},
+            workers=2,
+            metadata={"annotations": {keys.GPU_TOPOLOGY: opted}},
+        )
+    )
 
 
 def test_a_topology_worker_template_naming_its_node_is_refused_naming_the_field() -> None:

@@ -20,42 +20,10 @@ from mpijob.handlers.runtime import Runtime
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from support import jobs
+from support.fake_kube import FakeKube
 
 pytestmark = pytest.mark.unit
-
-
-class RecordingKube:
-    """Records each request so the test can say none was sent; keeps the Secrets it created
-    (the reconciler reads those, unwatched, by name)."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, Any]] = []
-        self.calls: list[tuple[str, tuple[tuple[Any, ...], dict[str, Any]]]] = []
-        self.secrets: dict[str, dict[str, Any]] = {}
-
-    def __getattr__(self, verb: str) -> Any:
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            self.requests.append((verb, args))
-            self.calls.append((verb, (args, kwargs)))
-            if verb == "get":
-                return self.secrets.get(args[3]) if args[1] == "Secret" else None
-            if verb == "delete":
-                return True
-            if verb == "create":
-                created = {**args[0], "metadata": {**args[0]["metadata"], "uid": "new"}}
-                if created["kind"] == "Secret":
-                    self.secrets[created["metadata"]["name"]] = created
-                return created
-            if verb == "replace_status":  # the API returns the object as written
-                return {**args[0], "metadata": {**args[0]["metadata"], "resourceVersion": "2"}}
-            return {"metadata": {"resourceVersion": "2"}}
-
-        return call
-
-    def created(self) -> list[str]:
-        return [
-            f"{a[0]['kind']}/{a[0]['metadata']['name']}" for v, a in self.requests if v == "create"
-        ]
 
 
 class RecordingRecorder:
@@ -69,13 +37,14 @@ class RecordingRecorder:
         pass
 
 
-def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
-    kube, recorder = RecordingKube(), RecordingRecorder()
+def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, FakeKube, RecordingRecorder]:
+    """The jobs in the API and the cache; the API records each request sent to it."""
+    kube, recorder = FakeKube(*bodies), RecordingRecorder()
     rt = Runtime(
         settings=OperatorSettings(),
-        kube=kube,  # type: ignore[arg-type]
+        kube=kube,
         recorder=recorder,  # type: ignore[arg-type]
-        deferred=DeferredPatches(kube),  # type: ignore[arg-type]
+        deferred=DeferredPatches(kube),
         workers=Workers(threadiness=1),
     )
     rt.cache.indices = {
@@ -85,18 +54,8 @@ def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingR
 
 
 def job(name: str = "foo", namespace: str = "bar", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": "uid-foo",
-            "resourceVersion": "1",
-            "creationTimestamp": "2024-05-01T10:00:00Z",
-        },
-        "spec": spec,
-    }
+    created = {"resourceVersion": "1", "creationTimestamp": "2024-05-01T10:00:00Z"}
+    return jobs.body(name, namespace, uid="uid-foo", metadata=created, **spec)
 
 
 async def test_do_nothing_with_invalid_key() -> None:
@@ -173,7 +132,7 @@ def valid_job() -> dict[str, Any]:
     )
 
 
-def index_created(rt: Runtime, kube: RecordingKube, *, but: tuple[str, ...] = ()) -> None:
+def index_created(rt: Runtime, kube: FakeKube, *, but: tuple[str, ...] = ()) -> None:
     """Put what the reconcile created into the indices, as the watches would, except ``but``
     (Secrets are not watched)."""
     by_index = {
@@ -232,8 +191,8 @@ async def test_a_child_deleted_by_hand_is_created_again(deleted: tuple[str, ...]
     index_created(rt, kube, but=deleted)
     for child in deleted:
         rt.cache.seen(("bar", "foo"), *child.split("/"))  # the DELETED event
-    if "Secret/foo-ssh" in deleted:
-        kube.secrets.clear()
+        kind, name = child.split("/")
+        kube.remove(kind, "bar", name)  # by hand
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.created() == list(deleted)
@@ -256,7 +215,8 @@ async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_crea
     assert [verb for verb, _ in kube.requests] == ["replace_status"]  # Running; no read
 
     kube.requests.clear()
-    rt.cache.indices["pods_by_job"][("bar", "foo")].pop()  # a worker deleted
+    gone = rt.cache.indices["pods_by_job"][("bar", "foo")].pop()  # a worker deleted
+    kube.remove("Pod", "bar", gone["metadata"]["name"])
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert [(v, a[1:]) for v, a in kube.requests if v == "get"] == [
         ("get", ("Secret", "bar", "foo-ssh"))
@@ -269,7 +229,8 @@ async def test_after_a_restart_the_first_sync_finds_the_ssh_secret_and_makes_non
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube)
     rt.cache.secrets.clear()  # a new process remembers no Secret
-    rt.cache.indices["pods_by_job"][("bar", "foo")].pop()
+    gone = rt.cache.indices["pods_by_job"][("bar", "foo")].pop()
+    kube.remove("Pod", "bar", gone["metadata"]["name"])
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.created() == ["Pod/foo-worker-1"]
@@ -331,7 +292,7 @@ async def test_only_a_sync_that_finishes_the_job_asks_for_the_next_one() -> None
 # --- topology jobs: a same-named successor, a lost node ----------------------------------------
 
 
-def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, RecordingKube, RecordingRecorder]:
+def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, FakeKube, RecordingRecorder]:
     rt, kube, recorder = runtime(body)
     rt.admission = Admission(
         write_decision=kube.create,
@@ -376,6 +337,8 @@ def decision_body(uid: str, *nodes: str) -> dict[str, Any]:
 
 def worker_pod(index: int, node: str, owner: str, **status: Any) -> dict[str, Any]:
     return {
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
             "name": f"foo-worker-{index}",
             "namespace": "bar",
@@ -388,7 +351,13 @@ def worker_pod(index: int, node: str, owner: str, **status: Any) -> dict[str, An
     }
 
 
-def deletes(kube: RecordingKube) -> list[str]:
+def known(rt: Runtime, kube: FakeKube, index: str, *objs: dict[str, Any]) -> None:
+    """Objects of job bar/foo in the API and, as the watch delivered them, in ``index``."""
+    kube.add(*objs)
+    rt.cache.indices[index] = {("bar", "foo"): list(objs)}
+
+
+def deletes(kube: FakeKube) -> list[str]:
     return [f"{a[1]}/{a[3]}" for verb, a in kube.requests if verb == "delete"]
 
 
@@ -396,11 +365,12 @@ async def test_a_recreated_job_releases_its_predecessor_s_decision_once_its_pods
     """Deleted and created again at once: the earlier job's decision is never released by a
     sync of the deleted job (there is none), so the successor's sync releases it."""
     rt, kube, _ = topology_runtime(gpu_job())
-    rt.cache.indices["decisions_by_job"] = {("bar", "foo"): [decision_body("uid-old", "n0")]}
-    rt.cache.indices["pods_by_job"] = {("bar", "foo"): [worker_pod(0, "n0", "uid-old")]}
+    known(rt, kube, "decisions_by_job", decision_body("uid-old", "n0"))
+    known(rt, kube, "pods_by_job", worker_pod(0, "n0", "uid-old"))
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert "PlacementDecision/foo" not in deletes(kube)  # its pod still holds the GPUs
     rt.cache.indices["pods_by_job"] = {("bar", "foo"): []}
+    kube.remove("Pod", "bar", "foo-worker-0")
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert deletes(kube) == ["PlacementDecision/foo"]
@@ -409,18 +379,16 @@ async def test_a_recreated_job_releases_its_predecessor_s_decision_once_its_pods
 
 async def test_a_deleted_node_under_a_placed_job_releases_it_and_says_why() -> None:
     rt, kube, recorder = topology_runtime(gpu_job())
-    rt.cache.indices["decisions_by_job"] = {("bar", "foo"): [decision_body("uid-foo", "n0", "n1")]}
-    rt.cache.indices["pods_by_job"] = {
-        ("bar", "foo"): [worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo")]
-    }
+    known(rt, kube, "decisions_by_job", decision_body("uid-foo", "n0", "n1"))
+    known(rt, kube, "pods_by_job", worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo"))
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     rt.cache.indices["nodes_by_name"] = {
         "n0": [{"metadata": {"name": "n0", "labels": labels}, "spec": {}, **ready}]
     }
-    await reconcile.reconcile(rt, ("bar", "foo"))  # n1: the RecordingKube's GET finds nothing
+    await reconcile.reconcile(rt, ("bar", "foo"))  # the API has no node n1
     assert deletes(kube) == ["Pod/foo-worker-0", "Pod/foo-worker-1", "PlacementDecision/foo"]
-    graces = [a[1].get("grace_seconds") for verb, a in kube.calls if verb == "delete"]
+    graces = [c.kwargs["grace_seconds"] for c in kube.calls if c.verb == "delete"]
     assert graces[:2] == [None, 0]  # the worker on the deleted node goes at once
     [written] = [a[0]["status"] for verb, a in kube.requests if verb == "replace_status"]
     [admitted] = [c for c in written["conditions"] if c["type"] == keys.COND_GANG_ADMITTED]

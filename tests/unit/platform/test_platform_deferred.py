@@ -8,38 +8,34 @@ from typing import Any
 import pytest
 
 from mpijob.platform.deferred import DeferredPatches
-from mpijob.platform.kube import ApiError
+from support.fake_kube import FakeKube
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
 
-class SlowPatches:
-    def __init__(self, *, missing: frozenset[str] = frozenset()) -> None:
-        self.sent: list[tuple[str, Any, bool]] = []
-        self.in_flight = self.most_in_flight = 0
-        self.missing = missing
+def slow_api(*names: str) -> FakeKube:
+    """An API whose patches take 10 ms, holding a ConfigMap of each name."""
+    config_maps = (
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n, "namespace": "ns"}}
+        for n in names
+    )
+    return FakeKube(*config_maps, latency=0.01)
 
-    async def patch(self, *args: Any, urgent: bool = True) -> dict[str, Any]:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(0.01)
-            name, patch = args[3], args[4]
-            if name in self.missing:
-                raise ApiError(404, "NotFound", f'configmaps "{name}" not found')
-            self.sent.append((name, patch, urgent))
-            return {}
-        finally:
-            self.in_flight -= 1
+
+def sent(api: FakeKube) -> list[tuple[str, Any, bool]]:
+    """The patches the API applied: name, patch, whether sent as urgent."""
+    return [(c.args[3], c.args[4], c.kwargs["urgent"]) for c in api.done("patch")]
 
 
 def hosts(n: int) -> dict[str, Any]:
     return {"data": {"discover_hosts.sh": "\n".join(f"w-{i}" for i in range(n))}}
 
 
+@virtual_time
 async def test_the_newest_patch_of_an_object_replaces_the_one_waiting() -> None:
-    api = SlowPatches()
-    deferred = DeferredPatches(api)  # type: ignore[arg-type]
+    api = slow_api("a-config", "b-config")
+    deferred = DeferredPatches(api)
     deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(1))
     await asyncio.sleep(0)  # the writer takes it
     for n in range(1, 4):
@@ -47,7 +43,7 @@ async def test_the_newest_patch_of_an_object_replaces_the_one_waiting() -> None:
         deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(n))
     await deferred.drain()
     # a's first patch was on its way when the others came; they left one, the newest, waiting.
-    assert api.sent == [
+    assert sent(api) == [
         ("a-config", hosts(1), False),
         ("b-config", hosts(3), False),
         ("a-config", hosts(3), False),
@@ -55,13 +51,14 @@ async def test_the_newest_patch_of_an_object_replaces_the_one_waiting() -> None:
     assert api.most_in_flight == 1
 
 
+@virtual_time
 async def test_a_failed_patch_is_dropped_and_the_others_go_on() -> None:
-    api = SlowPatches(missing={"gone-config"})
-    deferred = DeferredPatches(api)  # type: ignore[arg-type]
+    api = slow_api("a-config")
+    deferred = DeferredPatches(api)
     deferred.patch("v1", "ConfigMap", "ns", "gone-config", hosts(1))
     deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(2))
     await deferred.drain()
-    assert api.sent == [("a-config", hosts(2), False)]
+    assert sent(api) == [("a-config", hosts(2), False)]
     deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(3))
     await deferred.drain()
-    assert api.sent[-1] == ("a-config", hosts(3), False)
+    assert sent(api)[-1] == ("a-config", hosts(3), False)

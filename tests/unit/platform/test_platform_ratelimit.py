@@ -8,6 +8,7 @@ import pytest
 
 from mpijob.platform import ratelimit
 from mpijob.platform.ratelimit import TokenBucket
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -30,11 +31,13 @@ async def test_an_event_waits_until_no_urgent_request_waits() -> None:
     assert order == ["first", "child-0", "child-1", "child-2", "event"]
 
 
+@virtual_time
 async def test_without_urgent_requests_an_event_is_not_held() -> None:
     bucket = TokenBucket(qps=50, burst=2)
     await asyncio.wait_for(bucket.take(urgent=False), timeout=0.01)
 
 
+@virtual_time
 async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
     bucket = TokenBucket(qps=100, burst=21)
     for _ in range(12):  # 9 left: fewer than the 10 kept for urgent requests
@@ -45,6 +48,7 @@ async def test_a_spare_token_leaves_half_the_burst_to_urgent_requests() -> None:
     await asyncio.wait_for(waiting, timeout=0.1)  # 10 ms later the bucket holds 11 again
 
 
+@virtual_time
 async def test_under_sustained_load_a_request_that_is_not_urgent_still_gets_its_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

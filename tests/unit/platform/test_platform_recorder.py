@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from mpijob.desired.events import Event, Implied, normal
-from mpijob.platform import recorder as recorder_module
 from mpijob.platform.kube import ApiError
 from mpijob.platform.recorder import Recorder
+from support.fake_kube import FakeKube
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -22,142 +22,129 @@ JOB = {
 }
 
 
-class SlowEvents:
-    """An API whose creates take a moment, so repeats arrive while the first is in flight."""
+def slow_api(*stored: dict[str, Any]) -> FakeKube:
+    """An API whose calls take 50 ms, so repeats arrive while the first create is in flight;
+    holding ``stored`` Events."""
+    return FakeKube(*({"apiVersion": "v1", "kind": "Event", **e} for e in stored), latency=0.05)
 
-    def __init__(self, *, refuse: int = 0) -> None:
-        self.created: list[dict[str, Any]] = []
-        self.counts: list[int] = []
-        self.in_flight = self.most_in_flight = 0
-        self.refuse = refuse
 
-    async def create(self, obj: dict[str, Any], **_: Any) -> dict[str, Any]:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(0.05)
-            if self.refuse:
-                self.refuse -= 1
-                raise ApiError(403, "Forbidden", "events is forbidden")
-            self.created.append(obj)
-            return obj
-        finally:
-            self.in_flight -= 1
+def created(api: FakeKube) -> list[dict[str, Any]]:
+    """The Events the API made, in order."""
+    return [c.args[0] for c in api.done("create")]
 
-    async def patch(self, *args: Any, **_: Any) -> dict[str, Any]:
-        self.counts.append(args[-1]["count"])
-        return {}
+
+def counts(api: FakeKube) -> list[int]:
+    """The counts of the Events' count updates, in order."""
+    return [c.args[-1]["count"] for c in api.calls if c.verb == "patch"]
+
+
+def lists(api: FakeKube) -> list[tuple[Any, ...]]:
+    """Each list of Events: its apiVersion, kind, namespace and field selector."""
+    return [(*c.args, c.kwargs["fields"]) for c in api.calls if c.verb == "list"]
+
+
+def refuse(api: FakeKube) -> None:
+    api.fail("create", ApiError(403, "Forbidden", "events is forbidden"))
 
 
 RUNNING = normal("MPIJobRunning", "MPIJob ns/pi is running")
 
 
-async def post_running(times: int) -> tuple[SlowEvents, Recorder]:
+async def post_running(times: int) -> tuple[FakeKube, Recorder]:
     """The same Running Event posted ``times`` times in a burst, then drained."""
-    api = SlowEvents()
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
     for _ in range(times):
         recorder.post(JOB, RUNNING)
     await recorder.drain()
     return api, recorder
 
 
+@virtual_time
 async def test_a_burst_of_repeats_creates_one_event_and_counts_up() -> None:
     api, _ = await post_running(5)
-    assert len(api.created) == 1
-    event = api.created[0]
+    assert len(created(api)) == 1
+    event = created(api)[0]
     assert (event["reason"], event["source"], event["involvedObject"]["uid"]) == (
         "MPIJobRunning",
         {"component": "mpi-job-controller"},
         "u1",
     )
     # The four repeats arrived while the create was in flight: one count update carries them.
-    assert api.counts == [5]
+    assert counts(api) == [5]
 
 
+@virtual_time
 async def test_repeats_after_the_update_count_up_again() -> None:
     api, recorder = await post_running(2)
     recorder.post(JOB, RUNNING)
     await recorder.drain()
-    assert len(api.created) == 1
-    assert api.counts == [2, 3]
+    assert len(created(api)) == 1
+    assert counts(api) == [2, 3]
 
 
+@virtual_time
 async def test_different_events_are_different_objects() -> None:
-    api = SlowEvents()
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
     recorder.post(JOB, normal("MPIJobCreated", "MPIJob ns/pi is created."))
     recorder.post(JOB, RUNNING)
     await recorder.drain()
-    assert sorted(e["reason"] for e in api.created) == ["MPIJobCreated", "MPIJobRunning"]
-    assert api.counts == []
+    assert sorted(e["reason"] for e in created(api)) == ["MPIJobCreated", "MPIJobRunning"]
+    assert counts(api) == []
 
 
+@virtual_time
 async def test_one_request_at_a_time_in_the_order_posted() -> None:
-    api = SlowEvents()
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
     reasons = [f"Reason{i}" for i in range(5)]
     for reason in reasons:
         recorder.post(JOB, normal(reason, "m"))
     await recorder.drain()
-    assert [e["reason"] for e in api.created] == reasons
+    assert [e["reason"] for e in created(api)] == reasons
     assert api.most_in_flight == 1
 
 
+@virtual_time
 async def test_an_event_that_could_not_be_created_is_created_anew_by_its_next_repeat() -> None:
-    api = SlowEvents(refuse=1)
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api()
+    refuse(api)
+    recorder = Recorder(api, instance="test")
     recorder.post(JOB, RUNNING)
     await recorder.drain()
-    assert api.created == []
+    assert created(api) == []
     recorder.post(JOB, RUNNING)
     recorder.post(JOB, RUNNING)
     await recorder.drain()
-    assert len(api.created) == 1
-    assert api.counts == [2]
+    assert len(created(api)) == 1
+    assert counts(api) == [2]
 
 
 # --- at least once: through an outage, and across a restart -----------------------------------
 
 
-class FlakyEvents(SlowEvents):
-    """An API that does not answer the first ``down`` requests, and lists ``stored`` Events."""
-
-    def __init__(self, *, down: int = 0, stored: list[dict[str, Any]] | None = None) -> None:
-        super().__init__()
-        self.down = down
-        self.stored = stored or []
-        self.lists: list[tuple[Any, ...]] = []
-
-    async def create(self, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        if self.down:
-            self.down -= 1
-            raise ApiError(503, "ServiceUnavailable", "the API server is restarting")
-        return await super().create(obj, **kw)
-
-    async def list(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:
-        self.lists.append((*args, kw.get("fields")))
-        return self.stored
-
-
-async def test_an_event_the_api_did_not_answer_is_sent_again_until_it_is(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(recorder_module, "RETRY_FIRST_SECONDS", 0.001)
-    api = FlakyEvents(down=3)
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+@virtual_time
+async def test_an_event_the_api_did_not_answer_is_sent_again_until_it_is() -> None:
+    api = slow_api()
+    api.fail("create", *[ApiError(503, "ServiceUnavailable", "restarting")] * 3)
+    recorder = Recorder(api, instance="test")
     recorder.post(JOB, CREATED)
     await recorder.drain()
-    assert [e["reason"] for e in api.created] == ["MPIJobCreated"]
+    assert [e["reason"] for e in created(api)] == ["MPIJobCreated"]
+    assert len(api.calls) == 4  # three unanswered, then made
 
 
+@virtual_time
 async def test_a_refused_event_is_not_retried() -> None:
-    api = SlowEvents(refuse=1)
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api()
+    refuse(api)
+    recorder = Recorder(api, instance="test")
     recorder.post(JOB, CREATED)
     await recorder.drain()
-    assert api.created == []
-    assert api.refuse == 0
+    assert created(api) == []
+    refused = [(c.verb, getattr(c.error, "status", None)) for c in api.calls]
+    assert refused == [("create", 403)]  # one try, refused
 
 
 NOW = datetime.now(UTC)
@@ -175,11 +162,12 @@ def stored(event: Event, count: int = 1) -> dict[str, Any]:
     }
 
 
+@virtual_time
 async def test_after_a_restart_the_events_the_api_lacks_are_posted_once() -> None:
     succeeded = normal("MPIJobSucceeded", "MPIJob ns/pi successfully completed.")
     old = normal("GangAdmitted", "MPIJob ns/pi is admitted.")
-    api = FlakyEvents(stored=[stored(CREATED)])
-    recorder = Recorder(api, instance="test", namespaces=["ns"])  # type: ignore[arg-type]
+    api = slow_api(stored(CREATED))
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
     implied = [
         Implied(CREATED, NOW),  # the API has it
         Implied(succeeded, NOW - timedelta(seconds=5)),  # lost to a kill
@@ -188,23 +176,24 @@ async def test_after_a_restart_the_events_the_api_lacks_are_posted_once() -> Non
     recorder.ensure(JOB, lambda: implied)
     recorder.ensure(JOB, lambda: implied)  # once per job and process
     await recorder.drain()
-    assert [(e["reason"], e["firstTimestamp"]) for e in api.created] == [
+    assert [(e["reason"], e["firstTimestamp"]) for e in created(api)] == [
         ("MPIJobSucceeded", (NOW - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ"))
     ]
-    assert api.lists == [
+    assert lists(api) == [
         ("v1", "Event", "ns", "source=mpi-job-controller,involvedObject.kind=MPIJob")
     ]
 
 
+@virtual_time
 async def test_a_repeat_after_a_restart_counts_up_the_event_the_last_process_made() -> None:
-    api = FlakyEvents(stored=[stored(RUNNING, count=4)])
-    recorder = Recorder(api, instance="test")  # type: ignore[arg-type]
+    api = slow_api(stored(RUNNING, count=4))
+    recorder = Recorder(api, instance="test")
     recorder.ensure(JOB, lambda: [Implied(RUNNING, NOW)])
     await recorder.drain()
     recorder.post(JOB, RUNNING)
     await recorder.drain()
-    assert api.created == []
-    assert api.counts == [5]
-    assert api.lists == [
+    assert created(api) == []
+    assert counts(api) == [5]
+    assert lists(api) == [
         ("v1", "Event", None, "source=mpi-job-controller,involvedObject.kind=MPIJob")
     ]

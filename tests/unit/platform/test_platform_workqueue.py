@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from mpijob.platform.workqueue import WorkQueue
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +32,7 @@ async def test_a_key_added_while_processing_comes_back_after_done_not_before() -
     assert await asyncio.wait_for(queue.get(), 1) == "ns/a"
 
 
+@virtual_time
 async def test_failures_back_off_exponentially_and_success_resets() -> None:
     queue: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.03)
     delays = [queue.add_rate_limited("ns/a") for _ in range(4)]
@@ -40,13 +42,17 @@ async def test_failures_back_off_exponentially_and_success_resets() -> None:
     assert queue.add_rate_limited("ns/a") == 0.01
 
 
+@virtual_time
 async def test_delayed_add_arrives_after_its_delay() -> None:
     queue: WorkQueue[str] = WorkQueue()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     queue.add_after("ns/a", 0.05)
     assert len(queue) == 0
     assert "ns/a" in queue  # waiting on its timer
     assert "ns/b" not in queue
     assert await asyncio.wait_for(queue.get(), 1) == "ns/a"
+    assert loop.time() - start == pytest.approx(0.05)
 
 
 async def test_a_key_is_in_the_queue_while_it_waits_not_while_it_is_processed() -> None:

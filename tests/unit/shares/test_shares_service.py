@@ -30,6 +30,7 @@ from mpijob.shares.pod_edits import (
 )
 from mpijob.shares.request import Placed, Share
 from mpijob.shares.service import ShareService
+from support.virtual_time import FakeClock, virtual_time
 
 MEM = keys.GPU_MEM_RESOURCE
 CORE = keys.GPU_CORE_PERCENTAGE_RESOURCE
@@ -64,16 +65,8 @@ def pod(memory: Any = "2", core: Any = "30", name: str = "cuda-sample") -> dict[
     }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def admission_with(*nodes: dict[str, Any], clock: Clock | None = None) -> ShareService:
-    admission = ShareService(clock=clock or Clock())
+async def admission_with(*nodes: dict[str, Any], clock: FakeClock | None = None) -> ShareService:
+    admission = ShareService(clock=clock or FakeClock())
     for body in nodes:
         await admission.on_node(body, None)
     return admission
@@ -201,7 +194,7 @@ async def test_the_webhook_gates_every_share_pod_and_holds_nothing() -> None:
 
 
 async def test_a_placement_whose_record_the_watch_never_sees_lapses() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
     await decided(admission, pod(memory="10", core="50"), seen=False)
     assert len(admission.ledger) == 1
@@ -211,7 +204,7 @@ async def test_a_placement_whose_record_the_watch_never_sees_lapses() -> None:
 
 
 async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
     body = pod(memory="10", core="50")
     patched, record = placed_of(body, await decided(admission, body))
@@ -320,7 +313,7 @@ async def test_rebuild_from_listings_counts_running_pods_and_skips_finished_ones
     done, _ = placed_of(done, await decided(first, done))
     done["status"] = {"phase": "Succeeded"}
     plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
-    restarted = ShareService(clock=Clock())
+    restarted = ShareService(clock=FakeClock())
     await restarted.rebuild(
         [node("gpu-a", gpus=1, memory=15), {"metadata": {"name": "x"}}], [running, done, plain]
     )
@@ -491,7 +484,7 @@ async def test_a_waiting_pod_keeps_no_record_it_was_sent_with() -> None:
 
 
 async def test_unadmitted_worker_reservations_lapse() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = await admission_with(node("gpu-a"), clock=clock)
     admission.workers_of = workers(4)
     await decided(admission, worker_pod("train", 0))
@@ -709,7 +702,7 @@ async def test_a_share_goes_only_where_the_node_has_room_for_the_pod_s_other_req
 
 
 async def test_the_listing_after_a_restart_counts_bound_pods_too() -> None:
-    restarted = ShareService(clock=Clock())
+    restarted = ShareService(clock=FakeClock())
     await restarted.rebuild([node("gpu-a")], [bound("busy", "gpu-a", "64")])
     body = pod()
     body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
@@ -773,7 +766,7 @@ async def test_a_gate_removed_by_hand_is_reported_once() -> None:
 
 
 async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_naming_none() -> None:
-    admission = ShareService(clock=Clock(), runtime_class="nvidia")
+    admission = ShareService(clock=FakeClock(), runtime_class="nvidia")
     await admission.on_node(node("gpu-a"), None)
     body = pod()
     patched, _ = waiting_of(body, await admission.mutate(body, dryrun=False))
@@ -783,6 +776,7 @@ async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_nam
     assert "runtimeClassName" not in patched["spec"]
 
 
+@virtual_time
 async def test_only_the_leader_places() -> None:
     """The standby's webhook gates; its placement pass waits for the Lease, and places nothing
     while it is not held."""

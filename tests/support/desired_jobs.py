@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mpijob import api
+from support.jobs import body, parsed
 
 OWNER = {
     "apiVersion": "kubeflow.org/v2beta1",
@@ -35,38 +35,26 @@ def make_job(
     **spec: Any,
 ) -> api.MPIJob:
     """A parsed and defaulted MPIJob; ``workers=None`` leaves out the Worker spec."""
-    body_spec: dict[str, Any] = {
-        "mpiReplicaSpecs": {
-            "Launcher": {
-                "template": copy.deepcopy(
-                    launcher_template or {"spec": {"containers": [container("launcher")]}}
-                )
-            }
-        },
-        **spec,
-    }
-    if workers is not None:
-        body_spec["mpiReplicaSpecs"]["Worker"] = {
-            "replicas": workers,
-            "template": copy.deepcopy(
-                worker_template or {"spec": {"containers": [container("worker")]}}
-            ),
-        }
     if implementation is not None:
-        body_spec["mpiImplementation"] = implementation
+        spec["mpiImplementation"] = implementation
     if slots is not None:
-        body_spec["slotsPerWorker"] = slots
+        spec["slotsPerWorker"] = slots
     if launcher_as_worker is not None:
-        body_spec["runLauncherAsWorker"] = launcher_as_worker
+        spec["runLauncherAsWorker"] = launcher_as_worker
     if run_policy is not None:
-        body_spec["runPolicy"] = run_policy
-    body = {
-        "apiVersion": "kubeflow.org/v2beta1",
-        "kind": "MPIJob",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-        "spec": body_spec,
-    }
-    return api.with_defaults(api.parse(body))
+        spec["runPolicy"] = run_policy
+    worker = worker_template or {"spec": {"containers": [container("worker")]}}
+    return parsed(
+        body(
+            name,
+            namespace,
+            launcher=launcher_template or {"spec": {"containers": [container("launcher")]}},
+            launcher_replicas=None,
+            worker=worker if workers is not None else None,
+            workers=workers,
+            **spec,
+        )
+    )
 
 
 def pod(

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import keys
+from support.jobs import body
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -36,25 +37,17 @@ def job_body(
     policy: dict[str, Any] = {"minAvailable": 5}
     if priority_class:
         policy["priorityClass"] = priority_class
-    return {
-        "apiVersion": keys.API_VERSION,
-        "kind": keys.KIND,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{name}",
-            "creationTimestamp": "2026-03-01T11:58:00Z",
-            "annotations": annotations,
+    job = body(
+        name,
+        namespace,
+        metadata={"creationTimestamp": "2026-03-01T11:58:00Z", "annotations": annotations},
+        runPolicy={"cleanPodPolicy": keys.CLEAN_POD_RUNNING, "schedulingPolicy": policy},
+        mpiReplicaSpecs={
+            keys.REPLICA_LAUNCHER: {"replicas": 1, "template": pod_template(launcher_gpus)},
+            keys.REPLICA_WORKER: {"replicas": workers, "template": pod_template(gpus)},
         },
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": keys.CLEAN_POD_RUNNING, "schedulingPolicy": policy},
-            "mpiReplicaSpecs": {
-                keys.REPLICA_LAUNCHER: {"replicas": 1, "template": pod_template(launcher_gpus)},
-                keys.REPLICA_WORKER: {"replicas": workers, "template": pod_template(gpus)},
-            },
-        },
-        "status": status,
-    }
+    )
+    return {**job, "status": status}
 
 
 def pod_template(gpus: int) -> dict[str, Any]:
