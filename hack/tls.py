@@ -8,39 +8,37 @@ kube-apiserver's ``--service-account-signing-key-file`` is documented with).
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from mpijob.platform.tls import Issued, issue
 
 LOOPBACK = ("localhost", "127.0.0.1")
 
 
 @dataclass(frozen=True)
 class Pair:
-    """A private key and its certificate."""
+    """A private key and its certificate, as the tooling writes them."""
 
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
+    issued: Issued
+
+    @property
+    def cert(self) -> x509.Certificate:
+        return self.issued.cert
 
     @property
     def cert_pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
+        return self.issued.cert_pem()
 
     @property
     def key_pem(self) -> bytes:
-        return self.key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        return self.issued.key_pem()
 
     def write(self, cert: Path, key: Path) -> None:
         """Both files, each replaced atomically (a certificate watcher never reads half a file);
@@ -61,48 +59,23 @@ def certificate(
     names: tuple[str, ...] = (),
     days: int = 365,
 ) -> Pair:
-    """A fresh key and its certificate, signed by ``issuer`` (self-signed without one).
+    """A fresh key and its certificate, signed by ``issuer`` (self-signed without one), built by
+    the operator's one X.509 builder (:func:`mpijob.platform.tls.issue`).
 
     ``names`` are the server's DNS names and IP addresses (subject alternative names).
     """
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer.cert.subject if issuer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        # A self-signed certificate is also its own CA: clients are given it as their bundle.
-        .add_extension(
-            x509.BasicConstraints(
-                ca=usage == "ca" or issuer is None, path_length=0 if usage == "ca" else None
-            ),
-            critical=True,
+    return Pair(
+        issue(
+            common_name,
+            issuer=issuer.issued if issuer else None,
+            # A self-signed certificate is also its own CA: clients are given it as their bundle.
+            ca=usage == "ca" or issuer is None,
+            path_length=0 if usage == "ca" else None,
+            hosts=names,
+            usage=None if usage == "ca" else usage,
+            days=days,
         )
     )
-    if usage != "ca":
-        purpose = (
-            ExtendedKeyUsageOID.SERVER_AUTH
-            if usage == "server"
-            else ExtendedKeyUsageOID.CLIENT_AUTH
-        )
-        builder = builder.add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
-    if names:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False
-        )
-    return Pair(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
-
-
-def _general_name(name: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        return x509.DNSName(name)
 
 
 def service_names(namespace: str, service: str) -> tuple[str, ...]:
