@@ -369,10 +369,11 @@ def toggle_sets_wake_on_change() -> None:
     """Kopf holds every object's first event until all indices are filled: each object's task
     waits on one condition shared by a ``ToggleSet`` of one toggle per object still to index,
     and every object indexed wakes all of those tasks, each then looking at every toggle left.
-    With N objects that is about N^2 wake-ups: with 10,000 MPIJobs, not one job's status was
-    written in the first 12 minutes after a start (make bench-queue-cluster). Here a set's
-    waiters are woken only when the set's state is not the one they saw, which during the
-    filling happens once, at its end. A Kopf whose toggles differ keeps its own."""
+    With N objects that is about N^2 wake-ups: with 10,000 MPIJobs, ten minutes after a start
+    no job's status said it waited yet, the process busy in those wake-ups (make
+    bench-queue-cluster, profiled). Here a set's waiters are woken only when the set's state is
+    not the one they saw, which during the filling happens once, at its end. A Kopf whose
+    toggles differ keeps its own."""
     from kopf._cogs.aiokits import aiotoggles
 
     toggle_set, toggle = aiotoggles.ToggleSet, aiotoggles.Toggle
