@@ -67,6 +67,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -317,8 +318,6 @@ def hog_pod(i: int) -> dict[str, Any]:
 
 def apply_in_batches(rc: Any, objects: list[dict[str, Any]], batch: int, parallel: int) -> None:
     """Server-side apply, ``batch`` objects a request, ``parallel`` kubectl at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     chunks = [objects[i : i + batch] for i in range(0, len(objects), batch)]
 
     def one(chunk: list[dict[str, Any]]) -> None:
