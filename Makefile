@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -126,6 +126,9 @@ bench-fractional: install ## Fractional-GPU admission latency per pod at 1,000 o
 
 bench-queue: install ## Admission passes over 10,000 waiting topology jobs on 1,000 nodes: pass time, /healthz, loop stall (pure, no cluster)
 	$(PY) -m bench.admission_queue
+
+bench-queue-cluster: install ## 10,000 waiting topology jobs on 1,000 kwok nodes, own cluster: an unrelated job's time to Created, pass p99, /healthz p99 (median of 3)
+	REAL_NODES=0 $(PY) -m bench.admission_queue --cluster
 
 bench-train: cluster crds ## img/s of examples/pytorch-cpu.yaml at 1, 2 and 4 workers on the real nodes (median of 3)
 	$(PY) -m bench.train

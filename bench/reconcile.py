@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -197,7 +198,7 @@ class Watches:
     relists if that is too old.
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, kinds: Iterable[str] = WATCH_PATHS) -> None:
         self.events: queue.Queue[tuple[float, str, str, dict[str, Any]]] = queue.Queue()
         self._streams: dict[str, Any] = {}
         self._stopped = threading.Event()
@@ -205,7 +206,8 @@ class Watches:
         self._ctx = ssl.create_default_context(
             cafile=str(cluster.state_dir() / "pki/apiserver.crt")
         )
-        for kind, path in WATCH_PATHS.items():
+        for kind in kinds:
+            path = WATCH_PATHS[kind]
             url = self._server + path.format(ns=namespace)
             threading.Thread(target=self._follow, args=(kind, url), daemon=True).start()
 

@@ -158,6 +158,13 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 unit="s",
             ),
             Chart(
+                "Admission pass time",
+                "One pass of the topology queue over every waiting job: placing each, or saying "
+                "why it waits.",
+                quantiles("mpi_operator_admission_pass_seconds"),
+                unit="s",
+            ),
+            Chart(
                 "Gang wait",
                 "From an MPIJob's creation to all of its pods bound to nodes.",
                 quantiles("mpi_operator_gang_bind_seconds"),

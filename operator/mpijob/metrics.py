@@ -107,6 +107,12 @@ GANG_BIND_SECONDS: Final = Histogram(
     "Time from an MPIJob's creation to all of its pods bound to nodes",
     buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
 )
+ADMISSION_PASS_SECONDS: Final = Histogram(
+    "mpi_operator_admission_pass_seconds",
+    "Wall time of one pass of our topology admission over every waiting job (the line rebuilt, "
+    "every job placed or told why it waits, the decisions written)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60),
+)
 GANG_TIMEOUTS: Final = Counter(
     "mpi_operator_gang_timeouts", "MPIJobs failed because their gang was not admitted in time"
 )

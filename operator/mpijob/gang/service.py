@@ -174,29 +174,36 @@ class Admission:
 
     async def run_pass(self) -> None:
         async with self._lock:
-            snap = self.snapshot()
-            conflicts = topology.slice_conflicts(snap.nodes, snap.slices)
-            self._warn_conflicts(conflicts)
-            nodes_raw = [n for n in snap.nodes if decide.node_name(n) not in conflicts]
-            self._refresh()
-            if not self.waiting:
-                return
-            decisions = {**snap.decisions, **self._unseen_grants()}
-            jobs = [j for j in self.waiting.values() if j.metadata.creation_timestamp is not None]
-            namespaces = {j.namespace for j in self.waiting.values()}
-            held_in = decide.held_in(snap, decisions, namespaces, self._worker_spec)
-            values = dict(self.priority_values())
-            self.domains = {}
-            # The pass computes on a thread, from this snapshot only: the event loop keeps
-            # serving other jobs' reconciles, the watches and /healthz meanwhile.
-            outcome = await asyncio.to_thread(
-                self._decide, snap, nodes_raw, decisions, jobs, values, held_in
-            )
-            for index, decision in enumerate(outcome, start=1):
-                await self._apply(decision)
-                if index % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # thousands of waiting jobs: let the loop breathe
-            self._gauges()
+            started = time.perf_counter()
+            if await self._pass():
+                metrics.ADMISSION_PASS_SECONDS.observe(time.perf_counter() - started)
+
+    async def _pass(self) -> bool:
+        """One pass, under the lock; whether any job waited (a pass over none is not timed)."""
+        snap = self.snapshot()
+        conflicts = topology.slice_conflicts(snap.nodes, snap.slices)
+        self._warn_conflicts(conflicts)
+        nodes_raw = [n for n in snap.nodes if decide.node_name(n) not in conflicts]
+        self._refresh()
+        if not self.waiting:
+            return False
+        decisions = {**snap.decisions, **self._unseen_grants()}
+        jobs = [j for j in self.waiting.values() if j.metadata.creation_timestamp is not None]
+        namespaces = {j.namespace for j in self.waiting.values()}
+        held_in = decide.held_in(snap, decisions, namespaces, self._worker_spec)
+        values = dict(self.priority_values())
+        self.domains = {}
+        # The pass computes on a thread, from this snapshot only: the event loop keeps
+        # serving other jobs' reconciles, the watches and /healthz meanwhile.
+        outcome = await asyncio.to_thread(
+            self._decide, snap, nodes_raw, decisions, jobs, values, held_in
+        )
+        for index, decision in enumerate(outcome, start=1):
+            await self._apply(decision)
+            if index % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # thousands of waiting jobs: let the loop breathe
+        self._gauges()
+        return True
 
     def _decide(
         self,

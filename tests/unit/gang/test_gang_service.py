@@ -354,3 +354,24 @@ async def test_a_quota_admits_one_job_and_the_second_waits_until_the_first_is_go
     del h.decisions[("ns", "first")]  # finished: its pods are gone and its decision released
     await h.admission.run_pass()
     assert h.written == [("ns", "first"), ("ns", "second")]
+
+
+async def test_each_pass_over_waiting_jobs_is_timed_and_an_idle_one_is_not() -> None:
+    """mpi_operator_admission_pass_seconds counts the passes that had jobs to consider."""
+    from prometheus_client import REGISTRY
+
+    def passes() -> float:
+        return REGISTRY.get_sample_value("mpi_operator_admission_pass_seconds_count") or 0.0
+
+    head = topology_job("head", "2026-01-01T00:01:00Z", 16)  # never fits one 8-GPU node
+    h = Harness(head)
+    before = passes()
+    await h.admission.run_pass()
+    assert passes() == before, "nothing waited: no pass to time"
+    h.admission.want(("ns", "head"), head)
+    await h.admission.run_pass()
+    await h.admission.run_pass()
+    assert passes() == before + 2
+    h.jobs = []  # deleted: the line is empty once rebuilt
+    await h.admission.run_pass()
+    assert passes() == before + 2

@@ -70,3 +70,57 @@ def test_kopfs_body_and_patch_views_read_and_write_as_before_and_leave_no_cycle(
 def test_the_watch_decoding_is_given_back_after_the_test_that_changed_it() -> None:
     # Runs after the test above (file order): Kopf decodes with the standard library again.
     assert api.json is json
+
+
+def test_kopfs_index_filling_wakes_its_waiters_once_not_at_every_object() -> None:
+    """N objects' tasks wait for the set to be all on while N toggles are dropped one by one:
+    the set's state is looked at about 2N times (once by each waiter, when it starts and when
+    the last toggle goes), not N^2 times (every waiter at every drop)."""
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from kopf._cogs.aiokits import aiotoggles
+        from mpijob.platform import kopf_tuning
+
+        kopf_tuning.toggle_sets_wake_on_change()
+        N = 400
+        looks = [0]
+
+        def every(states):
+            looks[0] += 1
+            return all(states)
+
+        async def main():
+            indexed = aiotoggles.ToggleSet(every)
+            toggles = [await indexed.make_toggle(name=str(i)) for i in range(N)]
+            waiters = [asyncio.create_task(indexed.wait_for(True)) for _ in range(N)]
+            paused = aiotoggles.ToggleSet(any)
+            one = await paused.make_toggle()
+            off = asyncio.create_task(paused.wait_for(True))  # waits for the set to turn on
+            on_one = asyncio.create_task(one.wait_for(True))  # waits on the toggle itself
+            await asyncio.sleep(0)
+            before = looks[0]
+            for t in toggles[:-1]:
+                await indexed.drop_toggle(t)
+                await asyncio.sleep(0)
+            assert not any(w.done() for w in waiters)
+            await indexed.drop_toggle(toggles[-1])
+            await asyncio.wait_for(asyncio.gather(*waiters), 5)
+            late = await indexed.make_toggle()  # a new object: the set is off again
+            again = asyncio.create_task(indexed.wait_for(True))
+            await asyncio.sleep(0)
+            assert not again.done()
+            await late.turn_to(True)
+            await asyncio.wait_for(again, 5)
+            await one.turn_to(True)
+            await asyncio.wait_for(asyncio.gather(off, on_one), 5)
+            print(looks[0] - before)
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) <= 3 * 400, f"{done.stdout.strip()} looks at the set for 400 objects"
