@@ -464,8 +464,7 @@ def median_of(values: list[float | None]) -> float | None:
 def load_reconcile() -> Any:
     # A cluster of its own, never the tests' (.cluster) or make bench's (.bench/cluster).
     os.environ.setdefault("MPIJOB_CLUSTER_DIR", str(OUT.parent / "cluster-queue"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import reconcile  # bench/reconcile.py: the cluster, the watches, the operator's start
+    from bench import reconcile  # the cluster, the watches, the operator's start
 
     return reconcile
 
