@@ -86,7 +86,12 @@ def racks(crds: Cluster) -> Iterator[Cluster]:
     try:
         yield cluster
     finally:
-        cluster.kubectl("delete", "node", *TRAYS, "--ignore-not-found", "--wait=false")
+        cluster.kubectl("delete", "node", *TRAYS, "--ignore-not-found", "--wait=true")
+        wait_until(
+            lambda: not cluster.core.list_node(label_selector=fabric.CLIQUE_LABEL).items,
+            timeout=60,
+            what="the simulated GB200 trays gone",
+        )
 
 
 @pytest.fixture

@@ -261,8 +261,12 @@ def test_a_higher_priority_job_preempts_a_running_one_which_runs_again_later(
         for p in wait_until(running_again, timeout=90, what="the victim running again"):
             assert (p.spec.node_selector or {}).get("mpijob.io/gpu-model") == model
         mpijobs.wait_condition("victim", keys.COND_SUCCEEDED, timeout=120)
-        wl = kueue.workload(namespace, victim["metadata"]["uid"])
-        assert condition(wl, "Finished")
+        # Kueue marks the Workload Finished from the job's status, in its own time.
+        wait_until(
+            lambda: condition(kueue.workload(namespace, victim["metadata"]["uid"]), "Finished"),
+            timeout=60,
+            what="the victim's Workload Finished",
+        )
     finally:
         kueue.delete("WorkloadPriorityClass", low)
         kueue.delete("WorkloadPriorityClass", high)

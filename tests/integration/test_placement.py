@@ -207,8 +207,14 @@ def test_seed_scenarios_topology_aware_against_ordinary_on_two_v100_nodes(
     The topology-aware job gets one node's best 4-GPU NVLink ring; the ordinary one is placed
     by the scheduler alone and carries no placement; both succeed.
     """
-    for i in (2, 3):  # leave two 8-GPU V100 nodes
-        hold(crds, namespace, f"gpu-node-{i}", "0,1,2,3,4,5,6,7")
+    # Leave two 8-GPU V100 nodes: every other opted-in node (gpu-node-2 and -3, and any node
+    # another test or the cluster's owner left) has all its GPUs held.
+    opted_in = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
+    for other in crds.core.list_node(label_selector=opted_in).items:
+        if other.metadata.name not in ("gpu-node-0", "gpu-node-1"):
+            count = int((other.status.allocatable or {}).get(keys.GPU_RESOURCE, "0"))
+            if count:
+                hold(crds, namespace, other.metadata.name, ",".join(map(str, range(count))))
     mpijobs.create(example("pytorch-vgg16-topology.yaml"))
     topo = workers(crds, namespace, "pytorch-vgg16-topology", 4)
     mpijobs.create(example("pytorch-vgg16.yaml"))
