@@ -641,6 +641,18 @@ def test_a_pod_that_fits_nowhere_waits_and_is_placed_after_a_restart(
         "no GPU of 1 eligible node(s) has 2 GiB and 30% free"
     )
     assert waiting.status.phase == "Pending"
+
+    def events(count: int) -> dict[str, str] | None:
+        found = share_nodes.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=Pod,involvedObject.name=waiter"
+        ).items
+        ours = {e.reason: e.message for e in found if e.reason.startswith("GPUShare")}
+        return ours if len(ours) == count else None
+
+    # The wait is told once, annotation first, then its Event: the kill comes after both, or a
+    # kill between them would leave the Event to no one (the restarted operator finds the
+    # annotation already saying it).
+    wait_until(lambda: events(1), timeout=30, what="the waiter's GPUShareWaiting Event")
     # A waiting pod holds nothing: the restarted operator finds it by its watch.
     first.kill()
     shares()
@@ -651,15 +663,7 @@ def test_a_pod_that_fits_nowhere_waits_and_is_placed_after_a_restart(
     assert keys.GPU_SHARE_WAITING not in waiter.metadata.annotations
     assert not waiter.spec.scheduling_gates
 
-    def events() -> dict[str, str] | None:
-        found = share_nodes.core.list_namespaced_event(
-            namespace, field_selector="involvedObject.kind=Pod,involvedObject.name=waiter"
-        ).items
-        # Each operator process posts the wait it finds (the first may die before it posts).
-        ours = {e.reason: e.message for e in found if e.reason.startswith("GPUShare")}
-        return ours if len(ours) == 2 else None
-
-    posted = wait_until(events, timeout=30, what="the waiter's two Events")
+    posted = wait_until(lambda: events(2), timeout=30, what="the waiter's two Events")
     assert (
         posted[keys.REASON_GPU_SHARE_WAITING]
         == (waiting.metadata.annotations[keys.GPU_SHARE_WAITING])
