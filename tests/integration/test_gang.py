@@ -14,9 +14,9 @@ import pytest
 from mpijob import keys
 from support.gpus import hold
 from support.jobs import mpijob
-from support.kube import Cluster
+from support.kube import Cluster, wait_all_refused
 from support.mpijobs import MPIJobs
-from support.wait import stays, wait_until
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
@@ -51,10 +51,7 @@ def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
         assert p.metadata.labels[keys.SCHED_PLUGINS_POD_GROUP_LABEL] == "gang"
         assert p.spec.scheduler_name == "default-scheduler"
 
-    def none_bound() -> bool:
-        return all(not p.spec.node_name for p in job_pods(crds, namespace, "gang"))
-
-    stays(none_bound, duration=12, what="no pod of the gang bound")
+    wait_all_refused(lambda: job_pods(crds, namespace, "gang"), 4, "the gang of 4")
     for node in ("gpu-node-0", "gpu-node-1"):
         crds.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
     wait_until(

@@ -11,7 +11,6 @@ claim (dra) or from the scheduler's binding (annotations).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -26,10 +25,6 @@ from support.operator import OperatorProcess
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
-
-#: Longer than two admission passes (every 2 s while a job waits): enough for a job that was
-#: going to be admitted to have been.
-PASSES = 5.0
 
 
 def topology_job(name: str, *, succeed_after: str = "3s") -> dict[str, Any]:
@@ -118,7 +113,7 @@ def test_a_zero_gpu_quota_gives_the_job_no_gpu_and_its_status_names_the_quota(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs, binding: str
 ) -> None:
     make_quota(crds, namespace, {keys.QUOTA_GPU_REQUESTS: "0", "limits.nvidia.com/gpu": "0"})
-    start_operator(f"--gpu-binding={binding}")
+    op = start_operator(f"--gpu-binding={binding}")
     mpijobs.create(topology_job("capped"))
     condition = wait_over_quota(mpijobs, "capped")
     expected = (
@@ -129,7 +124,7 @@ def test_a_zero_gpu_quota_gives_the_job_no_gpu_and_its_status_names_the_quota(
     assert condition["message"] == expected
     event = mpijobs.wait_event("capped", keys.REASON_GPU_QUOTA_EXCEEDED)
     assert (event["type"], event["message"]) == ("Warning", expected)
-    time.sleep(PASSES)
+    op.wait_admission_passes(2)
     assert mpijobs.decision("capped") is None, "no GPU is reserved for it"
     assert workers(crds, namespace, "capped") == []
     assert claims(crds, namespace) == []
@@ -141,10 +136,11 @@ def test_a_zero_gpu_quota_gives_the_job_no_gpu_and_its_status_names_the_quota(
         crds.core.create_namespaced_pod(namespace, gpu_pod("direct", 1))
     assert refused.value.status == 403
     assert "exceeded quota: gpus" in refused.value.body
+    # The quota admission charges an object's usage before the create returns: what it does not
+    # count by then, it never counts.
     crds.resource(keys.DRA_API_VERSION, "ResourceClaim").create(
         body=gpu_claim("direct", 4), namespace=namespace
     )
-    time.sleep(1)
     assert (used(crds, namespace) or {}).get(keys.QUOTA_GPU_REQUESTS) == "0"
 
 
@@ -218,7 +214,6 @@ def test_kubernetes_charges_gpus_only_under_requests(crds: Cluster, namespace: s
     ``limits.nvidia.com/gpu`` is stored but charges no pod (an extended resource is quota'd only
     under ``requests.``), so it limits nothing in either binding."""
     make_quota(crds, namespace, {"limits.nvidia.com/gpu": "0"})
-    crds.core.create_namespaced_pod(namespace, gpu_pod("allowed", 1))
-    time.sleep(1)
+    crds.core.create_namespaced_pod(namespace, gpu_pod("allowed", 1))  # charged on create
     assert (used(crds, namespace) or {}).get("limits.nvidia.com/gpu") in (None, "0")
     crds.core.delete_namespaced_pod("allowed", namespace, grace_period_seconds=0)

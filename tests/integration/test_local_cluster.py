@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from mpijob import keys
-from support.kube import Cluster
+from support.kube import Cluster, wait_all_refused
 from support.wait import stays, wait_until
 
 pytestmark = pytest.mark.integration
@@ -111,14 +111,11 @@ def test_coscheduling_binds_none_when_the_gang_cannot_fit(cluster: Cluster, name
     for i in range(3):  # 3 x 4 GPUs pinned to one 8-GPU node: only two could fit
         cluster.core.create_namespaced_pod(namespace, gang_pod(f"g-{i}", "gang", 4, "gpu-node-3"))
 
-    def none_bound() -> bool:
-        pods = cluster.core.list_namespaced_pod(namespace).items
-        return len(pods) == 3 and all(
-            p.status.phase == "Pending" and not p.spec.node_name for p in pods
-        )
-
-    # Long enough for the scheduler to try, Permit to wait its 10 s and give up at least once.
-    stays(none_bound, duration=15, what="no pod of the gang is bound")
+    # Coscheduling lets two wait at Permit; the third fails the filter and its PostFilter
+    # rejects the waiting two: every pod refused, none bound.
+    wait_all_refused(
+        lambda: cluster.core.list_namespaced_pod(namespace).items, 3, "the gang that cannot fit"
+    )
 
 
 def test_coscheduling_binds_a_gang_that_fits(cluster: Cluster, namespace: str) -> None:

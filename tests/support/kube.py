@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from kubernetes import client, config, dynamic
 
+from support.wait import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,6 +68,29 @@ class Cluster:
         text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
         ns = ["-n", namespace] if namespace else []
         return self.kubectl("apply", "--server-side", *ns, "-f", "-", input=text)
+
+
+def wait_all_refused(list_pods: Any, count: int, what: str, timeout: float = 60) -> None:
+    """Wait until the scheduler has tried each of ``count`` pods and refused it
+    (``PodScheduled=False``, reason ``Unschedulable``), failing as soon as any is bound: "none
+    bound" proven by the scheduler's verdict on every pod, not by a pause."""
+
+    def refused(pod: Any) -> bool:
+        return any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in (pod.status.conditions or [])
+        )
+
+    def probe() -> dict[str, list[str]] | None:
+        pods = list_pods()
+        bound = [p.metadata.name for p in pods if p.spec.node_name]
+        if bound:
+            return {"bound": bound}
+        done = len(pods) == count and all(refused(p) for p in pods)
+        return {"refused": [p.metadata.name for p in pods]} if done else None
+
+    verdict = wait_until(probe, timeout=timeout, what=f"{what}: each of {count} pods refused")
+    assert "bound" not in verdict, f"{what}: {verdict}"
 
 
 def kubectl_binary() -> str:

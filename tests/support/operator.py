@@ -84,6 +84,14 @@ class OperatorProcess:
                     total += float(value)
         return total
 
+    def wait_admission_passes(self, count: int = 2, timeout: float = 60) -> None:
+        """Wait until the admission has run ``count`` more timed passes (passes over waiting
+        jobs), each a chance to admit what it must not: a negative check made after them rests
+        on what the operator did, not on how long the test slept."""
+        name = "mpi_operator_admission_pass_seconds_count"
+        target = self.metric(name) + count
+        wait_until(lambda: self.metric(name) >= target, timeout=timeout, what=f"{count} passes")
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
