@@ -28,11 +28,11 @@ from datetime import datetime
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
+from mpijob.api import JSON, JobKey, MPIJob, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
-from mpijob.desired.predicates import admits, effective_gpus, terminal
+from mpijob.desired.predicates import admits, effective_gpus, template_gpus, terminal
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
@@ -42,9 +42,10 @@ from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignm
 
 
 def gpus_per_worker(job: MPIJob) -> int:
-    """Whole GPUs one worker asks for."""
+    """Whole GPUs one worker takes, as the scheduler counts them (init containers, sidecars
+    and overhead included): what placement reserves is what its pod will hold."""
     worker = job.spec.worker
-    return gpu_count(worker.template) if worker is not None else 0
+    return template_gpus(worker.template) if worker is not None else 0
 
 
 def wants_topology(job: MPIJob, *, default: bool) -> bool:
