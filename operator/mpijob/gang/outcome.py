@@ -58,6 +58,12 @@ def outcome(decision: Decision[Any], *, now: datetime) -> AdmissionOutcome:
             [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
             events.warning(reason, decision.message),
         )
+    if isinstance(decision, Wait) and decision.unfit:
+        reason = keys.REASON_NO_NODE_FITS
+        return AdmissionOutcome(
+            [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
+            events.warning(reason, decision.message),
+        )
     if isinstance(decision, Wait):
         return AdmissionOutcome(
             [

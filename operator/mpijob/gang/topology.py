@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from mpijob import keys
@@ -414,6 +415,9 @@ class Snapshot:
     """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
     hypernodes: list[JSON] = field(default_factory=list)
     """Volcano's HyperNodes (when the fabric reads HyperNode tiers and the API serves them)."""
+    requested: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    """Node -> what its bound, unfinished pods (anyone's) request, as the scheduler sums it
+    (:func:`mpijob.desired.predicates.pod_requests`): what :mod:`mpijob.gang.fit` fits against."""
 
 
 @dataclass
