@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -35,6 +35,7 @@ from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
 from mpijob.desired.predicates import admits, effective_gpus, template_gpus, terminal
 from mpijob.desired.sync import PodPlacement
+from mpijob.gang.timeout import Released
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
@@ -102,6 +103,9 @@ class Decision:
     summary: str = ""
     compute_domain: str = ""
     """The job's ComputeDomain, when it spans nodes of one NVLink clique; empty otherwise."""
+    released: Released | None = None
+    """Set once the placement was given back because the job's workers were refused or
+    unschedulable: the decision then holds no GPUs and records the job's hold-off."""
 
 
 def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = "") -> JSON:
@@ -126,6 +130,34 @@ def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = 
     }
 
 
+def released_object(body: Mapping[str, Any], reason: str, message: str, at: datetime) -> JSON:
+    """The PlacementDecision ``body`` given back: no workers, so it holds no GPUs, and when and
+    why, so that the job is held off (also by a restarted operator) until
+    ``--placement-release-seconds`` after ``at``. Replaces ``body`` (its ``resourceVersion``:
+    a concurrent change is a conflict). Deleted like any decision once the job is gone,
+    finished or suspended, and replaced by the job's next placement."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "labels": dict(meta.get("labels") or {}),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "spec": {
+            "job": dict(spec.get("job") or {}),
+            "ringGBps": 0.0,
+            "summary": f"released ({reason}) at {stamp}",
+            "workers": [],
+            "released": {"reason": reason, "at": stamp, "message": message},
+        },
+    }
+
+
 def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
     """A PlacementDecision's content; None for none, or one that does not read (then it holds
     nothing: only the operator writes these, so it is not ours to guess at)."""
@@ -137,12 +169,18 @@ def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
             WorkerAssignment(str(w["node"]), tuple(sorted(int(g) for g in w["gpus"])))
             for w in spec["workers"]
         )
+        released = None
+        if isinstance(spec.get("released"), Mapping):
+            at = parse_time(spec["released"].get("at"))
+            if at is not None:
+                released = Released(str(spec["released"].get("reason") or ""), at)
         return Decision(
             str(spec["job"]["uid"]),
             assignments,
             float(spec.get("ringGBps") or 0.0),
             str(spec.get("summary") or ""),
             str(spec.get("computeDomain") or ""),
+            released,
         )
     except (KeyError, TypeError, ValueError):
         return None
