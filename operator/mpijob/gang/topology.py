@@ -241,14 +241,20 @@ def releasable(
     """Whether the decision for the job ``name`` can be deleted now: its job is gone (or
     replaced by a same-named one), finished or suspended, and none of its placed workers holds a
     GPU any more (a terminating one still does: its container keeps the device until it exits).
+    The record of a hold-off (``released``) goes only with its job.
 
     Only a placed worker keeps a decision: a pod of the worker's name and index, controlled by
     the job, bound to the node its assignment names. Any other pod, even one naming the job as
     its controller (anyone who may create pods in the namespace can write such a reference),
     holds nothing of the decision's: bound, it is counted by its own GPU requests instead.
     """
+    same = job is not None and job.metadata.uid == decision.uid
+    if same and decision.released is not None:
+        # The record of the job's hold-off holds no GPUs and goes with the job: a status that
+        # says finished (its tenant may write one, and take it back) does not end the hold-off.
+        return False
     running = job is not None and not (job.status.finished or job.spec.suspended)
-    if running and job is not None and job.metadata.uid == decision.uid:
+    if running and same:
         return False
     return not any(placed_worker(p, name, decision) is not None for p in pods)
 

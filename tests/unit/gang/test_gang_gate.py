@@ -196,6 +196,16 @@ def test_a_status_saying_finished_never_lets_a_waiting_job_have_pods() -> None:
     assert g.line is gate.Line.DROP
 
 
+def test_a_status_saying_finished_does_not_delete_the_record_of_a_hold_off() -> None:
+    """Else a tenant could end the hold-off: Succeeded written, the record deleted, Succeeded
+    taken back, and the job placed again at once."""
+    since = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    forged = {"type": keys.COND_SUCCEEDED, "status": "True", "lastTransitionTime": since}
+    j = job(status={"conditions": [forged]})
+    assert run(j, gate.Standing(), released_record(j, 20)).release is None
+    assert gate.release(KEY, None, released_record(j, 20), []) is not None, "gone with the job"
+
+
 def test_workers_refused_keep_the_decision_as_the_record_of_the_hold_off() -> None:
     j = job()
     body = decision_body(j)
