@@ -122,6 +122,7 @@ def job(name: str, namespace: str, created: datetime, pinned: str | None) -> api
             "name": name,
             "namespace": namespace,
             "uid": f"uid-{namespace}-{name}",
+            "resourceVersion": "1",
             "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "annotations": {keys.GPU_TOPOLOGY: "true"},
         },

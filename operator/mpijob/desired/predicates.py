@@ -27,6 +27,7 @@ the nodes a gang may be placed on and the GPUs a pod no decision placed holds
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -112,10 +113,17 @@ def amounts(values: Mapping[str, Any] | None) -> Requests:
     out: Requests = {}
     for name, text in (values or {}).items():
         try:
-            out[name] = Quantity.parse(text).value
+            out[name] = _parsed(text) if isinstance(text, str) else Quantity.parse(text).value
         except (ValueError, TypeError):
             continue
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Decimal:
+    """A quantity's exact value: the same few strings ("8", "64Gi") come from thousands of
+    templates, weighed in each admission pass."""
+    return Quantity.parse(text).value
 
 
 def _sum(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Requests:

@@ -223,12 +223,12 @@ def _fitting(
     allowed: dict[str, frozenset[str]] = {}
     requests: dict[str, Requests] = {}
     never: dict[str, str] = {}
-    holdable: dict[tuple[frozenset[str], str], tuple[frozenset[str], str]] = {}
+    holdable: dict[tuple[frozenset[str], tuple[Any, ...]], tuple[frozenset[str], str]] = {}
     for job in jobs:
         uid = job.metadata.uid
         requests[uid] = fit.worker_requests(job)
         admitted_by = eligible.of(job)
-        shape = (admitted_by, json.dumps({k: str(v) for k, v in sorted(requests[uid].items())}))
+        shape = (admitted_by, tuple(sorted(requests[uid].items())))
         if shape not in holdable:
             lacking = {n: room.never(n, requests[uid]) for n in admitted_by}
             lacking = {n: names for n, names in lacking.items() if names}

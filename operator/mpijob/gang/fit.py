@@ -38,13 +38,33 @@ PLACED = frozenset({keys.GPU_RESOURCE})
 
 def worker_requests(job: MPIJob) -> Requests:
     """What one worker pod takes of its node, but the GPUs placement counts: non-zero only."""
-    worker = job.spec.worker
-    spec = ((worker.template if worker is not None else {}).get("spec")) or {}
     return {
         name: amount
-        for name, amount in pod_requests(spec).items()
+        for name, amount in worker_pod_requests(job).items()
         if amount > 0 and name not in PLACED
     }
+
+
+def worker_pod_requests(job: MPIJob) -> Requests:
+    """What one worker pod takes of its node, GPUs included
+    (:func:`~mpijob.desired.predicates.pod_requests` of the worker template; do not modify).
+    Remembered per job version (uid and ``resourceVersion``): each pass weighs thousands of
+    waiting jobs whose templates have not changed."""
+    version = job.metadata.resource_version
+    key = (job.metadata.uid, version or "")
+    if version and (known := _REMEMBERED.get(key)) is not None:
+        return known
+    worker = job.spec.worker
+    requests = pod_requests(((worker.template if worker is not None else {}).get("spec")) or {})
+    if version:
+        if len(_REMEMBERED) >= _REMEMBER_AT_MOST:
+            _REMEMBERED.clear()
+        _REMEMBERED[key] = requests
+    return requests
+
+
+_REMEMBERED: dict[tuple[str, str], Requests] = {}
+_REMEMBER_AT_MOST = 100_000
 
 
 def describe(amount: Decimal) -> str:

@@ -33,8 +33,9 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
-from mpijob.desired.predicates import admits, effective_gpus, template_gpus, terminal
+from mpijob.desired.predicates import admits, effective_gpus, terminal
 from mpijob.desired.sync import PodPlacement
+from mpijob.gang import fit
 from mpijob.gang.timeout import Released
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
@@ -46,8 +47,7 @@ from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignm
 def gpus_per_worker(job: MPIJob) -> int:
     """Whole GPUs one worker takes, as the scheduler counts them (init containers, sidecars
     and overhead included): what placement reserves is what its pod will hold."""
-    worker = job.spec.worker
-    return template_gpus(worker.template) if worker is not None else 0
+    return int(fit.worker_pod_requests(job).get(keys.GPU_RESOURCE, Decimal(0)))
 
 
 def wants_topology(job: MPIJob, *, default: bool) -> bool:
