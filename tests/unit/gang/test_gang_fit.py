@@ -173,3 +173,14 @@ def test_a_workers_request_is_the_schedulers_without_the_gpus_placement_counts()
         "memory": Decimal(1024**3),
         "pods": Decimal(1),
     }
+
+
+def test_a_workers_request_is_remembered_per_job_version_only() -> None:
+    first = job("v", 2, requests={"cpu": "2"})
+    first.metadata.resource_version = "5"
+    assert fit.worker_requests(first)["cpu"] == Decimal(2)
+    changed = job("v", 2, requests={"cpu": "3"})
+    changed.metadata.resource_version = "6"
+    assert fit.worker_requests(changed)["cpu"] == Decimal(3), "a new version is read anew"
+    unversioned = job("v", 2, requests={"cpu": "4"})
+    assert fit.worker_requests(unversioned)["cpu"] == Decimal(4), "none remembered without one"
