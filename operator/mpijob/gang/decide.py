@@ -166,7 +166,8 @@ def decide(
         w = queue.waiting_job(job, priority_values=priority_values, nodes=allowed[job.metadata.uid])
         waiting.append(w)
         by_uid[w.uid] = job
-    fits_when_empty = _fits_when_empty(placer, by_uid, allowed, empty, where)
+    idle = fit.Room(nodes_raw, {})
+    fits_when_empty = _fits_when_empty(placer, by_uid, allowed, empty, where, idle, requests)
 
     admitted: dict[JobKey, tuple[Placement, api.MPIJob]] = {}
     """Admitted earlier in this pass: their GPUs count against their quotas."""
@@ -278,34 +279,51 @@ def _fits_when_empty(
     allowed: Mapping[str, frozenset[str]],
     empty: Sequence[NodeState],
     where: Mapping[str, Location],
+    idle: fit.Room,
+    requests: Mapping[str, Requests],
 ) -> Callable[[queue.WaitingJob], bool]:
     """Whether a job would fit with nothing running (else it blocks no one), placed once per
-    kind of job: its request, and the nodes it may go to (their topologies, or with a fabric
-    the nodes themselves and its fabric annotations)."""
+    kind of job: its request, and the nodes it may go to (their topologies and how many of its
+    workers each could hold when idle, or with a fabric the nodes themselves and its fabric
+    annotations)."""
     empty_by_name = {n.name: n for n in empty}
     fits_cache: dict[tuple[Any, ...], bool] = {}
-    shapes: dict[frozenset[str], tuple[str, ...]] = {}
+    shapes: dict[tuple[frozenset[str], tuple[Any, ...]], tuple[Any, ...]] = {}
 
     def fits_when_empty(w: queue.WaitingJob) -> bool:
         job = by_uid[w.uid]
         nodes = allowed[w.uid]
+        request = requests[w.uid]
+        wanted = tuple(sorted(request.items()))
         annotations: tuple[tuple[str, str], ...] = ()
         if placer.fabric is None:
-            # Without a fabric, only the nodes' topologies matter, not which nodes.
-            if nodes not in shapes:
+            # Without a fabric, only the nodes' topologies and room matter, not which nodes.
+            if (nodes, wanted) not in shapes:
                 own = nodes & empty_by_name.keys()
-                shapes[nodes] = tuple(sorted(empty_by_name[n].topology.fingerprint for n in own))
-            shape: Any = shapes[nodes]
+                shapes[nodes, wanted] = tuple(
+                    sorted(
+                        (empty_by_name[n].topology.fingerprint, _or_unbounded(idle, n, request))
+                        for n in own
+                    )
+                )
+            shape: Any = shapes[nodes, wanted]
         else:
             shape = nodes
             annotations = tuple(sorted((job.metadata.annotations or {}).items()))
-        key = (topology.request_of(job), shape, annotations)
+        key = (topology.request_of(job), shape, wanted, annotations)
         if key not in fits_cache:
             own_empty = [empty_by_name[n] for n in sorted(nodes & empty_by_name.keys())]
+            own_empty, _ = _room_left(own_empty, idle, request, topology.gpus_per_worker(job))
             fits_cache[key] = isinstance(placer.place(job, own_empty, where)[0], Placement)
         return fits_cache[key]
 
     return fits_when_empty
+
+
+def _or_unbounded(room: fit.Room, node: str, request: Requests) -> int:
+    """How many workers of ``request`` ``node`` holds, -1 for no bound."""
+    count, _ = room.workers(node, request)
+    return -1 if count is None else count
 
 
 def over_quota(

@@ -184,3 +184,13 @@ def test_a_workers_request_is_remembered_per_job_version_only() -> None:
     assert fit.worker_requests(changed)["cpu"] == Decimal(3), "a new version is read anew"
     unversioned = job("v", 2, requests={"cpu": "4"})
     assert fit.worker_requests(unversioned)["cpu"] == Decimal(4), "none remembered without one"
+
+
+def test_a_job_too_wide_for_the_nodes_room_even_idle_blocks_no_one() -> None:
+    """Eight workers of 40 CPUs: a 96-CPU node holds two, so one node never holds the job; it
+    waits without holding the node against the job behind it."""
+    nodes = [node("dgx-0", ALLOCATABLE)]
+    wide = job("wide", 1, workers=8, minute=1, requests={"cpu": "40"})
+    out = run([wide, job("next", 8, minute=2)], nodes, {})
+    assert isinstance(out["wide"], queue.Wait)
+    assert isinstance(out["next"], queue.Admit)
