@@ -477,6 +477,9 @@ class DecisionWatch:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.seen: list[tuple[str, str, int]] = []
         """(event type, decision name, workers it places), in order."""
+        self.cut = ""
+        """Why the watch ended before :meth:`stop`; empty while it runs."""
+        self._stopped = False
         self._watch = watch.Watch()
         api = client.CustomObjectsApi(cluster.api)
         group, version = keys.DECISION_API_VERSION.split("/")
@@ -488,25 +491,30 @@ class DecisionWatch:
         version_listed = listed["metadata"]["resourceVersion"]
 
         def run() -> None:
-            for event in self._watch.stream(
-                api.list_namespaced_custom_object,
-                group,
-                version,
-                namespace,
-                keys.DECISION_PLURAL,
-                resource_version=version_listed,
-                timeout_seconds=900,
-            ):
-                obj = event["object"]
-                workers = len((obj.get("spec") or {}).get("workers") or [])
-                if event["type"] == "DELETED":
-                    workers = 0
-                self.seen.append((event["type"], obj["metadata"]["name"], workers))
+            try:
+                for event in self._watch.stream(
+                    api.list_namespaced_custom_object,
+                    group,
+                    version,
+                    namespace,
+                    keys.DECISION_PLURAL,
+                    resource_version=version_listed,
+                    timeout_seconds=900,
+                ):
+                    obj = event["object"]
+                    workers = len((obj.get("spec") or {}).get("workers") or [])
+                    if event["type"] == "DELETED":
+                        workers = 0
+                    self.seen.append((event["type"], obj["metadata"]["name"], workers))
+            except Exception as e:  # the stream cut: the counts say so
+                if not self._stopped:
+                    self.cut = repr(e)
 
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
     def _transitions(self, name: str) -> list[tuple[int, int]]:
+        assert not self.cut, f"the watch of decisions ended early: {self.cut}"
         out, before = [], 0
         for _, seen, workers in list(self.seen):
             if seen == name:
@@ -523,6 +531,7 @@ class DecisionWatch:
         return sum(1 for a, b in self._transitions(name) if a > 0 and b == 0)
 
     def stop(self) -> None:
+        self._stopped = True
         self._watch.stop()
 
 
