@@ -64,11 +64,12 @@ test-integration: install ## Run the integration tests only (the same set-up as 
 	bash hack/test-deps.sh
 	$(PY) -m pytest -m integration
 
-lint: install ## ruff, mypy, the import-layer contracts, generated dashboards and docs/reference.md up to date
+lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generated dashboards and docs/reference.md up to date
 	$(VENV)/bin/ruff check operator tests bench hack dashboards docs
 	$(VENV)/bin/ruff format --check operator tests bench hack dashboards docs
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:randomly -p no:cacheprovider tests/unit/test_one_request_count.py
 	$(PY) dashboards/generate.py --check
 	$(PY) docs/generate_reference.py --check
 	$(PY) -m hack.gen_install --check

@@ -5,10 +5,11 @@ the size). Prints a table and writes ``.bench/queue.json``.
 
 The operator's own :class:`mpijob.gang.service.Admission` runs its passes on an asyncio
 loop, against a snapshot as the caches would hold it: ``--nodes`` opted-in 8-GPU nodes
-(dgx1-v100), each fully held by a running job's PlacementDecision, and ``--jobs`` waiting jobs
-of one worker x 8 GPUs, each pinned to one node by a ``kubernetes.io/hostname``
-nodeSelector (the case a single line handled worst: every one waits for its own node). Nothing
-fits, so every pass considers every job, and no decision is written.
+(dgx1-v100) advertising a kwok node's allocatable (96 CPUs, 768 GiB, 110 pods), each fully
+held by a running job's PlacementDecision, and ``--jobs`` waiting jobs of one worker x 8 GPUs,
+8 CPUs and 64 GiB (which the fit beyond GPUs weighs), each pinned to one node by a
+``kubernetes.io/hostname`` nodeSelector (the case a single line handled worst: every one waits
+for its own node). Nothing fits, so every pass considers every job, and no decision is written.
 
 Measured, on the same loop and process as the operator runs them:
 
@@ -93,15 +94,23 @@ def node(name: str) -> dict[str, Any]:
             },
             "annotations": {keys.GPU_TOPOLOGY: TOPOLOGY},
         },
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        # What a kwok node of the local cluster advertises: the fit weighs every worker on it.
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {
+                "cpu": "96",
+                "memory": "768Gi",
+                "pods": "110",
+                keys.GPU_RESOURCE: "8",
+            },
+        },
     }
 
 
 def job(name: str, namespace: str, created: datetime, pinned: str | None) -> api.MPIJob:
+    limits = {keys.GPU_RESOURCE: "8", "cpu": "8", "memory": "64Gi"}
     worker: dict[str, Any] = {
-        "containers": [
-            {"name": "w", "image": "mpi", "resources": {"limits": {keys.GPU_RESOURCE: "8"}}}
-        ]
+        "containers": [{"name": "w", "image": "mpi", "resources": {"limits": limits}}]
     }
     if pinned:
         worker["nodeSelector"] = {"kubernetes.io/hostname": pinned}
@@ -113,6 +122,7 @@ def job(name: str, namespace: str, created: datetime, pinned: str | None) -> api
             "name": name,
             "namespace": namespace,
             "uid": f"uid-{namespace}-{name}",
+            "resourceVersion": "1",
             "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "annotations": {keys.GPU_TOPOLOGY: "true"},
         },

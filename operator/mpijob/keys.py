@@ -229,6 +229,11 @@ REASON_DEVICE_PLUGIN_PICKS: Final = "DevicePluginPicksGPUs"
 #: ``GangAdmitted=False`` and a Warning Event: the job's GPUs would take its namespace past a
 #: ResourceQuota (the message names it); it waits, holding nothing and blocking no one else.
 REASON_GPU_QUOTA_EXCEEDED: Final = "GPUQuotaExceeded"
+#: ``GangAdmitted=False`` and a Warning Event: no node the worker template may go to could hold
+#: one worker even empty, in a resource it advertises (cpu, memory, pods, ephemeral-storage, an
+#: extended resource; the message names it and the most any node has); it waits, holding nothing
+#: and blocking no one else.
+REASON_NO_NODE_FITS: Final = "NoNodeFitsWorker"
 
 # --- Binding placed GPUs to the pod (DRA) ----------------------------------------------------
 #: The DRA API group version that can pin exact devices (GA and served by default since 1.34).

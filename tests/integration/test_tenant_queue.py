@@ -8,13 +8,16 @@ otherwise, so the victim runs only if the hostile job's hold is released or neve
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from mpijob import keys
 from support.jobs import mpijob
@@ -181,7 +184,7 @@ def test_9_a_worker_template_the_pod_api_refuses_releases_the_placement(
     assert "its placement is released" in condition["message"]
     victim.create(on_node("victim", "gpu-node-0"))
     victim_runs(crds, victims)
-    assert hostiles.decision("hog") is None, "held off: not placed again while the victim runs"
+    assert not placed(hostiles, "hog"), "held off: not placed again while the victim runs"
 
 
 def test_10_workers_unschedulable_past_the_bound_release_the_placement(
@@ -195,9 +198,20 @@ def test_10_workers_unschedulable_past_the_bound_release_the_placement(
     both()
     hostiles, victims = MPIJobs(crds, hostile_ns), MPIJobs(crds, namespace)
     body = on_node("hog", "gpu-node-0")
-    worker_container(body)["resources"]["requests"] = {"cpu": "100000"}
+    # Pending for good, for a reason placement cannot know: a required pod affinity to pods
+    # that do not exist (a request no node can meet never gets a placement: case 16).
+    worker_spec(body)["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"no-such-pod": "x"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
     hostile.create(body)
-    wait_until(lambda: hostiles.decision("hog"), timeout=60, what="the hostile job placed")
+    wait_until(lambda: placed(hostiles, "hog"), timeout=60, what="the hostile job placed")
     victim.create(on_node("victim", "gpu-node-0"))
     condition = released(hostiles, "hog", keys.REASON_WORKERS_UNSCHEDULABLE)
     assert "worker hog-worker-0 has been unschedulable for" in condition["message"]
@@ -306,6 +320,225 @@ def test_13_a_waiting_message_names_no_pod_of_another_namespace(
         metrics = r.read().decode()
     assert "secret-project-x" not in metrics
     assert hostile_ns not in metrics
+
+
+def test_14_a_worker_is_placed_on_all_the_gpus_the_scheduler_charges_its_pod(
+    crds: Cluster,
+    namespace: str,
+    hostile_ns: str,
+    hostile: TenantJobs,
+    victim: TenantJobs,
+    both: Callable[..., OperatorProcess],
+) -> None:
+    """The hostile worker's app container asks for 1 GPU and its init container for 8: the
+    scheduler charges the pod 8. Placement reserves the 8, so the victim's job, wanting 4 GPUs
+    of the same node, is placed only once the hostile job is done, on GPUs no one else holds."""
+    both()
+    hostiles, victims = MPIJobs(crds, hostile_ns), MPIJobs(crds, namespace)
+    body = on_node("hog", "gpu-node-0", gpus=1, succeed_after="15s")
+    worker_spec(body)["initContainers"] = [
+        {
+            "name": "warm-up",
+            "image": "mpioperator/mpi-pi:openmpi",
+            "resources": {"limits": {keys.GPU_RESOURCE: "8"}},
+        }
+    ]
+    hostile.create(body)
+    wait_until(lambda: bound_workers(crds, hostile_ns, "hog"), timeout=60, what="its worker")
+    assert [len(w["gpus"]) for w in placed(hostiles, "hog")] == [8], "what its pod is charged"
+    victim.create(on_node("victim", "gpu-node-0", gpus=4))
+    victim_runs(crds, victims)
+    assert not [
+        p for p in bound_workers(crds, hostile_ns, "hog") if p.status.phase not in TERMINAL
+    ], "the victim was placed only once the hostile worker's GPUs were free"
+    refused = [
+        e.message
+        for e in crds.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=victim-worker-0"
+        ).items
+        if e.reason == "FailedScheduling"
+    ]
+    assert not refused, f"the victim's worker waited for GPUs another pod held: {refused}"
+
+
+def test_15_a_tenants_status_writes_neither_end_a_hold_off_nor_reach_another_namespace(
+    crds: Cluster,
+    namespace: str,
+    hostile_ns: str,
+    hostile: TenantJobs,
+    victim: TenantJobs,
+    both: Callable[..., OperatorProcess],
+) -> None:
+    """For a minute the hostile tenant rewrites its released job's status, as
+    ``kubeflow-mpijobs-edit`` lets it: the condition that says why it waits removed, Succeeded
+    forged and taken back, its start time moved. The hold-off is the operator's own record, so
+    the job is placed (and released) no more, and the victim's job, wanting the same node,
+    runs."""
+    both("--placement-release-seconds", "300")
+    hostiles, victims = MPIJobs(crds, hostile_ns), MPIJobs(crds, namespace)
+    decisions = DecisionWatch(crds, hostile_ns)
+    try:
+        body = on_node("hog", "gpu-node-0")
+        worker_container(body)["resources"]["requests"] = {"cpu": "2"}  # each worker a 422
+        worker_container(body)["resources"]["limits"]["cpu"] = "1"
+        hostile.create(body)
+        released(hostiles, "hog", keys.REASON_WORKERS_REFUSED)
+        wait_until(lambda: decisions.releases("hog") == 1, timeout=30, what="its release seen")
+        assert decisions.placements("hog") == 1
+        writes = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            hostile.patch_status("hog", forged_status(hostiles, writes))
+            writes += 1
+            if writes == 5:
+                victim.create(on_node("victim", "gpu-node-0"))
+            time.sleep(0.4)
+        assert writes > 60
+        victim_runs(crds, victims)
+        assert (decisions.placements("hog"), decisions.releases("hog")) == (1, 1), (
+            "placed and released once, before the writes: " + repr(decisions.seen)
+        )
+        assert not placed(hostiles, "hog")
+    finally:
+        decisions.stop()
+
+
+def test_16_a_job_no_node_can_fit_holds_nothing_and_says_which_resource_is_missing(
+    crds: Cluster,
+    namespace: str,
+    hostile_ns: str,
+    hostile: TenantJobs,
+    victim: TenantJobs,
+    both: Callable[..., OperatorProcess],
+) -> None:
+    """8 GPUs and 100,000 CPUs a worker: no node has the CPUs, so the job is never placed (no
+    decision, no GPUs, nothing to release), its condition and a Warning say why, and the
+    victim's job, wanting the same node, runs at once."""
+    both()
+    hostiles, victims = MPIJobs(crds, hostile_ns), MPIJobs(crds, namespace)
+    decisions = DecisionWatch(crds, hostile_ns)
+    try:
+        body = on_node("hog", "gpu-node-0")
+        worker_container(body)["resources"]["requests"] = {"cpu": "100000"}
+        hostile.create(body)
+        condition = wait_until(
+            lambda: (
+                (c := hostiles.condition("hog", keys.COND_GANG_ADMITTED))
+                and c["reason"] == keys.REASON_NO_NODE_FITS
+                and c
+            ),
+            timeout=60,
+            what="the job waiting for a node that can hold it",
+        )
+        assert condition["status"] == "False"
+        assert "insufficient cpu (a worker requests 100000" in condition["message"]
+        assert "the most a node has allocatable is 96" in condition["message"]
+        event = hostiles.wait_event("hog", keys.REASON_NO_NODE_FITS)
+        assert event["type"] == "Warning"
+        victim.create(on_node("victim", "gpu-node-0"))
+        victim_runs(crds, victims)
+        assert decisions.placements("hog") == 0, repr(decisions.seen)
+        assert hostiles.decision("hog") is None
+        assert not bound_workers(crds, hostile_ns, "hog")
+    finally:
+        decisions.stop()
+
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def forged_status(jobs: MPIJobs, step: int) -> dict[str, Any]:
+    """The status the hostile tenant writes at ``step``, in turn: without its ``GangAdmitted``
+    condition, with a forged ``Succeeded`` (no completion time), with a new start time."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions = (jobs.get("hog").get("status") or {}).get("conditions") or []
+    kept = [
+        c for c in conditions if c["type"] not in (keys.COND_GANG_ADMITTED, keys.COND_SUCCEEDED)
+    ]
+    if step % 3 == 1:
+        succeeded = {
+            "type": keys.COND_SUCCEEDED,
+            "status": "True",
+            "reason": "MPIJobSucceeded",
+            "message": "forged",
+            "lastTransitionTime": now,
+            "lastUpdateTime": now,
+        }
+        return {"status": {"conditions": [*kept, succeeded]}}
+    if step % 3 == 2:
+        return {"status": {"conditions": kept, "startTime": now}}
+    return {"status": {"conditions": kept}}
+
+
+class DecisionWatch:
+    """Every change to a namespace's PlacementDecisions, from a watch: a decision may live
+    less than one poll."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.seen: list[tuple[str, str, int]] = []
+        """(event type, decision name, workers it places), in order."""
+        self.cut = ""
+        """Why the watch ended before :meth:`stop`; empty while it runs."""
+        self._stopped = False
+        self._watch = watch.Watch()
+        api = client.CustomObjectsApi(cluster.api)
+        group, version = keys.DECISION_API_VERSION.split("/")
+        # From a version listed now: nothing that happens after this constructor is missed.
+        listed = api.list_namespaced_custom_object(group, version, namespace, keys.DECISION_PLURAL)
+        for obj in listed.get("items") or []:
+            workers = len((obj.get("spec") or {}).get("workers") or [])
+            self.seen.append(("LISTED", obj["metadata"]["name"], workers))
+        version_listed = listed["metadata"]["resourceVersion"]
+
+        def run() -> None:
+            try:
+                for event in self._watch.stream(
+                    api.list_namespaced_custom_object,
+                    group,
+                    version,
+                    namespace,
+                    keys.DECISION_PLURAL,
+                    resource_version=version_listed,
+                    timeout_seconds=900,
+                ):
+                    obj = event["object"]
+                    workers = len((obj.get("spec") or {}).get("workers") or [])
+                    if event["type"] == "DELETED":
+                        workers = 0
+                    self.seen.append((event["type"], obj["metadata"]["name"], workers))
+            except Exception as e:  # the stream cut: the counts say so
+                if not self._stopped:
+                    self.cut = repr(e)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def _transitions(self, name: str) -> list[tuple[int, int]]:
+        assert not self.cut, f"the watch of decisions ended early: {self.cut}"
+        out, before = [], 0
+        for _, seen, workers in list(self.seen):
+            if seen == name:
+                out.append((before, workers))
+                before = workers
+        return out
+
+    def placements(self, name: str) -> int:
+        """How often the job came to hold GPUs (its decision placing workers)."""
+        return sum(1 for a, b in self._transitions(name) if a == 0 and b > 0)
+
+    def releases(self, name: str) -> int:
+        """How often it gave them back (its decision deleted, or kept placing none)."""
+        return sum(1 for a, b in self._transitions(name) if a > 0 and b == 0)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._watch.stop()
+
+
+def placed(jobs: MPIJobs, name: str) -> list[dict[str, Any]]:
+    """The workers the job's PlacementDecision places; [] while it holds no GPUs (none, or
+    the record a release keeps of the job's hold-off)."""
+    return list(((jobs.decision(name) or {}).get("spec") or {}).get("workers") or [])
 
 
 def message(jobs: MPIJobs, name: str) -> str:

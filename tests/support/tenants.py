@@ -50,5 +50,13 @@ class TenantJobs:
         )
         return dict(out)
 
+    def patch_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the MPIJob's ``status``, which ``kubeflow-mpijobs-edit`` grants."""
+        group, version = keys.API_VERSION.split("/")
+        out = self.custom.patch_namespaced_custom_object_status(
+            group, version, self.namespace, "mpijobs", name, patch
+        )
+        return dict(out)
+
     def create_pod(self, body: dict[str, Any]) -> Any:
         return self.core.create_namespaced_pod(self.namespace, body)

@@ -19,7 +19,7 @@ from mpijob.api.models import (
     SchedulingPolicy,
 )
 from mpijob.api.parsing import managed_by, parse
-from mpijob.api.resources import container_gpus, gpu_count, gpu_ids
+from mpijob.api.resources import gpu_ids
 from mpijob.api.validation import validate
 from mpijob.objects import JSON
 
@@ -37,8 +37,6 @@ __all__ = [
     "ReplicaStatus",
     "RunPolicy",
     "SchedulingPolicy",
-    "container_gpus",
-    "gpu_count",
     "gpu_ids",
     "managed_by",
     "parse",

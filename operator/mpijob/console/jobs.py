@@ -23,10 +23,10 @@ from datetime import datetime
 from typing import Final
 
 from mpijob import keys
-from mpijob.api import gpu_count
 from mpijob.api.models import parse_time
 from mpijob.api.resources import gpu_ids
 from mpijob.desired.claims import allocated_devices, claim_name
+from mpijob.desired.predicates import template_gpus
 from mpijob.objects import JSON
 
 TRAINER: Final = "MPIJOB"
@@ -186,7 +186,7 @@ def pod_gpus(pod: JSON) -> int:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if annotations.get(keys.GPU_CLAIM):
         return len(gpu_ids(annotations.get(keys.GPU_IDS)))
-    return gpu_count(pod)
+    return template_gpus(pod)
 
 
 def requested_gpus(job: JSON) -> int:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from mpijob import keys
-from mpijob.api import JSON, MPIJob, container_gpus
+from mpijob.api import JSON, MPIJob
 from mpijob.desired import names
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.desired.predicates import container_gpus, effective_gpus
 
 #: The request of a claim whose pod has one GPU container.
 REQUEST: Final = "gpus"
@@ -59,9 +60,11 @@ def claim_name(pod_name: str) -> str:
 def bind_worker(job: MPIJob, pod: JSON, mode: GpuBinding) -> BoundWorker:
     """The worker ``pod`` (already placed: it carries ``mpijob.io/gpu-uuids``) under ``mode``.
 
-    ``pod`` is not modified. In DRA mode the returned pod uses the returned claim; a pod whose
-    chosen GPUs have no known UUIDs, or whose containers ask for another number of GPUs than
-    were chosen, is returned unchanged with the reason in ``skipped``.
+        ``pod`` is not modified. In DRA mode the returned pod uses the returned claim; a pod whose
+        chosen GPUs have no known UUIDs, or whose containers ask for another number of GPUs than
+        were chosen, or that takes GPUs outside its app containers (an init container, a sidecar:
+    :func:`~mpijob.desired.predicates.effective_gpus`), is returned unchanged with the reason in
+    ``skipped``.
     """
     if mode is not GpuBinding.DRA:
         return BoundWorker(pod)
@@ -70,7 +73,18 @@ def bind_worker(job: MPIJob, pod: JSON, mode: GpuBinding) -> BoundWorker:
     uuids = [u for u in uuids if u]
     if not uuids:
         return BoundWorker(pod, skipped=f"no {keys.GPU_UUIDS}: the node's GPU UUIDs are unknown")
-    counts = [container_gpus(c) for c in (pod.get("spec") or {}).get("containers") or []]
+    spec = pod.get("spec") or {}
+    counts = [container_gpus(c) for c in spec.get("containers") or []]
+    if sum(counts) != effective_gpus(spec):
+        # The claim replaces the app containers' GPUs; an init container's or a sidecar's (or
+        # an overhead's) would still be asked of the device plugin beside it.
+        return BoundWorker(
+            pod,
+            skipped=(
+                f"it takes {effective_gpus(spec)} GPUs as the scheduler counts them "
+                f"(init containers, sidecars, overhead) but its containers ask for {sum(counts)}"
+            ),
+        )
     if sum(counts) != len(uuids):
         return BoundWorker(
             pod,

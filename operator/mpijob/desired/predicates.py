@@ -27,6 +27,7 @@ the nodes a gang may be placed on and the GPUs a pod no decision placed holds
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -81,8 +82,22 @@ def pod_requests(spec: Mapping[str, Any]) -> Requests:
 
 
 def effective_gpus(spec: Mapping[str, Any]) -> int:
-    """Whole GPUs (``nvidia.com/gpu``) a pod with ``spec`` holds on its node."""
+    """Whole GPUs (``nvidia.com/gpu``) a pod with ``spec`` holds on its node: the one count of
+    a pod's or a template's GPUs, for placement, holdings, quotas, the node room and the CLI
+    (``make lint`` keeps it the only one: ``tests/unit/test_one_request_count.py``)."""
     return int(effective_requests(spec).get(keys.GPU_RESOURCE, Decimal(0)))
+
+
+def template_gpus(template: Mapping[str, Any] | None) -> int:
+    """Whole GPUs one pod of a pod ``template`` (or a pod) holds (:func:`effective_gpus`)."""
+    return effective_gpus(((template or {}).get("spec")) or {})
+
+
+def container_gpus(container: Mapping[str, Any]) -> int:
+    """Whole GPUs one container asks for (:func:`container_requests`): for what is per
+    container (a ResourceClaim's request per GPU container); a pod's count is
+    :func:`effective_gpus`."""
+    return int(container_requests(container).get(keys.GPU_RESOURCE, Decimal(0)))
 
 
 def container_requests(container: Mapping[str, Any]) -> Requests:
@@ -98,10 +113,17 @@ def amounts(values: Mapping[str, Any] | None) -> Requests:
     out: Requests = {}
     for name, text in (values or {}).items():
         try:
-            out[name] = Quantity.parse(text).value
+            out[name] = _parsed(text) if isinstance(text, str) else Quantity.parse(text).value
         except (ValueError, TypeError):
             continue
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Decimal:
+    """A quantity's exact value: the same few strings ("8", "64Gi") come from thousands of
+    templates, weighed in each admission pass."""
+    return Quantity.parse(text).value
 
 
 def _sum(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Requests:

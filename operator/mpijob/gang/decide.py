@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -30,13 +31,14 @@ from mpijob.api.errors import aggregate
 from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import admits
-from mpijob.gang import queue, quota, topology
+from mpijob.desired.predicates import Requests, admits, tolerates
+from mpijob.gang import fit, queue, quota, topology
 from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
 from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
 
 NO_ELIGIBLE_NODE = (
-    "no opted-in node matches the worker template's nodeSelector and required node affinity"
+    "no opted-in node matches the worker template's nodeSelector and required node affinity, "
+    "or tolerates the node's taints"
 )
 
 
@@ -51,7 +53,8 @@ def worker_spec_of(job: api.MPIJob) -> dict[str, Any] | None:
 
 class Eligible:
     """The nodes each job's worker template admits, computed once per distinct selection (its
-    ``nodeSelector`` and node affinity) and narrowed first through an index of node labels."""
+    ``nodeSelector``, node affinity and tolerations) and narrowed first through an index of node
+    labels."""
 
     def __init__(self, nodes: Sequence[Mapping[str, Any]]) -> None:
         self.nodes = {node_name(n): n for n in nodes}
@@ -64,7 +67,7 @@ class Eligible:
     def of(self, job: api.MPIJob) -> frozenset[str]:
         worker = job.spec.worker
         spec = ((worker.template if worker is not None else {}).get("spec")) or {}
-        selection = {k: spec.get(k) for k in ("nodeSelector", "affinity")}
+        selection = {k: spec.get(k) for k in ("nodeSelector", "affinity", "tolerations")}
         key = json.dumps(selection, sort_keys=True, default=str)
         found = self.seen.get(key)
         if found is None:
@@ -73,7 +76,11 @@ class Eligible:
                 matching = self.by_label.get((str(key_), str(value)), set())
                 names = set(matching) if names is None else names & matching
             candidates = self.nodes.keys() if names is None else names
-            found = frozenset(n for n in candidates if admits(spec, self.nodes[n]))
+            found = frozenset(
+                n
+                for n in candidates
+                if admits(spec, self.nodes[n]) and tolerates(spec, self.nodes[n])
+            )
             self.seen[key] = found
         return found
 
@@ -153,13 +160,14 @@ def decide(
     # Each job is placed only on the nodes its worker template admits; jobs whose
     # templates select alike share the work (thousands of jobs, a few templates).
     eligible = Eligible(nodes_raw)
-    allowed: dict[str, frozenset[str]] = {}
+    room = fit.Room(nodes_raw, snap.requested)
+    allowed, requests, never = _fitting(jobs, eligible, room)
     for job in jobs:
-        allowed[job.metadata.uid] = eligible.of(job)
         w = queue.waiting_job(job, priority_values=priority_values, nodes=allowed[job.metadata.uid])
         waiting.append(w)
         by_uid[w.uid] = job
-    fits_when_empty = _fits_when_empty(placer, by_uid, allowed, empty, where)
+    idle = fit.Room(nodes_raw, {})
+    fits_when_empty = _fits_when_empty(placer, by_uid, allowed, empty, where, idle, requests)
 
     admitted: dict[JobKey, tuple[Placement, api.MPIJob]] = {}
     """Admitted earlier in this pass: their GPUs count against their quotas."""
@@ -170,26 +178,99 @@ def decide(
         job = by_uid[w.uid]
         if over := over_quota(job, snap, admitted, held_in, binding):
             return queue.OverQuota(over)
+        if never[w.uid]:
+            return queue.NeverFits(never[w.uid])
         if not allowed[w.uid]:
             return NoFit(NO_ELIGIBLE_NODE)
-        # Not on the nodes held for the jobs ahead that do not fit yet.
-        free = [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state]
+        # Not on the nodes held for the jobs ahead that do not fit yet, and of each node only
+        # the GPUs of as many workers as its other resources still hold.
+        request = requests[w.uid]
+        free, short = _room_left(
+            [state[n] for n in sorted(allowed[w.uid] - w.avoid) if n in state],
+            room,
+            request,
+            topology.gpus_per_worker(job),
+        )
         started = time.perf_counter()
         result, spans_clique = placer.place(job, free, where)
         placement_seconds(time.perf_counter() - started)
-        if isinstance(result, NoFit) and (note := held.note(allowed[w.uid], w.namespace)):
-            return NoFit(f"{result.reason}; {note}")
-        if isinstance(result, Placement):
-            domains.pop(job.metadata.uid, None)
-            if spans_clique:
-                domains[job.metadata.uid] = compute_domain.domain_name(job.name)
-            admitted[(job.namespace, job.name)] = (result, job)
-            used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
-            state.update((n.name, n) for n in claim(used, result))
+        if isinstance(result, NoFit):
+            notes = [result.reason]
+            if short:
+                notes.append(_short_note(short))
+            if note := held.note(allowed[w.uid], w.namespace):
+                notes.append(note)
+            return NoFit("; ".join(notes)) if len(notes) > 1 else result
+        domains.pop(job.metadata.uid, None)
+        if spans_clique:
+            domains[job.metadata.uid] = compute_domain.domain_name(job.name)
+        admitted[(job.namespace, job.name)] = (result, job)
+        used = [state[n] for n in dict.fromkeys(a.node for a in result.assignments)]
+        state.update((n.name, n) for n in claim(used, result))
+        for node, count in Counter(a.node for a in result.assignments).items():
+            room.take(node, request, count)
         return result
 
     out = queue.decide(waiting, try_place, now=now, fits=fits_when_empty)
     return Outcome(out, domains)
+
+
+def _fitting(
+    jobs: Sequence[api.MPIJob], eligible: Eligible, room: fit.Room
+) -> tuple[dict[str, frozenset[str]], dict[str, Requests], dict[str, str]]:
+    """By job uid: the nodes it may go to (its template admits them, and each could hold one
+    worker even empty), what one worker takes of its node besides GPUs, and why no node could
+    hold one (empty while some can). Jobs alike (their nodes and requests) are weighed once."""
+    allowed: dict[str, frozenset[str]] = {}
+    requests: dict[str, Requests] = {}
+    never: dict[str, str] = {}
+    holdable: dict[tuple[frozenset[str], tuple[Any, ...]], tuple[frozenset[str], str]] = {}
+    for job in jobs:
+        uid = job.metadata.uid
+        requests[uid] = fit.worker_requests(job)
+        admitted_by = eligible.of(job)
+        shape = (admitted_by, tuple(sorted(requests[uid].items())))
+        if shape not in holdable:
+            lacking = {n: room.never(n, requests[uid]) for n in admitted_by}
+            lacking = {n: names for n, names in lacking.items() if names}
+            nodes_left = admitted_by - lacking.keys()
+            why = (
+                fit.never_message(requests[uid], lacking, room)
+                if lacking and not nodes_left
+                else ""
+            )
+            holdable[shape] = (frozenset(nodes_left), why)
+        allowed[uid], never[uid] = holdable[shape]
+    return allowed, requests, never
+
+
+def _room_left(
+    nodes: Sequence[NodeState], room: fit.Room, request: Requests, gpus_per_worker: int
+) -> tuple[list[NodeState], dict[str, list[str]]]:
+    """``nodes`` as placement may use them for one job: a node whose other resources hold
+    fewer workers than its free GPUs would offers only those workers' GPUs (the rest count as
+    held, which ones unknown). Also, by resource, the nodes it bounds so."""
+    out = []
+    short: dict[str, list[str]] = {}
+    for node in nodes:
+        count, bound = room.workers(node.name, request)
+        offered = node.free_count
+        if count is not None and count * gpus_per_worker < offered:
+            extra = offered - count * gpus_per_worker
+            out.append(NodeState(node.name, node.topology, node.used, node.unplaced + extra))
+            short.setdefault(bound, []).append(node.name)
+        else:
+            out.append(node)
+    return out, short
+
+
+def _short_note(short: Mapping[str, list[str]]) -> str:
+    """Which resources, on how many nodes, leave GPUs that no worker of the job could use."""
+    parts = [f"{name} on {len(nodes)} node(s)" for name, nodes in sorted(short.items())]
+    return (
+        "GPUs not offered where a worker's other requests do not fit beside the pods "
+        f"already there: {', '.join(parts)}"
+    )
 
 
 def _fits_when_empty(
@@ -198,34 +279,51 @@ def _fits_when_empty(
     allowed: Mapping[str, frozenset[str]],
     empty: Sequence[NodeState],
     where: Mapping[str, Location],
+    idle: fit.Room,
+    requests: Mapping[str, Requests],
 ) -> Callable[[queue.WaitingJob], bool]:
     """Whether a job would fit with nothing running (else it blocks no one), placed once per
-    kind of job: its request, and the nodes it may go to (their topologies, or with a fabric
-    the nodes themselves and its fabric annotations)."""
+    kind of job: its request, and the nodes it may go to (their topologies and how many of its
+    workers each could hold when idle, or with a fabric the nodes themselves and its fabric
+    annotations)."""
     empty_by_name = {n.name: n for n in empty}
     fits_cache: dict[tuple[Any, ...], bool] = {}
-    shapes: dict[frozenset[str], tuple[str, ...]] = {}
+    shapes: dict[tuple[frozenset[str], tuple[Any, ...]], tuple[Any, ...]] = {}
 
     def fits_when_empty(w: queue.WaitingJob) -> bool:
         job = by_uid[w.uid]
         nodes = allowed[w.uid]
+        request = requests[w.uid]
+        wanted = tuple(sorted(request.items()))
         annotations: tuple[tuple[str, str], ...] = ()
         if placer.fabric is None:
-            # Without a fabric, only the nodes' topologies matter, not which nodes.
-            if nodes not in shapes:
+            # Without a fabric, only the nodes' topologies and room matter, not which nodes.
+            if (nodes, wanted) not in shapes:
                 own = nodes & empty_by_name.keys()
-                shapes[nodes] = tuple(sorted(empty_by_name[n].topology.fingerprint for n in own))
-            shape: Any = shapes[nodes]
+                shapes[nodes, wanted] = tuple(
+                    sorted(
+                        (empty_by_name[n].topology.fingerprint, _or_unbounded(idle, n, request))
+                        for n in own
+                    )
+                )
+            shape: Any = shapes[nodes, wanted]
         else:
             shape = nodes
             annotations = tuple(sorted((job.metadata.annotations or {}).items()))
-        key = (topology.request_of(job), shape, annotations)
+        key = (topology.request_of(job), shape, wanted, annotations)
         if key not in fits_cache:
             own_empty = [empty_by_name[n] for n in sorted(nodes & empty_by_name.keys())]
+            own_empty, _ = _room_left(own_empty, idle, request, topology.gpus_per_worker(job))
             fits_cache[key] = isinstance(placer.place(job, own_empty, where)[0], Placement)
         return fits_cache[key]
 
     return fits_when_empty
+
+
+def _or_unbounded(room: fit.Room, node: str, request: Requests) -> int:
+    """How many workers of ``request`` ``node`` holds, -1 for no bound."""
+    count, _ = room.workers(node, request)
+    return -1 if count is None else count
 
 
 def over_quota(

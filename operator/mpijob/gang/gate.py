@@ -101,7 +101,9 @@ def gate(
     if standing is None or not topology.wants_topology(job, default=topology_default):
         return Gate(release=gone)
     if job.status.finished:
-        return Gate(release=gone, line=Line.DROP)
+        # Read from the status, which the job's tenant may write: it may only stop the job,
+        # never let it have pods without a placement (its workers would bypass the line).
+        return Gate(admitted=False, release=gone, line=Line.DROP)
     decision = topology.load_decision(job, decision_body)
     if job.spec.suspended:
         # A suspended job holds no GPUs once its pods are gone; it is placed anew on resume.
@@ -118,7 +120,13 @@ def gate(
     # A decision under this name that is not this job's (an earlier job of the name, deleted
     # and created again however fast) goes as soon as that job's pods are gone, or this job
     # would wait on it for good: only a deleted job's own sync released it.
-    until = timeout.held_off_until(job, release_seconds)
+    record = topology.parse_decision(decision_body)
+    until = timeout.held_off_until(
+        job,
+        record.released if record is not None else None,
+        record.uid if record is not None else "",
+        release_seconds,
+    )
     if until is not None and now < until:
         # Its placement was released because its workers could not be created or scheduled:
         # it stays out of the line a while, so the jobs behind it get the GPUs. Its condition
@@ -146,7 +154,9 @@ class Replacement:
 
     actions: list[sync.Action]
     status: api.MPIJobStatus | None = None
-    release: sync.Delete | None = None
+    release: sync.Delete | sync.Replace | None = None
+    """The decision deleted, or (workers refused or unschedulable) replaced by the record of
+    the job's hold-off (:func:`mpijob.gang.topology.released_object`)."""
     event: events.Event | None = None
     reason: str = ""
 
@@ -186,10 +196,17 @@ def place_anew(
     after = job.status.model_copy(deep=True)
     changed = set_condition(after, keys.COND_GANG_ADMITTED, "False", reason, why, now)
     uid = (decision_body.get("metadata") or {}).get("uid")
+    give_back: sync.Delete | sync.Replace = sync.Delete(
+        keys.DECISION_API_VERSION, keys.DECISION_KIND, job.name, uid
+    )
+    if reason in timeout.RELEASED:
+        # Kept, holding nothing, as the record of the job's hold-off (the status is the
+        # tenant's to write and cannot be that record).
+        give_back = sync.Replace(topology.released_object(decision_body, reason, why, now))
     return Replacement(
         actions,
         status=after if changed else None,
-        release=sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, job.name, uid),
+        release=give_back,
         event=events.warning(reason, why),
         reason=reason,
     )

@@ -15,7 +15,11 @@ Our condition sits beside upstream's, whose types and reasons are untouched:
 * ``GangAdmitted=False``, reason ``PlacementWorkersRefused`` or ``PlacementWorkersUnschedulable``,
   and a Warning Event: the reconciler released the job's placement because its workers could
   not be created or scheduled; the job stays out of the line ``--placement-release-seconds``
-  (:func:`mpijob.gang.timeout.held_off_until`).
+  (:func:`mpijob.gang.timeout.held_off_until`, from its PlacementDecision, which the release
+  keeps as the record of the hold-off: never from this condition, which its tenant may write).
+* ``GangAdmitted=False``, reason ``NoNodeFitsWorker``, and a Warning Event: no node the worker
+  template may go to could hold one worker even empty, in a resource it advertises (the message
+  names it); the job holds nothing and blocks no one (:mod:`mpijob.gang.fit`).
 * On timeout, ``GangAdmitted=False`` and ``Failed=True``, both with reason
   ``GangScheduleTimeout``, and a Warning Event of that reason. The job is then finished like any
   failed job: ``completionTime`` is set and it holds nothing (it never had workers).
@@ -54,6 +58,12 @@ def outcome(decision: Decision[Any], *, now: datetime) -> AdmissionOutcome:
         )
     if isinstance(decision, Wait) and decision.over_quota:
         reason = keys.REASON_GPU_QUOTA_EXCEEDED
+        return AdmissionOutcome(
+            [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
+            events.warning(reason, decision.message),
+        )
+    if isinstance(decision, Wait) and decision.unfit:
+        reason = keys.REASON_NO_NODE_FITS
         return AdmissionOutcome(
             [ConditionChange(keys.COND_GANG_ADMITTED, "False", reason, decision.message)],
             events.warning(reason, decision.message),

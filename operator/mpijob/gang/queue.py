@@ -109,6 +109,10 @@ class Wait:
     over_quota: bool = False
     """Its GPUs would take its namespace past a ResourceQuota: only its namespace's own jobs
     finishing (or an admin) can change that, so it holds no pool."""
+    unfit: bool = False
+    """No node it may go to could hold one of its workers even empty (a resource the nodes
+    lack, or not enough of it): only a changed template or new nodes can change that, so it
+    holds no pool."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,14 @@ Decision = Admit[P] | Wait | TimedOut
 class OverQuota:
     """What ``try_place`` returns for a job its namespace's quota has no room for: it waits
     without blocking its pool, since the GPUs it cannot use may serve another namespace."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NeverFits:
+    """What ``try_place`` returns for a job no node it may go to could hold a worker of, even
+    with nothing running there (``reason`` names the resource): it waits, holding no pool."""
 
     reason: str
 
@@ -181,7 +193,7 @@ def _order_key(job: WaitingJob) -> tuple[int, datetime, str, str]:
 
 def decide(
     waiting: Iterable[WaitingJob],
-    try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit | OverQuota],
+    try_place: Callable[[WaitingJob, Sequence[P]], P | NoFit | OverQuota | NeverFits],
     *,
     now: datetime,
     fits: Callable[[WaitingJob], bool] | None = None,
@@ -210,6 +222,9 @@ def decide(
         result = try_place(line.avoiding(job), granted)
         if isinstance(result, OverQuota):
             decisions.append(_unplaced(job, result.reason, now, over_quota=True))
+            continue
+        if isinstance(result, NeverFits):
+            decisions.append(_unplaced(job, result.reason, now, unfit=True))
             continue
         if isinstance(result, NoFit):
             decision = _unplaced(job, result.reason, now)
@@ -265,6 +280,7 @@ def _unplaced(
     behind: WaitingJob | None = None,
     *,
     over_quota: bool = False,
+    unfit: bool = False,
 ) -> Wait | TimedOut:
     if job.deadline is not None and now >= job.deadline:
         seconds = int((job.deadline - job.created).total_seconds())
@@ -273,4 +289,4 @@ def _unplaced(
             f"MPIJob {job.key} was not admitted within scheduleTimeoutSeconds={seconds} "
             f"of its creation: {message}",
         )
-    return Wait(job, message, behind, over_quota=over_quota)
+    return Wait(job, message, behind, over_quota=over_quota, unfit=unfit)

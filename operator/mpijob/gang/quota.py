@@ -35,10 +35,10 @@ from decimal import Decimal
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import MPIJob, gpu_count
+from mpijob.api import MPIJob
 from mpijob.desired import names, quantity
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import effective_gpus, terminal
+from mpijob.desired.predicates import effective_gpus, template_gpus, terminal
 
 #: The quota resource names that limit GPUs, and what the API server charges under each.
 GPU_RESOURCES = (keys.QUOTA_GPU_REQUESTS, keys.QUOTA_GPU_CLAIM_DEVICES)
@@ -261,8 +261,8 @@ def job_need(job: MPIJob) -> tuple[int, int, Mapping[str, Any], Mapping[str, Any
     launcher = job.spec.launcher
     wt = worker.template if worker is not None else {}
     lt = launcher.template if launcher is not None else {}
-    workers = job.spec.worker_replicas * gpu_count(wt)
-    return workers, gpu_count(lt), wt.get("spec") or {}, lt.get("spec") or {}
+    workers = job.spec.worker_replicas * template_gpus(wt)
+    return workers, template_gpus(lt), wt.get("spec") or {}, lt.get("spec") or {}
 
 
 def check(

@@ -5,12 +5,16 @@ passes it. With our own admission it bounds the wait instead: a job still not ad
 many seconds after its creation fails with reason ``GangScheduleTimeout``. Unset, 0 or negative
 means no deadline, as 0 means "the scheduler's default" to scheduler-plugins, not "fail at once".
 
+Also the hold-off of a job whose placement was released (:func:`held_off_until`), read from
+its PlacementDecision.
+
 Pure: ``now`` is passed in. Used by :mod:`mpijob.gang.queue` and by the handler, which
 requeues a waiting job for its deadline.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mpijob import keys
@@ -19,6 +23,16 @@ from mpijob.api.models import MPIJob
 #: ``GangAdmitted=False`` reasons of a job whose placement was released because its workers
 #: could not be created or scheduled.
 RELEASED = frozenset({keys.REASON_WORKERS_REFUSED, keys.REASON_WORKERS_UNSCHEDULABLE})
+
+
+@dataclass(frozen=True)
+class Released:
+    """Why and when a job's placement was given back, as its PlacementDecision records it
+    (:func:`mpijob.gang.topology.released_object`): what holds the job out of the line, in an
+    object only the operator writes (never the job's status, which its tenant may write)."""
+
+    reason: str
+    at: datetime
 
 
 def admission_deadline(job: MPIJob) -> datetime | None:
@@ -37,13 +51,16 @@ def timed_out(job: MPIJob, now: datetime) -> bool:
     return deadline is not None and now >= deadline
 
 
-def held_off_until(job: MPIJob, seconds: float) -> datetime | None:
+def held_off_until(
+    job: MPIJob, released: Released | None, uid: str, seconds: float
+) -> datetime | None:
     """Until when a job whose placement was released (its workers refused or unschedulable)
-    stays out of the line; None when it is not held off. Read from its ``GangAdmitted``
-    condition, which only the operator writes (the status subresource), so a restarted
-    operator holds it off as long."""
-    condition = job.status.condition(keys.COND_GANG_ADMITTED)
-    if condition is None or condition.status != "False" or condition.reason not in RELEASED:
+    stays out of the line; None when it is not held off.
+
+    Read from the job's PlacementDecision as the release left it (``released``, recorded for
+    the job of ``uid``), which only the operator writes, so a restarted operator holds the job
+    off as long. Never from the job's ``GangAdmitted`` condition: the status is the tenant's to
+    write (``mpijobs/status``), and clearing it must not put the job back in the line."""
+    if released is None or uid != job.metadata.uid or released.reason not in RELEASED:
         return None
-    since = condition.last_update_time or condition.last_transition_time
-    return since + timedelta(seconds=seconds) if since is not None else None
+    return released.at + timedelta(seconds=seconds)

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
+from mpijob.api import JSON, JobKey, MPIJob, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
 from mpijob.desired.predicates import admits, effective_gpus, terminal
 from mpijob.desired.sync import PodPlacement
+from mpijob.gang import fit
+from mpijob.gang.timeout import Released
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
@@ -42,9 +45,9 @@ from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignm
 
 
 def gpus_per_worker(job: MPIJob) -> int:
-    """Whole GPUs one worker asks for."""
-    worker = job.spec.worker
-    return gpu_count(worker.template) if worker is not None else 0
+    """Whole GPUs one worker takes, as the scheduler counts them (init containers, sidecars
+    and overhead included): what placement reserves is what its pod will hold."""
+    return int(fit.worker_pod_requests(job).get(keys.GPU_RESOURCE, Decimal(0)))
 
 
 def wants_topology(job: MPIJob, *, default: bool) -> bool:
@@ -100,6 +103,9 @@ class Decision:
     summary: str = ""
     compute_domain: str = ""
     """The job's ComputeDomain, when it spans nodes of one NVLink clique; empty otherwise."""
+    released: Released | None = None
+    """Set once the placement was given back because the job's workers were refused or
+    unschedulable: the decision then holds no GPUs and records the job's hold-off."""
 
 
 def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = "") -> JSON:
@@ -124,6 +130,34 @@ def decision_object(job: MPIJob, placement: Placement, *, compute_domain: str = 
     }
 
 
+def released_object(body: Mapping[str, Any], reason: str, message: str, at: datetime) -> JSON:
+    """The PlacementDecision ``body`` given back: no workers, so it holds no GPUs, and when and
+    why, so that the job is held off (also by a restarted operator) until
+    ``--placement-release-seconds`` after ``at``. Replaces ``body`` (its ``resourceVersion``:
+    a concurrent change is a conflict). Deleted like any decision once the job is gone,
+    finished or suspended, and replaced by the job's next placement."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": keys.DECISION_API_VERSION,
+        "kind": keys.DECISION_KIND,
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "labels": dict(meta.get("labels") or {}),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "spec": {
+            "job": dict(spec.get("job") or {}),
+            "ringGBps": 0.0,
+            "summary": f"released ({reason}) at {stamp}",
+            "workers": [],
+            "released": {"reason": reason, "at": stamp, "message": message},
+        },
+    }
+
+
 def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
     """A PlacementDecision's content; None for none, or one that does not read (then it holds
     nothing: only the operator writes these, so it is not ours to guess at)."""
@@ -135,12 +169,18 @@ def parse_decision(body: Mapping[str, Any] | None) -> Decision | None:
             WorkerAssignment(str(w["node"]), tuple(sorted(int(g) for g in w["gpus"])))
             for w in spec["workers"]
         )
+        released = None
+        if isinstance(spec.get("released"), Mapping):
+            at = parse_time(spec["released"].get("at"))
+            if at is not None:
+                released = Released(str(spec["released"].get("reason") or ""), at)
         return Decision(
             str(spec["job"]["uid"]),
             assignments,
             float(spec.get("ringGBps") or 0.0),
             str(spec.get("summary") or ""),
             str(spec.get("computeDomain") or ""),
+            released,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -201,14 +241,20 @@ def releasable(
     """Whether the decision for the job ``name`` can be deleted now: its job is gone (or
     replaced by a same-named one), finished or suspended, and none of its placed workers holds a
     GPU any more (a terminating one still does: its container keeps the device until it exits).
+    The record of a hold-off (``released``) goes only with its job.
 
     Only a placed worker keeps a decision: a pod of the worker's name and index, controlled by
     the job, bound to the node its assignment names. Any other pod, even one naming the job as
     its controller (anyone who may create pods in the namespace can write such a reference),
     holds nothing of the decision's: bound, it is counted by its own GPU requests instead.
     """
+    same = job is not None and job.metadata.uid == decision.uid
+    if same and decision.released is not None:
+        # The record of the job's hold-off holds no GPUs and goes with the job: a status that
+        # says finished (its tenant may write one, and take it back) does not end the hold-off.
+        return False
     running = job is not None and not (job.status.finished or job.spec.suspended)
-    if running and job is not None and job.metadata.uid == decision.uid:
+    if running and same:
         return False
     return not any(placed_worker(p, name, decision) is not None for p in pods)
 
@@ -413,6 +459,9 @@ class Snapshot:
     """NVIDIA's DeviceClass maps its devices to ``nvidia.com/gpu`` (dra mode)."""
     hypernodes: list[JSON] = field(default_factory=list)
     """Volcano's HyperNodes (when the fabric reads HyperNode tiers and the API serves them)."""
+    requested: dict[str, dict[str, Decimal]] = field(default_factory=dict)
+    """Node -> what its bound, unfinished pods (anyone's) request, as the scheduler sums it
+    (:func:`mpijob.desired.predicates.pod_requests`): what :mod:`mpijob.gang.fit` fits against."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from mpijob import api
@@ -264,10 +265,19 @@ class Cache:
             key: [dict(c) for c in store]
             for key, store in self.indices.get("claims_by_job", {}).items()
         }
+        nodes = self.nodes()
+        requested: dict[str, dict[str, Decimal]] = {}
+        for node, store in self.indices.get("requests_by_node", {}).items():
+            if node not in nodes:
+                continue  # placement weighs only the opted-in nodes
+            total = requested.setdefault(node, {})
+            for pod in store:
+                for name, amount in pod:
+                    total[name] = total.get(name, Decimal(0)) + amount
         classes = self.indices.get("gpu_classes_by_name", {})
         mapped = next((str(v) for store in classes.values() for v in store), None)
         return topology.Snapshot(
-            list(self.nodes().values()),
+            list(nodes.values()),
             pods,
             decisions,
             allocated,
@@ -276,6 +286,7 @@ class Cache:
             claims,
             claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
             hypernodes=self.hypernodes,
+            requested=requested,
         )
 
     def _all(self, index: str, key: JobKey) -> list[JSON]:

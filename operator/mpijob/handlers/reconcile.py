@@ -344,7 +344,8 @@ async def _replace(
     rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, plan: admission_gate.Replacement
 ) -> None:
     """Apply a :class:`~mpijob.gang.gate.Replacement` in its order; the Warning only once the
-    decision is gone (a decision already deleted was placed anew by an earlier sync)."""
+    decision is gone, or replaced by the record of the job's hold-off (a decision already
+    deleted was placed anew by an earlier sync)."""
     versions: dict[tuple[str, str], str] = {}
     for action in plan.actions:
         await _apply(rt, key, job, body, action, versions)
@@ -352,8 +353,13 @@ async def _replace(
         return
     if plan.status is not None:
         await _write_status(rt, key, body, plan.status.to_body())
-    if not await _apply(rt, key, job, body, plan.release, versions):
-        return  # placed anew already: the cache had not seen the decision go
+    try:
+        if not await _apply(rt, key, job, body, plan.release, versions):
+            return  # placed anew already: the cache had not seen the decision go
+    except ApiError as e:
+        if not e.not_found:
+            raise
+        return  # the decision to replace by the hold-off's record is gone already
     log.warning("MPIJob %s/%s: %s", *key, plan.event.message if plan.event else "")
     if plan.reason == keys.REASON_GPUS_TAKEN:
         metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from decimal import Decimal
 from typing import Any
 
 import kopf
@@ -35,6 +36,7 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
+from mpijob.desired.predicates import pod_requests, terminal
 from mpijob.gang import quota, topology
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.platform.kube import ApiError
@@ -194,6 +196,15 @@ async def gpu_pods_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
     return {str(body.spec.get("nodeName") or ""): summary}
 
 
+async def requests_by_node(body: kopf.Body, **_: Any) -> dict[str, tuple[tuple[str, Decimal], ...]]:
+    """What each bound, unfinished pod (anyone's) requests of its node, as the scheduler sums
+    it: what admission fits a worker beside (:mod:`mpijob.gang.fit`). Only the sums are kept."""
+    node = body.spec.get("nodeName")
+    if not node or terminal(dict(body)):
+        return {}
+    return {str(node): tuple(sorted(pod_requests(dict(body.spec)).items()))}
+
+
 # --- placement decisions ------------------------------------------------------------------------
 
 
@@ -222,7 +233,11 @@ async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]
         name: {
             "metadata": meta,
             "spec": dict(body.spec),
-            "status": {"conditions": body.status.get("conditions") or []},
+            "status": {
+                "conditions": body.status.get("conditions") or [],
+                # What admission fits a worker's cpu, memory, pods and the rest against.
+                "allocatable": dict(body.status.get("allocatable") or {}),
+            },
         }
     }
 
@@ -462,6 +477,7 @@ INDICES = (
     "mpijobs_by_key",
     "pods_by_job",
     "gpu_pods_by_node",
+    "requests_by_node",
     "decisions_by_job",
     "nodes_by_name",
     "services_by_job",
@@ -493,6 +509,7 @@ def register(
     kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_job)
     kopf.on.event("v1", "pods", labels=ours, when=deleted, registry=registry)(pod_deleted)
     kopf.index("v1", "pods", when=requests_gpus, registry=registry)(gpu_pods_by_node)
+    kopf.index("v1", "pods", registry=registry)(requests_by_node)
     decisions = (keys.DECISION_GROUP, keys.DECISION_VERSION, keys.DECISION_PLURAL)
     kopf.index(*decisions, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)

@@ -20,6 +20,7 @@ import yaml
 from mpijob import api, keys
 from mpijob.desired import claims, sync
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.desired.predicates import template_gpus
 from mpijob.placement import topologies
 from support.desired_jobs import make_job
 
@@ -113,7 +114,7 @@ def test_the_pod_no_longer_asks_the_device_plugin() -> None:
     assert keys.GPU_RESOURCE not in resources["requests"]
     assert resources["limits"] == {"memory": "64Gi"}
     assert resources["claims"] == [{"name": "mpijob-gpus", "request": "gpus"}]
-    assert api.gpu_count(bound.pod) == 0
+    assert template_gpus(bound.pod) == 0
     # The placement's annotations and node affinity stay: accounting and people read them.
     assert bound.pod["metadata"]["annotations"][keys.GPU_IDS] == "0,1,2,3"
     assert bound.pod["spec"]["affinity"] == pod["spec"]["affinity"]
@@ -150,6 +151,19 @@ def test_a_worker_asking_for_other_than_the_chosen_count_is_not_bound() -> None:
     bound = claims.bind_worker(job, pod, GpuBinding.DRA)
     assert bound.claim is None
     assert bound.skipped == "its containers ask for 4 GPUs but 2 were chosen"
+
+
+def test_a_worker_taking_gpus_outside_its_app_containers_is_not_bound() -> None:
+    """An init container's GPUs would still be asked of the device plugin beside the claim:
+    the pod is left as built, counted as the scheduler counts it."""
+    job = load("nccl")
+    pod = copy.deepcopy(placed_workers(job, [placement("gpu-node-0", (0, 1, 2, 3))] * 2)[0])
+    pod["spec"]["initContainers"] = [
+        {"name": "warm", "image": "x", "resources": {"limits": {keys.GPU_RESOURCE: "8"}}}
+    ]
+    bound = claims.bind_worker(job, pod, GpuBinding.DRA)
+    assert bound.claim is None
+    assert "it takes 8 GPUs as the scheduler counts them" in bound.skipped
 
 
 def test_uuids_are_quoted_as_cel_strings() -> None:
@@ -237,4 +251,4 @@ def test_by_default_the_plan_creates_no_claim() -> None:
     kinds = {a.obj["kind"] for a in plan.actions if isinstance(a, sync.Create)}
     assert "ResourceClaim" not in kinds
     pods = placed_workers(job, where)
-    assert all(api.gpu_count(p) == 4 for p in pods)
+    assert all(template_gpus(p) == 4 for p in pods)

@@ -10,9 +10,11 @@ import pytest
 from mpijob import keys
 from mpijob.desired.predicates import (
     admits,
+    container_gpus,
     effective_gpus,
     effective_requests,
     pod_requests,
+    template_gpus,
     terminal,
     tolerates,
 )
@@ -122,3 +124,29 @@ def test_succeeded_and_failed_pods_have_ended() -> None:
     assert terminal({"status": {"phase": "Failed"}})
     assert not terminal({"status": {"phase": "Running"}})
     assert not terminal({})
+
+
+def template(*containers: dict[str, object], init: tuple[dict[str, object], ...] = ()) -> Any:
+    return {"spec": {"containers": list(containers), "initContainers": list(init)}}
+
+
+def test_a_templates_gpus_sum_its_containers_limits_before_requests() -> None:
+    limits = {"name": "a", "resources": {"limits": {keys.GPU_RESOURCE: 2}, "requests": {}}}
+    requests = {"name": "b", "resources": {"requests": {keys.GPU_RESOURCE: "1"}}}
+    assert template_gpus(template(limits, requests, {"name": "c"})) == 3
+    assert [container_gpus(x) for x in (limits, requests)] == [2, 1]
+
+
+def test_a_templates_gpus_of_a_malformed_quantity_are_none() -> None:
+    bad = {"name": "a", "resources": {"limits": {keys.GPU_RESOURCE: "lots"}}}
+    assert template_gpus(template(bad)) == 0
+    assert template_gpus(None) == 0
+
+
+def test_a_templates_gpus_are_the_scheduler_s_init_containers_and_sidecars_included() -> None:
+    """What placement reserves for a worker is what the scheduler charges its pod."""
+    assert template_gpus(template(c(1), init=(c(8),))) == 8
+    assert template_gpus(template(c(1), init=(c(2, sidecar=True),))) == 3
+    with_overhead = template(c(1))
+    with_overhead["spec"]["overhead"] = {keys.GPU_RESOURCE: "1"}
+    assert template_gpus(with_overhead) == 2

@@ -135,9 +135,32 @@ def test_a_suspended_job_leaves_the_line_and_its_decision_goes_with_its_pods() -
     )
 
 
+def released_record(j: api.MPIJob, seconds_ago: float) -> dict[str, Any]:
+    """The job's decision as a release for unschedulable workers left it ``seconds_ago``."""
+    body = decision_body(j)
+    body["metadata"]["resourceVersion"] = "7"
+    at = NOW - timedelta(seconds=seconds_ago)
+    return topology.released_object(body, keys.REASON_WORKERS_UNSCHEDULABLE, "stuck", at)
+
+
 def test_a_released_job_is_held_off_and_synced_when_the_hold_off_ends() -> None:
+    j = job()
+    g = run(j, gate.Standing(), released_record(j, 20))
+    assert g.line is gate.Line.DROP
+    assert not g.admitted
+    assert g.recheck == pytest.approx(40.5)
+    assert g.release is None, "the record stays while the job lives"
+    after = run(j, gate.Standing(), released_record(j, 61))
+    assert after.line is gate.Line.WANT
+
+
+def test_the_hold_off_is_the_records_whatever_the_status_says() -> None:
+    """The status is the tenant's to write: a cleared condition does not end the hold-off, and
+    a forged one starts none."""
+    j = job(status={"conditions": []})
+    assert run(j, gate.Standing(), released_record(j, 20)).line is gate.Line.DROP
     since = (NOW - timedelta(seconds=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    condition = {
+    forged = {
         "type": keys.COND_GANG_ADMITTED,
         "status": "False",
         "reason": keys.REASON_WORKERS_UNSCHEDULABLE,
@@ -145,9 +168,62 @@ def test_a_released_job_is_held_off_and_synced_when_the_hold_off_ends() -> None:
         "lastTransitionTime": since,
         "lastUpdateTime": since,
     }
-    g = run(job(status={"conditions": [condition]}), gate.Standing())
+    assert run(job(status={"conditions": [forged]}), gate.Standing()).line is gate.Line.WANT
+
+
+def test_a_record_of_an_earlier_job_of_the_name_holds_no_one_off() -> None:
+    j = job()
+    record = released_record(j, 20)
+    record["spec"]["job"]["uid"] = "uid-earlier"
+    g = run(j, gate.Standing(), record)
+    assert g.line is gate.Line.WANT
+    assert g.release is not None, "it goes: its job is gone and no pod of it is left"
+
+
+def test_a_status_saying_finished_never_lets_a_waiting_job_have_pods() -> None:
+    """Succeeded written by the tenant, without a completion time: the job leaves the line, and
+    is not admitted (its workers would otherwise be created unplaced, past the line)."""
+    since = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    forged = {
+        "type": keys.COND_SUCCEEDED,
+        "status": "True",
+        "reason": "MPIJobSucceeded",
+        "lastTransitionTime": since,
+    }
+    g = run(job(status={"conditions": [forged]}), gate.Standing())
+    assert not g.admitted
+    assert g.placement is None
     assert g.line is gate.Line.DROP
-    assert g.recheck == pytest.approx(40.5)
+
+
+def test_a_status_saying_finished_does_not_delete_the_record_of_a_hold_off() -> None:
+    """Else a tenant could end the hold-off: Succeeded written, the record deleted, Succeeded
+    taken back, and the job placed again at once."""
+    since = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    forged = {"type": keys.COND_SUCCEEDED, "status": "True", "lastTransitionTime": since}
+    j = job(status={"conditions": [forged]})
+    assert run(j, gate.Standing(), released_record(j, 20)).release is None
+    assert gate.release(KEY, None, released_record(j, 20), []) is not None, "gone with the job"
+
+
+def test_workers_refused_keep_the_decision_as_the_record_of_the_hold_off() -> None:
+    j = job()
+    body = decision_body(j)
+    body["metadata"]["resourceVersion"] = "7"
+    pods = [pod("train-worker-0", keys.ROLE_WORKER)]
+    plan = gate.place_anew(j, pods, {}, body, "refused", keys.REASON_WORKERS_REFUSED, NOW)
+    assert isinstance(plan.release, sync.Replace)
+    record = plan.release.obj
+    assert record["metadata"]["resourceVersion"] == "7"
+    assert record["spec"]["workers"] == []
+    parsed = topology.parse_decision(record)
+    assert parsed is not None
+    assert parsed.released is not None
+    assert parsed.released.reason == keys.REASON_WORKERS_REFUSED
+    assert parsed.released.at == NOW
+    assert topology.load_decision(j, record) is None, "it holds no GPUs: the job has none"
+    held = topology.holdings({KEY: parsed}, [])
+    assert held.known == {}
 
 
 def test_a_timed_out_job_shows_it_and_is_not_queued_again() -> None:
