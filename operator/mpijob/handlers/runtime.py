@@ -10,11 +10,12 @@ Created in ``on.startup`` and kept in Kopf's memo (:class:`OperatorMemo`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import kopf
 
-from mpijob import metrics
+from mpijob import keys, metrics
 from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang.service import Admission
@@ -46,6 +47,11 @@ class JobMetrics:
     def forget(self, key: JobKey) -> None:
         self.bound.discard(key)
         self.set_running(key, False)
+        # Upstream's series stays for the job's life only: a series per job ever run would grow
+        # the scrape without end.
+        namespace, name = key
+        with contextlib.suppress(KeyError):
+            metrics.JOB_INFO.remove(name + keys.LAUNCHER_SUFFIX, namespace)
 
 
 @dataclass
@@ -64,9 +70,10 @@ class Runtime:
     """Pod uid -> the ``mpijob.io/gpu-actual`` last counted (only pods the agent flagged)."""
 
     def forget(self, key: JobKey) -> None:
-        """Drop every memory of a deleted job."""
+        """Drop every memory of a deleted job, so a long-lived process holds what exists."""
         self.cache.forget(key)
         self.job_metrics.forget(key)
+        self.recorder.forget(key)
         if self.admission is not None:
             self.admission.drop(key)
 

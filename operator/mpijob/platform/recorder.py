@@ -99,8 +99,10 @@ class Recorder:
         """What the API has was read (or cannot be)."""
         self._blind = False
         """It cannot be read (a refusal): then nothing is posted again, which might repeat."""
-        self._ensured: set[str] = set()
-        """Jobs (uids) whose implied Events were checked in this process."""
+        self._ensured: dict[tuple[str, str], str] = {}
+        """Live jobs (namespace, name) whose implied Events were checked in this process, with
+        the uid checked: a job of the same name created again is checked afresh. A deleted job
+        is forgotten (:meth:`forget`), so this holds what exists, not what ever did."""
         self._closing = asyncio.Event()
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
@@ -127,13 +129,19 @@ class Recorder:
     def ensure(self, obj: dict[str, Any], implied: Callable[[], Sequence[events.Implied]]) -> None:
         """Once per job and process: post those of ``implied()`` (the Events the job's status
         says were posted) that the API does not have, in the background."""
-        uid = (obj.get("metadata") or {}).get("uid", "")
-        if not uid or uid in self._ensured:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid", "")
+        job = (meta.get("namespace", ""), meta.get("name", ""))
+        if not uid or self._ensured.get(job) == uid:
             return
-        self._ensured.add(uid)
+        self._ensured[job] = uid
         if not self._loaded:
             self._line.put(("load",), self._load)
         self._line.put(("ensure", uid), partial(self._ensure, obj, list(implied())))
+
+    def forget(self, job: tuple[str, str]) -> None:
+        """The job (namespace, name) is deleted: nothing of it needs checking any more."""
+        self._ensured.pop(job, None)
 
     async def drain(self) -> None:
         """Wait until every Event posted so far is sent (or failed)."""

@@ -36,6 +36,9 @@ class RecordingRecorder:
     def ensure(self, obj: dict[str, Any], implied: Any) -> None:
         pass
 
+    def forget(self, job: tuple[str, str]) -> None:
+        pass
+
 
 def runtime(*bodies: dict[str, Any]) -> tuple[Runtime, FakeKube, RecordingRecorder]:
     """The jobs in the API and the cache; the API records each request sent to it."""

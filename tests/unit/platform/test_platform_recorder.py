@@ -197,3 +197,24 @@ async def test_a_repeat_after_a_restart_counts_up_the_event_the_last_process_mad
     assert lists(api) == [
         ("v1", "Event", None, "source=mpi-job-controller,involvedObject.kind=MPIJob")
     ]
+
+
+@virtual_time
+async def test_a_deleted_job_is_forgotten_and_one_made_again_under_its_name_is_checked_afresh() -> (
+    None
+):
+    """What the recorder keeps per job lasts as long as the job: 10,000 jobs run one after
+    another leave nothing behind, and the name's next job is a job of its own."""
+    api = slow_api()
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    for i in range(10_000):
+        job = {**JOB, "metadata": {**JOB["metadata"], "name": f"j{i}", "uid": f"u{i}"}}
+        recorder.ensure(job, list)
+        recorder.forget(("ns", f"j{i}"))
+    await recorder.drain()
+    assert recorder._ensured == {}
+    checked: list[str] = []
+    again = {**JOB, "metadata": {**JOB["metadata"], "uid": "u2"}}
+    recorder.ensure(JOB, lambda: checked.append("u1") or [])
+    recorder.ensure(again, lambda: checked.append("u2") or [])
+    assert checked == ["u1", "u2"]
