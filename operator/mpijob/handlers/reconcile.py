@@ -35,6 +35,7 @@ from mpijob.desired.status import Counter
 from mpijob.gang import gate as admission_gate
 from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
+from mpijob.objects import about
 from mpijob.placement.fabric import Fabric
 from mpijob.platform.kube import ApiError
 from mpijob.platform.workers import OwnershipError
@@ -354,7 +355,12 @@ async def _replace(
         await _write_status(rt, key, body, plan.status.to_body())
     if not await _apply(rt, key, job, body, plan.release, versions):
         return  # placed anew already: the cache had not seen the decision go
-    log.warning("MPIJob %s/%s: %s", *key, plan.event.message if plan.event else "")
+    log.warning(
+        "MPIJob %s/%s: %s",
+        *key,
+        plan.event.message if plan.event else "",
+        extra=about(keys.KIND, *key),
+    )
     if plan.reason == keys.REASON_GPUS_TAKEN:
         metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
     if plan.event is not None:
