@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns (default: the
+# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm (default: the
 # control plane, i.e. all but kueue, which runs on request, mpi-operator, the benchmark peer, and
-# e2e, upstream's end-to-end suite; kubelet and coredns when REAL_NODES is not 0).
+# e2e, upstream's end-to-end suite, and helm, the chart's tests; kubelet and coredns when
+# REAL_NODES is not 0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -29,6 +30,7 @@ e2e_dir=$CACHE/bin/mpi-operator-e2e-v$MPI_OPERATOR_VERSION
 kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
 kubelet_dir=$CACHE/bin/kubelet-v$KUBE_VERSION
 coredns_dir=$CACHE/bin/coredns-v$COREDNS_VERSION
+helm_dir=$CACHE/bin/helm-v$HELM_VERSION
 
 # A throwaway wrapper module per component: k8s.io/kubernetes, etcd/server and
 # scheduler-plugins carry replace directives, which `go install pkg@v` refuses.
@@ -129,6 +131,15 @@ build_coredns() {
   rm -rf "$coredns_dir"; mv "$coredns_dir.tmp" "$coredns_dir"
 }
 
+build_helm() {
+  have "$helm_dir" helm && return
+  say "Helm v$HELM_VERSION (the chart's lint, template and install tests)"
+  mkdir -p "$helm_dir.tmp"
+  GOBIN="$helm_dir.tmp" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  rm -rf "$helm_dir"; mv "$helm_dir.tmp" "$helm_dir"
+}
+
 build_etcd() {
   have "$etcd_dir" etcd && return
   say "etcd v$ETCD_VERSION"
@@ -222,8 +233,8 @@ for c in "${components[@]}"; do
     kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
     sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
     e2e) build_e2e;;
-    kubelet) build_kubelet;; coredns) build_coredns;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns)";;
+    kubelet) build_kubelet;; coredns) build_coredns;; helm) build_helm;;
+    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm)";;
   esac
   say "$c ready ($((SECONDS - t)) s)"
 done
