@@ -196,3 +196,13 @@ def test_helm_install_runs_pi_on_a_real_node_upgrade_keeps_a_job_uninstall_keeps
     assert "customresourcedefinition.apiextensions.k8s.io/mpijobs.kubeflow.org" in crds
     assert "customresourcedefinition.apiextensions.k8s.io/placementdecisions.mpijob.io" in crds
     assert mpijobs.get("pi")["metadata"]["name"] == "pi"
+
+
+def test_the_readmes_helm_install_is_the_one_tested() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Install on a cluster\n", 1)[1].split("\n## ", 1)[0]
+    (line,) = [ln for ln in section.splitlines() if ln.startswith("helm install ")]
+    assert line.split() == [
+        "helm", "install", RELEASE, str(incluster.CHART.relative_to(ROOT)),
+        "-n", NS, "--create-namespace",
+    ]  # fmt: skip
