@@ -173,3 +173,4 @@ def configure(
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("kopf.objects").setLevel(logging.NOTSET if verbose else logging.WARNING)
+    logging.captureWarnings(True)  # Python's warnings as lines of the same format (py.warnings)

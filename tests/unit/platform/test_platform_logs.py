@@ -28,6 +28,7 @@ def stream() -> Iterator[io.StringIO]:
     yield out
     root.handlers[:], level, kopf_level = saved
     root.setLevel(level)
+    logging.captureWarnings(False)
     logging.getLogger("kopf.objects").setLevel(kopf_level)
 
 
@@ -141,3 +142,13 @@ def test_configuring_again_replaces_the_handler(stream: io.StringIO) -> None:
     logs.configure(stream=stream)
     logging.getLogger("mpijob.x").info("once")
     assert len(stream.getvalue().splitlines()) == 1
+
+
+def test_pythons_warnings_are_lines_of_the_same_format(stream: io.StringIO) -> None:
+    import warnings
+
+    logs.configure(json_lines=True, stream=stream)
+    warnings.warn_explicit("old thing", DeprecationWarning, "x.py", 3)
+    line = json.loads(stream.getvalue())
+    assert (line["level"], line["logger"]) == ("warn", "py.warnings")
+    assert "old thing" in line["msg"]
