@@ -134,9 +134,18 @@ build_coredns() {
 build_helm() {
   have "$helm_dir" helm && return
   say "Helm v$HELM_VERSION (the chart's lint, template and install tests)"
+  # As Helm's Makefile: the Kubernetes version helm template and lint assume is that of the
+  # client-go it is built with (client-go v0.N -> Kubernetes 1.N), not the library default 1.20.
+  local gomod minor
+  gomod=$(go mod download -json "helm.sh/helm/v3@v$HELM_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$gomod")
+  [ -n "$minor" ] || die "cannot read k8s.io/client-go's version from helm's go.mod"
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld="$ld -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$minor"
+  done
   mkdir -p "$helm_dir.tmp"
-  GOBIN="$helm_dir.tmp" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  GOBIN="$helm_dir.tmp" go install -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
   rm -rf "$helm_dir"; mv "$helm_dir.tmp" "$helm_dir"
 }
 

@@ -162,6 +162,14 @@ def _dump(obj: dict[str, Any]) -> str:
     return yaml.safe_dump(obj, sort_keys=False, width=1000)
 
 
+def _escaped(text: str) -> str:
+    """The object's own ``{{``/``}}`` (Grafana's legends, Prometheus's alert templates) as Helm
+    prints them, not as template actions."""
+    opening, closing = "\x00open\x00", "\x00close\x00"
+    text = text.replace("{{", opening).replace("}}", closing)
+    return text.replace(opening, '{{ "{{" }}').replace(closing, '{{ "}}" }}')
+
+
 def _namespaced(text: str) -> str:
     text = re.sub(rf"(\bnamespace: ){NAMESPACE}$", r"\1{{ .Release.Namespace }}", text, flags=re.M)
     return text.replace(
@@ -181,7 +189,7 @@ def _image(text: str) -> str:
 def template(obj: dict[str, Any], overlay: str) -> str:
     if obj["kind"] == "Deployment":
         obj = _deployment(obj)
-    text = _image(_namespaced(_dump(obj)))
+    text = _image(_namespaced(_escaped(_dump(obj))))
     if obj["kind"] == "Deployment":
         for key, part in DEPLOYMENT_PARTS.items():
             # "{{-" eats the space after the colon; nindent starts the block on the next line.
