@@ -66,7 +66,9 @@ def events_refused(crds: Cluster, namespace: str) -> Iterator[None]:
     def refused() -> bool:
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name="probe-"),
-            involved_object=client.V1ObjectReference(kind="Namespace", name=namespace),
+            involved_object=client.V1ObjectReference(
+                kind="ConfigMap", name="probe", namespace=namespace
+            ),
             reason="Probe",
             message="probe",
         )
@@ -77,10 +79,12 @@ def events_refused(crds: Cluster, namespace: str) -> Iterator[None]:
         crds.core.delete_namespaced_event(made.metadata.name, namespace)
         return False
 
-    wait_until(refused, timeout=30, what="the policy refusing Events")
-    yield
-    bindings.delete(name)
-    policies.delete(name)
+    try:
+        wait_until(refused, timeout=30, what="the policy refusing Events")
+        yield
+    finally:
+        bindings.delete(name)
+        policies.delete(name)
 
 
 def failed_post(op: OperatorProcess, parse: Callable[[str], dict[str, Any] | None]) -> Any:
