@@ -53,6 +53,24 @@ VENV = "/opt/mpijob"
 # What the Dockerfile's build stage installs; the runtime keeps python3 only (binutils: strip).
 PACKAGES = ["python3", "python3-venv", "binutils"]
 BUILD_ONLY = ["python3-venv", "binutils"]
+#: What mmdebstrap's rootfs holds beyond ``bookworm-slim`` plus ``python3`` (the Dockerfile's
+#: runtime stage), purged with the build-only packages: python3-venv's dependencies, which apt
+#: keeps as installed by hand, and usrmerge, which mmdebstrap adds to merge /usr, with the full
+#: Perl it pulls in (about 48 MiB; slim has only perl-base).
+NOT_IN_SLIM = [
+    "python3.11-venv",
+    "python3-pip-whl",
+    "python3-setuptools-whl",
+    "python3-distutils",
+    "python3-lib2to3",
+    "usrmerge",
+    "libfile-find-rule-perl",
+    "libnumber-compare-perl",
+    "libtext-glob-perl",
+    "perl",
+    "perl-modules-5.36",
+    "libperl5.36",
+]
 #: What no runtime reads, removed from the virtualenv by both recipes (the Dockerfile's build
 #: stage runs exactly this): pip and setuptools (nothing is installed at run time), the
 #: dependencies' own test suites, the official client's asyncio copy (nothing imports it), and the
@@ -147,7 +165,8 @@ def hooks(wheels: Path) -> list[str]:
         f"{chroot} {VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels "
         f"--disable-pip-version-check {NAME}",
         f"{chroot} sh -c {shlex.quote(TRIM)}",
-        f"{chroot} apt-get purge -y -qq --auto-remove {' '.join(BUILD_ONLY)} >/dev/null",
+        f"{chroot} apt-get purge -y -qq --auto-remove {' '.join(BUILD_ONLY + NOT_IN_SLIM)}"
+        " >/dev/null",
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* '
         '"$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"',
         f'find "$1{VENV}" -name __pycache__ -prune -exec rm -rf {{}} +',
