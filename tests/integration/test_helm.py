@@ -121,6 +121,12 @@ def helm_cluster(crds: Cluster) -> Iterator[Cluster]:
     incluster.undeploy()
 
 
+def job_pods(cluster: Cluster, namespace: str, job: str) -> set[str]:
+    """The uids of a job's launcher and worker pods."""
+    roles = (keys.ROLE_LAUNCHER, keys.ROLE_WORKER)
+    return {p.metadata.uid for role in roles for p in pods(cluster, namespace, job, role)}
+
+
 def operator_pod(cluster: Cluster) -> Any:
     selector = "app.kubernetes.io/name=mpijob-operator,app.kubernetes.io/component=operator"
     live = [
@@ -157,23 +163,18 @@ def test_helm_install_runs_pi_on_a_real_node_upgrade_keeps_a_job_uninstall_keeps
     assert "pi is approximately" in launcher_log(cluster, namespace, "pi")
 
     # helm upgrade to a new image tag while a job runs: the job goes on to Succeeded, its
-    # children untouched.
+    # children untouched. Its launcher (on a simulated node) runs until told to finish, which
+    # it is once the new release runs.
     from support.jobs import mpijob
 
-    job = mpijob(
-        "in-flight",
-        workers=2,
-        launcher_annotations={keys.SIM_SUCCEED_AFTER: "60s"},
-        run_policy={"cleanPodPolicy": "None"},
-    )
-    mpijobs.create(job)
+    mpijobs.create(mpijob("in-flight", workers=2, run_policy={"cleanPodPolicy": "None"}))
     mpijobs.wait_condition("in-flight", keys.COND_RUNNING, timeout=TIMEOUT)
     wait_until(
         lambda: len(pods(cluster, namespace, "in-flight", keys.ROLE_WORKER)) == 2,
         timeout=60,
         what="the in-flight job's workers",
     )
-    before = {p.metadata.uid for p in pods(cluster, namespace, "in-flight")}
+    before = job_pods(cluster, namespace, "in-flight")
     new_image = incluster.retag(image, f"{image.rsplit(':', 1)[1]}-next")
     t0 = time.monotonic()
     incluster.helm_install(watched, verb="upgrade", image=new_image)
@@ -181,10 +182,15 @@ def test_helm_install_runs_pi_on_a_real_node_upgrade_keeps_a_job_uninstall_keeps
     assert upgraded.spec.containers[0].image == new_image
     assert upgraded.metadata.name != pod.metadata.name
     print(f"[helm] upgrade to the new pod Ready: {time.monotonic() - t0:.1f}s")
-    # Still in flight when the new release took over, so the new release finished it.
     assert mpijobs.condition("in-flight", keys.COND_SUCCEEDED) is None
+    (launcher,) = pods(cluster, namespace, "in-flight", keys.ROLE_LAUNCHER)
+    cluster.core.patch_namespaced_pod(
+        launcher.metadata.name,
+        namespace,
+        {"metadata": {"annotations": {keys.SIM_SUCCEED_AFTER: "1s"}}},
+    )
     mpijobs.wait_condition("in-flight", keys.COND_SUCCEEDED, timeout=TIMEOUT)
-    assert {p.metadata.uid for p in pods(cluster, namespace, "in-flight")} == before
+    assert job_pods(cluster, namespace, "in-flight") == before
     revisions = json.loads(incluster.helm("history", RELEASE, "-n", NS, "--output", "json"))
     assert [r["status"] for r in revisions] == ["superseded", "deployed"]
 
