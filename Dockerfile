@@ -11,7 +11,7 @@ FROM debian:bookworm-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends python3 python3-venv binutils \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/mpijob
 COPY pyproject.toml README.md /src/
@@ -19,6 +19,13 @@ COPY operator /src/operator
 # A regular (not editable) install of the project and its runtime dependencies only: the test
 # extra stays out of the image.
 RUN /opt/mpijob/bin/pip install /src
+# What no runtime reads (hack/operator_image.py's TRIM, the same command): pip and setuptools,
+# the dependencies' test suites, the official client's unused asyncio copy, and the extension
+# modules' debug symbols. The CLI's plotting (matplotlib) is the package's "plot" extra: not here.
+RUN /opt/mpijob/bin/python -m pip uninstall -y -q pip setuptools \
+ && rm -rf /opt/mpijob/lib/python3*/site-packages/kubernetes/aio \
+ && find /opt/mpijob -depth -type d -name tests -exec rm -rf {} + \
+ && find /opt/mpijob -type f -name '*.so' ! -path '*.libs/*' -exec strip --strip-unneeded {} +
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference demo run crds image install-manifest deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -73,6 +73,7 @@ lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generate
 	$(PY) dashboards/generate.py --check
 	$(PY) docs/generate_reference.py --check
 	$(PY) -m hack.gen_install --check
+	$(PY) -m hack.gen_chart --check
 
 dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
 	$(PY) dashboards/generate.py
@@ -88,6 +89,9 @@ image: install ## Build the operator image for the real nodes (Dockerfile's reci
 
 install-manifest: install ## Regenerate deploy/mpi-operator.yaml (the standalone overlay in one file)
 	$(PY) -m hack.gen_install
+
+chart: install ## Regenerate the Helm chart's templates and CRDs from the overlays (hack/gen_chart.py)
+	$(PY) -m hack.gen_chart
 
 # OVERLAY=standalone|monitoring|fractional-gpus|..., REPLICAS=n, UPSTREAM_NAMES=1 (Deployment
 # mpi-operator/mpi-operator, as upstream's install names it).

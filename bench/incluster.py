@@ -11,7 +11,10 @@ by hack/incluster.py (standalone overlay, two replicas, watching one namespace o
   waited for before the next round. The median and every run are printed;
 - **memory** (``--jobs``, default 100; 0 skips it): that many simulated MPIJobs (two workers,
   launcher done 1 s after it starts, on the kwok nodes) run to Succeeded, then the leader's
-  ``process_resident_memory_bytes``, read from its /metrics at its pod address.
+  ``process_resident_memory_bytes``, read from its /metrics at its pod address;
+- **starts** (``--starts N``, default 0): N fresh installs of one replica (everything removed
+  between them), each pod's start to Ready; with ``--archive PATH``, of that image archive
+  (an earlier recipe's, to compare two images on the same machine) instead of the current one.
 
 Writes ``.bench/incluster.json``. A benchmark, not a test (minutes of a 2-core machine):
 ``.venv/bin/python -m bench.incluster``. Leaves the operator installed; ``make undeploy-local``.
@@ -125,25 +128,56 @@ def rss_after_jobs(count: int) -> float:
     return float(line.split()[1]) / 2**20
 
 
+def start_to_ready(pod: dict[str, Any]) -> float:
+    ready_at = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    start = time.mktime(time.strptime(pod["status"]["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
+    ready = time.mktime(time.strptime(ready_at["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+    return ready - start
+
+
+def starts(count: int, archive: Path | None) -> list[float]:
+    """``count`` installs of one replica from nothing: each pod's start to Ready."""
+    from hack import cluster, operator_image
+
+    image = None
+    if archive is not None:
+        st = incluster.nodes()
+        for i in range(st.count):
+            sock = cluster.state_dir() / "realnode" / f"node-{i}" / "containerd.sock"
+            ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+            operator_image.import_into(ctr, archive)
+        image = operator_image.reference(operator_image.digest_of(archive))
+    out = []
+    for _ in range(count):
+        incluster.undeploy()
+        incluster.deploy("standalone", replicas=1, namespaces=(NAMESPACE,), image=image)
+        (pod,) = wait("one Ready replica", lambda: [p for p in live_pods() if is_ready(p)])
+        out.append(start_to_ready(pod))
+        print(f"  {pod['spec']['containers'][0]['image']}: start to Ready {out[-1]:.0f}s")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--starts", type=int, default=0)
+    parser.add_argument("--archive", type=Path)
     args = parser.parse_args()
     out: dict[str, Any] = {}
     incluster.kubectl("create", "namespace", NAMESPACE, check=False)
+    if args.starts:
+        runs = starts(args.starts, args.archive)
+        out["starts_to_ready_seconds"] = runs
+        out["starts_median_seconds"] = statistics.median(runs)
+        print(f"start to Ready: {runs}, median {out['starts_median_seconds']:.0f}s")
     t0 = time.monotonic()
     incluster.deploy("standalone", replicas=2, namespaces=(NAMESPACE,))
     out["rollout_seconds"] = round(time.monotonic() - t0, 1)
     pods = wait("two Ready replicas", two_ready)
-    out["start_to_ready_seconds"] = []
-    for p in pods:
-        ready_at = next(c for c in p["status"]["conditions"] if c["type"] == "Ready")
-        start = time.mktime(time.strptime(p["status"]["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
-        ready = time.mktime(time.strptime(ready_at["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
-        out["start_to_ready_seconds"].append(ready - start)
+    out["start_to_ready_seconds"] = [start_to_ready(p) for p in pods]
     print(f"rollout {out['rollout_seconds']}s; start to Ready {out['start_to_ready_seconds']}")
     if args.failovers:
         print("fail-over (leader pod deleted -> standby holds the Lease):")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the local control plane from the Go module proxy into a cache outside
 # the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns (default: the
+# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm volcano (default: the
 # control plane, i.e. all but kueue, which runs on request, mpi-operator, the benchmark peer, and
-# e2e, upstream's end-to-end suite; kubelet and coredns when REAL_NODES is not 0).
+# e2e, upstream's end-to-end suite, helm, the chart's tests, and volcano, built on request only;
+# kubelet and coredns when REAL_NODES is not 0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -29,6 +30,8 @@ e2e_dir=$CACHE/bin/mpi-operator-e2e-v$MPI_OPERATOR_VERSION
 kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
 kubelet_dir=$CACHE/bin/kubelet-v$KUBE_VERSION
 coredns_dir=$CACHE/bin/coredns-v$COREDNS_VERSION
+helm_dir=$CACHE/bin/helm-v$HELM_VERSION
+volcano_dir=$CACHE/bin/volcano-v$VOLCANO_VERSION
 
 # A throwaway wrapper module per component: k8s.io/kubernetes, etcd/server and
 # scheduler-plugins carry replace directives, which `go install pkg@v` refuses.
@@ -129,6 +132,24 @@ build_coredns() {
   rm -rf "$coredns_dir"; mv "$coredns_dir.tmp" "$coredns_dir"
 }
 
+build_helm() {
+  have "$helm_dir" helm && return
+  say "Helm v$HELM_VERSION (the chart's lint, template and install tests)"
+  # As Helm's Makefile: the Kubernetes version helm template and lint assume is that of the
+  # client-go it is built with (client-go v0.N -> Kubernetes 1.N), not the library default 1.20.
+  local gomod minor
+  gomod=$(go mod download -json "helm.sh/helm/v3@v$HELM_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$gomod")
+  [ -n "$minor" ] || die "cannot read k8s.io/client-go's version from helm's go.mod"
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld="$ld -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$minor"
+  done
+  mkdir -p "$helm_dir.tmp"
+  GOBIN="$helm_dir.tmp" go install -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  rm -rf "$helm_dir"; mv "$helm_dir.tmp" "$helm_dir"
+}
+
 build_etcd() {
   have "$etcd_dir" etcd && return
   say "etcd v$ETCD_VERSION"
@@ -184,6 +205,35 @@ build_kueue() {
   rm -rf "$kueue_dir"; mv "$kueue_dir.tmp" "$kueue_dir"
 }
 
+# Volcano's scheduler and controller manager, on request (not run by the local cluster yet: the
+# stand-in of tests/support/upstream_e2e.py still plays the scheduler; docs/compatibility.md).
+# Its go.mod replaces volcano.sh/apis with a directory of its repository that the module zip
+# leaves out: the published volcano.sh/apis of VOLCANO_APIS_VERSION stands in. Its k8s.io
+# pins are kept, each at the nearest patch the proxy serves; pins of modules the proxy has no
+# 0.<minor>.x of (legacy-cloud-providers, node-api) are outside the build graph and dropped.
+build_volcano() {
+  have "$volcano_dir" vc-scheduler vc-controller-manager && return
+  say "Volcano v$VOLCANO_VERSION: vc-scheduler and vc-controller-manager"
+  local w; w=$(wrapper volcano); cd "$w"
+  local gomod; gomod=$(go mod download -json "volcano.sh/volcano@v$VOLCANO_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
+  sed -n 's#^[[:space:]]*\([a-z0-9./-]*\) => \([a-z0-9./-]*\) \(v[0-9A-Za-z.+-]*\)$#\1=\2@\3#p' "$gomod" \
+    | while read -r r; do
+        local target=${r#*=} mod ver
+        mod=${target%@*}; ver=${target#*@}
+        if [[ "$mod" == k8s.io/* && "$ver" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]]; then
+          ver=$(pick_staging "$mod" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}") \
+            || { say "  $mod: no usable version on the module proxy; dropping its pin"; continue; }
+        fi
+        go mod edit -replace="${r%%=*}=$mod@$ver"
+      done
+  go mod edit -replace="volcano.sh/apis=volcano.sh/apis@v$VOLCANO_APIS_VERSION"
+  go get "volcano.sh/volcano/cmd/scheduler@v$VOLCANO_VERSION" "volcano.sh/volcano/cmd/controller-manager@v$VOLCANO_VERSION"
+  mkdir -p "$volcano_dir.tmp"
+  go build -ldflags "-s -w" -o "$volcano_dir.tmp/vc-scheduler" volcano.sh/volcano/cmd/scheduler
+  go build -ldflags "-s -w" -o "$volcano_dir.tmp/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
+  rm -rf "$volcano_dir"; mv "$volcano_dir.tmp" "$volcano_dir"
+}
+
 build_mpi_operator() {
   have "$mpi_dir" mpi-operator && return
   say "upstream mpi-operator v$MPI_OPERATOR_VERSION (benchmark peer)"
@@ -222,8 +272,8 @@ for c in "${components[@]}"; do
     kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
     sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
     e2e) build_e2e;;
-    kubelet) build_kubelet;; coredns) build_coredns;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns)";;
+    kubelet) build_kubelet;; coredns) build_coredns;; helm) build_helm;; volcano) build_volcano;;
+    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm volcano)";;
   esac
   say "$c ready ($((SECONDS - t)) s)"
 done

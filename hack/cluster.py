@@ -499,7 +499,7 @@ def running_cluster(audit_log: bool, users: Sequence[str]) -> State | None:
 
 
 def ensure_binaries() -> None:
-    optional = ("kubelet", "coredns")  # the real nodes' (ensure_real_nodes)
+    optional = ("kubelet", "coredns", "helm")  # the real nodes' (ensure_real_nodes); the chart's
     missing = [str(p) for c, p in binaries().items() if not p.exists() and c not in optional]
     if missing:
         say("control-plane binaries missing; building them (hack/build-bins.sh)")

@@ -73,6 +73,7 @@ def binaries() -> dict[str, Path]:
         "kwok": b / f"kwok-v{v['KWOK_VERSION']}" / "kwok",
         "kubelet": b / f"kubelet-v{v['KUBE_VERSION']}" / "kubelet",
         "coredns": b / f"coredns-v{v['COREDNS_VERSION']}" / "coredns",
+        "helm": b / f"helm-v{v['HELM_VERSION']}" / "helm",
     }
 
 

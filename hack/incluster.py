@@ -24,11 +24,16 @@ The API server reaches the GPU-share webhooks through their Service: it runs wit
 ``--enable-aggregator-routing``, which makes it call a Service's endpoint (the pod's address on
 the bridge) rather than its cluster IP.
 
+The Helm chart (charts/mpijob-operator) installs the same way: :func:`helm` runs ``helm install``
+or ``upgrade`` with the image's name as values and ``hack/helm-post-render`` as Helm's post
+renderer, which adds the same local-cluster parts to what the chart renders (:func:`post_render`).
+
 Usage:
   hack/incluster.py deploy [--overlay standalone] [--replicas N] [--upstream-names]
                            [--namespace NS ...]
   hack/incluster.py undeploy
   hack/incluster.py render [same flags as deploy]    # the manifests, without applying them
+  hack/incluster.py post-render < manifests          # Helm's post renderer (hack/helm-post-render)
 """
 
 from __future__ import annotations
@@ -346,6 +351,65 @@ def undeploy() -> None:
         kubectl("annotate", "node", node, f"{TOPOLOGY_ANNOTATION}-", check=False)
 
 
+CHART = ROOT / "charts" / "mpijob-operator"
+POST_RENDERER = HACK / "helm-post-render"
+RELEASE = "mpijob-operator"
+
+
+def post_render(manifests: str) -> str:
+    """What the chart rendered, with this cluster's parts added as :func:`deploy` adds them to an
+    overlay (the image is the chart's values' already)."""
+    dest = cluster.state_dir() / "install" / "helm"
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "chart.yaml").write_text(manifests)
+    body = kustomization(
+        "chart.yaml",
+        nodes(),
+        dest,
+        image=operator_image.reference(),
+        replicas=None,
+        upstream_names=False,
+        namespaces=(),
+    )
+    (dest / "kustomization.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    return kubectl("kustomize", str(dest))
+
+
+def helm(*args: str, check: bool = True) -> str:
+    """The pinned helm against this cluster; its output."""
+    from hack import gen_chart
+
+    argv = [gen_chart.helm(), "--kubeconfig", str(kubeconfig()), *args]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=ROOT)
+    if check and out.returncode != 0:
+        raise SystemExit(f"[incluster] error: helm {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout + out.stderr
+
+
+def helm_install(
+    *values: str, verb: str = "install", image: str | None = None, timeout: float = 300
+) -> str:
+    """``helm install`` (or ``upgrade``) of the chart as release ``mpijob-operator`` in
+    ``mpi-operator``, the image on the real nodes, ``values`` as ``--set`` pairs; waits for the
+    rollout. Helm's output (the chart's NOTES)."""
+    st = nodes()
+    image = image or load_image(st)
+    for i in range(st.count):
+        kubectl("label", "node", realnode.node_name(i), f"{GPU_PRESENT}=true", "--overwrite")
+    name, tag = image.rsplit(":", 1)
+    sets = [f"image.repository={name}", f"image.tag={tag}", *values]
+    t0 = time.monotonic()
+    out = helm(
+        verb, RELEASE, str(CHART), "--namespace", NAMESPACE,
+        *(["--create-namespace"] if verb == "install" else []),
+        *(a for pair in sets for a in ("--set", pair)),
+        "--post-renderer", str(POST_RENDERER),
+        "--wait", f"--timeout={int(timeout)}s",
+    )  # fmt: skip
+    say(f"helm {verb}: {image} rolled out in {time.monotonic() - t0:.1f}s")
+    return out
+
+
 def render(overlay: str, **kw: Any) -> str:
     dest = write(overlay, image=operator_image.reference(), **kw)
     return kubectl("kustomize", str(dest))
@@ -363,9 +427,13 @@ def main() -> int:
         p.add_argument("--upstream-names", action="store_true")
         p.add_argument("--namespace", dest="namespaces", action="append", default=[])
     sub.add_parser("undeploy")
+    sub.add_parser("post-render")
     args = parser.parse_args()
     if args.cmd == "undeploy":
         undeploy()
+        return 0
+    if args.cmd == "post-render":
+        sys.stdout.write(post_render(sys.stdin.read()))
         return 0
     kw = {
         "replicas": args.replicas,

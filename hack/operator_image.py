@@ -14,7 +14,8 @@ differ is only how the steps run:
   the project and its dependencies into wheels (each dependency pinned to the version installed
   in the environment running this script, the one the test suite runs against); inside the
   rootfs, ``pip install --no-index`` installs those wheels into the virtualenv, and
-  ``python3-venv`` is purged again, which leaves what the Dockerfile's second stage holds.
+  what no runtime reads is removed (:data:`TRIM`), and ``python3-venv`` and ``binutils`` are
+  purged again, which leaves what the Dockerfile's second stage holds.
 
 The result is one layer in an OCI archive under ``~/.cache/mpijob-operator/images/``, named after
 a digest of its recipe: the project's sources (``pyproject.toml`` and ``operator/``), the pinned
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,9 +50,38 @@ NAME = "mpijob-operator"
 REPO = f"mpijob.local/{NAME}"
 SUITE = "bookworm"
 VENV = "/opt/mpijob"
-# What the Dockerfile's build stage installs; the runtime keeps python3 only.
-PACKAGES = ["python3", "python3-venv"]
-BUILD_ONLY = ["python3-venv"]
+# What the Dockerfile's build stage installs; the runtime keeps python3 only (binutils: strip).
+PACKAGES = ["python3", "python3-venv", "binutils"]
+BUILD_ONLY = ["python3-venv", "binutils"]
+#: What mmdebstrap's rootfs holds beyond ``bookworm-slim`` plus ``python3`` (the Dockerfile's
+#: runtime stage), purged with the build-only packages: python3-venv's dependencies, which apt
+#: keeps as installed by hand, and usrmerge, which mmdebstrap adds to merge /usr, with the full
+#: Perl it pulls in (about 48 MiB; slim has only perl-base).
+NOT_IN_SLIM = [
+    "python3.11-venv",
+    "python3-pip-whl",
+    "python3-setuptools-whl",
+    "python3-distutils",
+    "python3-lib2to3",
+    "usrmerge",
+    "libfile-find-rule-perl",
+    "libnumber-compare-perl",
+    "libtext-glob-perl",
+    "perl",
+    "perl-modules-5.36",
+    "libperl5.36",
+]
+#: What no runtime reads, removed from the virtualenv by both recipes (the Dockerfile's build
+#: stage runs exactly this): pip and setuptools (nothing is installed at run time), the
+#: dependencies' own test suites, the official client's asyncio copy (nothing imports it), and the
+#: debug symbols of compiled extension modules. The libraries that wheels vendor (``*.libs``) are
+#: left as they are: auditwheel patched them, and strip can break a patched library.
+TRIM = (
+    f"{VENV}/bin/python -m pip uninstall -y -q pip setuptools"
+    f" && rm -rf {VENV}/lib/python3*/site-packages/kubernetes/aio"
+    f" && find {VENV} -depth -type d -name tests -exec rm -rf {{}} +"
+    f" && find {VENV} -type f -name '*.so' ! -path '*.libs/*' -exec strip --strip-unneeded {{}} +"
+)
 CONFIG = {
     "Env": [
         f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -133,7 +164,9 @@ def hooks(wheels: Path) -> list[str]:
         f"{chroot} python3 -m venv {VENV}",
         f"{chroot} {VENV}/bin/pip install --quiet --no-index --find-links /tmp/wheels "
         f"--disable-pip-version-check {NAME}",
-        f"{chroot} apt-get purge -y -qq --auto-remove {' '.join(BUILD_ONLY)} >/dev/null",
+        f"{chroot} sh -c {shlex.quote(TRIM)}",
+        f"{chroot} apt-get purge -y -qq --auto-remove {' '.join(BUILD_ONLY + NOT_IN_SLIM)}"
+        " >/dev/null",
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* '
         '"$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"',
         f'find "$1{VENV}" -name __pycache__ -prune -exec rm -rf {{}} +',

@@ -229,7 +229,9 @@ def main(ctx: click.Context) -> None:
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
-    help="Log line format.",
+    help="Log line format: 'text' is klog's (time, level, file, message, then logger, object "
+    "and every field as key=\"value\"), 'json' one zap-style object a line (ts, level, logger, "
+    "caller, msg, object, namespace, name, error) for log pipelines.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Log debug messages too.")
 def run(**opts: object) -> None:

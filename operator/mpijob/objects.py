@@ -7,3 +7,13 @@ the operator loads.
 from typing import Any
 
 JSON = dict[str, Any]
+
+LOG_REF = "k8s_ref"
+"""The ``extra=`` key of a log record that names the object the line is about: the key Kopf's own
+per-object records carry, so the operator's lines and Kopf's read alike
+(:mod:`mpijob.platform.logs` prints it)."""
+
+
+def about(kind: str, namespace: str | None, name: str | None) -> JSON:
+    """``extra=`` for a log line about one object: ``log.info(..., extra=about(...))``."""
+    return {LOG_REF: {"kind": kind, "namespace": namespace, "name": name}}

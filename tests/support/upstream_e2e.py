@@ -13,7 +13,7 @@ and what stands in for each here:
 - **scheduler-plugins' scheduler**, installed by upstream's suite as a second scheduler named
   ``scheduler-plugins-scheduler``: the same scheduler-plugins build the local cluster runs, started
   under that name with the Coscheduling profile of ``hack/cluster.py``.
-- **Volcano's scheduler**, which cannot be built here (docs/compatibility.md):
+- **Volcano's scheduler**, which builds but does not run here yet (docs/compatibility.md):
   :class:`VolcanoStandIn` admits a Volcano PodGroup as Volcano's ``enqueue`` and gang ``allocate``
   do for the one thing the suite's Volcano spec checks, and binds its pods only then: the
   group's ``minResources`` must fit the node's allocatable and ``minMember`` pods must exist.

@@ -375,7 +375,12 @@ def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str
                 highlight=False,
             )
         if png is not None and topo is not None:
-            from mpijob.console import plot
+            try:
+                from mpijob.console import plot
+            except ModuleNotFoundError as e:  # matplotlib: the package's "plot" extra
+                raise click.ClickException(
+                    f"--png needs {e.name}: pip install 'mpijob-operator[plot]'"
+                ) from None
 
             plot.write_png(png, topo, view.gpu_usage(pods), node=node)
             out.print(f"Wrote {png}", highlight=False)

@@ -36,6 +36,7 @@ from mpijob.api import JSON, JobKey
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang import decide, queue, quota, topology
+from mpijob.objects import about
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import Placement
@@ -357,7 +358,12 @@ class Admission:
         if isinstance(decision, queue.Admit):
             metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)
             self.waiting.pop(key, None)
-            log.info("Admitted MPIJob %s/%s: %s", *key, decision.placement.summary)
+            log.info(
+                "Admitted MPIJob %s/%s: %s",
+                *key,
+                decision.placement.summary,
+                extra=about(keys.KIND, *key),
+            )
             self.enqueue(key)
         elif isinstance(decision, queue.TimedOut):
             self.waiting.pop(key, None)

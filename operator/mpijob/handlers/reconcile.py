@@ -35,6 +35,7 @@ from mpijob.desired.status import Counter
 from mpijob.gang import gate as admission_gate
 from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
+from mpijob.objects import about
 from mpijob.placement.fabric import Fabric
 from mpijob.platform.kube import ApiError
 from mpijob.platform.workers import OwnershipError
@@ -360,7 +361,12 @@ async def _replace(
         if not e.not_found:
             raise
         return  # the decision to replace by the hold-off's record is gone already
-    log.warning("MPIJob %s/%s: %s", *key, plan.event.message if plan.event else "")
+    log.warning(
+        "MPIJob %s/%s: %s",
+        *key,
+        plan.event.message if plan.event else "",
+        extra=about(keys.KIND, *key),
+    )
     if plan.reason == keys.REASON_GPUS_TAKEN:
         metrics.PLACEMENTS_NOT_HONOURED.labels(binding=GpuBinding.DRA.value).inc()
     if plan.event is not None:

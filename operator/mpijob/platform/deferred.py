@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
+from mpijob.objects import about
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
 
@@ -73,7 +74,15 @@ class DeferredPatches:
                 await self._kube.patch(*target, patch, urgent=False)
             except ApiError as e:
                 level = logging.DEBUG if e.not_found else logging.WARNING
-                log.log(level, "Deferred patch of %s %s/%s failed: %s", kind, namespace, name, e)
+                log.log(
+                    level,
+                    "Deferred patch of %s %s/%s failed: %s",
+                    kind,
+                    namespace,
+                    name,
+                    e,
+                    extra=about(kind, namespace, name),
+                )
 
         self._line.put(target, send)
 

@@ -29,6 +29,7 @@ import kopf
 import orjson
 
 from mpijob import keys
+from mpijob.platform import logs
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -162,12 +163,9 @@ def _view_property(view: type, name: str) -> property:
 
 
 def configure_logging(*, verbose: bool, json_lines: bool) -> None:
-    """Kopf's log format; without ``verbose``, none of its per-object lines."""
-    kopf.configure(
-        verbose=verbose, log_format=kopf.LogFormat.JSON if json_lines else kopf.LogFormat.PLAIN
-    )
-    if not verbose:  # one "Handler ... succeeded" line per pod event drowns everything else
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    """Kopf's lines and the operator's in one format (:mod:`mpijob.platform.logs`); without
+    ``verbose``, none of Kopf's per-object success lines."""
+    logs.configure(verbose=verbose, json_lines=json_lines)
 
 
 class _SetCondition(asyncio.Condition):

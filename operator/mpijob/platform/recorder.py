@@ -37,7 +37,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -47,6 +47,7 @@ import aiohttp
 from mpijob import keys
 from mpijob.desired import events
 from mpijob.desired.events import Event
+from mpijob.objects import about
 from mpijob.platform.deferred import Line
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
@@ -79,6 +80,13 @@ class Series:
     sent: int = 0
     """The count the API has; 0 until the Event is created."""
     failed: bool = False
+    subject: dict[str, Any] = field(default_factory=dict)
+    """The object the Event is about, for log lines (:func:`mpijob.objects.about`)."""
+
+
+def _about(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return about(str(obj.get("kind") or keys.KIND), meta.get("namespace"), meta.get("name"))
 
 
 def _unanswered(error: Exception) -> bool:
@@ -119,7 +127,9 @@ class Recorder:
             self._line.put(("update", series.name), partial(self._update, series))
             return
         ns = meta.get("namespace", "default")
-        series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
+        series = Series(
+            f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns, subject=_about(obj)
+        )
         self._seen[key] = series
         while len(self._seen) > MAX_TRACKED:
             self._seen.popitem(last=False)
@@ -199,7 +209,17 @@ class Recorder:
                 str(item.get("message") or ""),
             )
             count = int(item.get("count") or 1)
-            series = Series(str(meta.get("name")), str(meta.get("namespace")), count, count)
+            series = Series(
+                str(meta.get("name")),
+                str(meta.get("namespace")),
+                count,
+                count,
+                subject=about(
+                    str(involved.get("kind") or keys.KIND),
+                    involved.get("namespace"),
+                    involved.get("name"),
+                ),
+            )
             self._seen.setdefault(key, series)
         while len(self._seen) > MAX_TRACKED:
             self._seen.popitem(last=False)
@@ -218,10 +238,15 @@ class Recorder:
                 continue
             meta = obj.get("metadata", {})
             ns = meta.get("namespace", "default")
-            series = Series(f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns)
+            series = Series(
+                f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns, subject=_about(obj)
+            )
             self._seen[(uid, e.type, e.reason, e.message)] = series
             body = self._event(obj, e, series, at=_stamp(item.since))
-            log.info("Posting an Event a restart or an outage lost", extra={"reason": e.reason})
+            log.info(
+                "Posting an Event a restart or an outage lost",
+                extra={"reason": e.reason, **series.subject},
+            )
             await self._create(series, body)
 
     async def _create(self, series: Series, body: dict[str, Any]) -> None:
@@ -233,10 +258,10 @@ class Recorder:
                 series.sent = 1
                 return
             series.failed = True
-            self._log(body["reason"], e)
+            self._log(body["reason"], e, series)
         except Exception as e:
             series.failed = True
-            self._log(body["reason"], e)
+            self._log(body["reason"], e, series)
 
     async def _update(self, series: Series) -> None:
         if series.failed or series.sent >= series.count:
@@ -259,7 +284,7 @@ class Recorder:
             series.sent = count
         except Exception as e:
             series.failed = True  # expired or never made: the next repeat starts a new Event
-            self._log("count update", e)
+            self._log("count update", e, series)
 
     def _event(
         self, obj: dict[str, Any], event: Event, series: Series, *, at: str = ""
@@ -290,8 +315,13 @@ class Recorder:
         }
 
     @staticmethod
-    def _log(what: str, error: Exception) -> None:
+    def _log(what: str, error: Exception, series: Series) -> None:
         if isinstance(error, ApiError):
-            log.warning("Failed to post event", extra={"reason": what, "error": str(error)})
+            log.warning(
+                "Failed to post event",
+                extra={"reason": what, "error": str(error), **series.subject},
+            )
         else:
-            log.error("Failed to post event", exc_info=error, extra={"reason": what})
+            log.error(
+                "Failed to post event", exc_info=error, extra={"reason": what, **series.subject}
+            )

@@ -53,6 +53,7 @@ from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.desired.predicates import pod_requests, terminal
+from mpijob.objects import about
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
@@ -194,7 +195,11 @@ class ShareService:
                 self.wake.set()
                 return
             if key in self.waiting and not gone and keys.GPU_SHARE_WAITING in annotations:
-                log.warning("The GPU-share gate of pod %s was removed by hand: no share", key)
+                log.warning(
+                    "The GPU-share gate of pod %s was removed by hand: no share",
+                    key,
+                    extra=_about(body),
+                )
                 self._event(
                     body,
                     keys.REASON_GPU_SHARE_GATE_REMOVED,
@@ -367,12 +372,23 @@ class ShareService:
                     async with self.lock:
                         self._release(placed.claim)
                         self.export([placed.node])
-                log.warning("Could not place the waiting pod %s: %s", key, error.message)
+                log.warning(
+                    "Could not place the waiting pod %s: %s",
+                    key,
+                    error.message,
+                    extra=_about(body),
+                )
                 continue
             if self.waiting.get(key) is body:
                 self._stop_waiting(key)
             done += 1
-            log.info("Placed the waiting pod %s on %s GPU %d", key, placed.node, placed.gpu)
+            log.info(
+                "Placed the waiting pod %s on %s GPU %d",
+                key,
+                placed.node,
+                placed.gpu,
+                extra=_about(body),
+            )
             self._event(
                 body,
                 keys.REASON_GPU_SHARE_PLACED,
@@ -394,9 +410,20 @@ class ShareService:
         try:
             await patch(meta["namespace"], meta["name"], ops)
         except ApiError as error:  # gone or placed meanwhile: its next event tells
-            log.info("Could not write why pod %s waits: %s", meta.get("name"), error.message)
+            log.info(
+                "Could not write why pod %s waits: %s",
+                meta.get("name"),
+                error.message,
+                extra=_about(body),
+            )
             return
-        log.info("GPU share of pod %s/%s waits: %s", meta["namespace"], meta["name"], reason)
+        log.info(
+            "GPU share of pod %s/%s waits: %s",
+            meta["namespace"],
+            meta["name"],
+            reason,
+            extra=_about(body),
+        )
         self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
 
     async def run_placement(self, patch: PatchPod, leading: asyncio.Event | None = None) -> None:
@@ -565,3 +592,8 @@ def workers_reader(kube: KubeApi) -> WorkersOf:
         return replicas if isinstance(replicas, int) and replicas >= 0 else None
 
     return workers_of
+
+
+def _about(pod: dict[str, Any]) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    return about("Pod", meta.get("namespace"), meta.get("name"))

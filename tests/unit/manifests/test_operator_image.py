@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 import yaml
@@ -94,3 +95,12 @@ def test_both_recipes_give_the_runtime_uid_a_passwd_entry() -> None:
     runs = [rest for op, rest in instructions() if op == "RUN"]
     assert any("useradd" in r and "--uid 65532" in r for r in runs)
     assert any("useradd" in h and "--uid 65532" in h for h in operator_image.hooks(ROOT))
+
+
+def test_both_recipes_trim_the_same_and_leave_plotting_out() -> None:
+    """What no runtime reads goes in both recipes, and the CLI's plotting is an extra."""
+    runs = [" ".join(rest.split()) for op, rest in instructions() if op == "RUN"]
+    assert operator_image.TRIM in runs
+    assert any(shlex.quote(operator_image.TRIM) in h for h in operator_image.hooks(ROOT))
+    pinned = {line.split("==")[0] for line in operator_image.pins()}
+    assert not {"matplotlib", "pillow", "fonttools"} & pinned

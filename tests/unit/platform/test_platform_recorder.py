@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -145,6 +146,21 @@ async def test_a_refused_event_is_not_retried() -> None:
     assert created(api) == []
     refused = [(c.verb, getattr(c.error, "status", None)) for c in api.calls]
     assert refused == [("create", 403)]  # one try, refused
+
+
+@virtual_time
+async def test_a_refused_event_is_logged_with_its_object_and_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = slow_api()
+    refuse(api)
+    recorder = Recorder(api, instance="test")
+    with caplog.at_level(logging.WARNING, "mpijob.platform.recorder"):
+        recorder.post(JOB, CREATED)
+        await recorder.drain()
+    (record,) = [r for r in caplog.records if r.getMessage() == "Failed to post event"]
+    assert record.k8s_ref == {"kind": "MPIJob", "namespace": "ns", "name": "pi"}  # type: ignore[attr-defined]
+    assert "403" in record.error  # type: ignore[attr-defined]
 
 
 NOW = datetime.now(UTC)
