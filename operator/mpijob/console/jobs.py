@@ -156,10 +156,10 @@ def job_duration(job: JSON, now: datetime) -> str:
 
 
 def job_why(job: JSON) -> tuple[str, ...]:
-    """The messages of the job's True ``Failed`` and ``WorkersLeftRunning`` conditions."""
+    """The job's True ``Failed`` and ``WorkersLeftRunning`` conditions: type, reason, message."""
     conditions = (job.get("status") or {}).get("conditions") or []
     return tuple(
-        f"{c.get('reason')}: {c.get('message')}"
+        f"{c.get('type')} ({c.get('reason')}): {c.get('message')}"
         for c in conditions
         if c.get("status") == "True"
         and c.get("type") in (keys.COND_FAILED, keys.COND_WORKERS_LEFT_RUNNING)

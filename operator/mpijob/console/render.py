@@ -117,7 +117,7 @@ def job_details(view: JobView) -> RenderableType:
         fields.add_row("Placement:", view.placement)
     parts: list[RenderableType] = [fields]
     # Wrapped rather than cut: the message names the pod, container and reason.
-    parts += [Text(f"Reason: {why}", style="red") for why in view.why]
+    parts += [Text(f"Why: {why}", style="red") for why in view.why]
     parts.append(Text(""))
     if view.instances:
         parts += [Text("Instances:", style="bold"), instance_table(view)]

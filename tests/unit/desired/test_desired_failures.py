@@ -435,3 +435,15 @@ def test_time_to_every_worker_ready_and_to_the_launcher_running() -> None:
 
 def test_parsed_bodies_default_as_before() -> None:
     assert parsed(body("x", "y")).spec.run_policy.clean_pod_policy == "None"
+
+
+def test_the_workers_left_running_warning_is_implied_by_the_status_it_wrote() -> None:
+    from mpijob.desired import events
+
+    job = succeeded(None)
+    result = rules.next_status(
+        job, sync.Observed(pods=[gpu_worker("test-worker-0", "Running")]), NOW
+    )
+    job.status = result.status
+    implied = {i.event for i in events.implied_by(job)}
+    assert set(result.events) <= implied
