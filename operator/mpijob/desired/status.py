@@ -529,7 +529,9 @@ def _left_running(
         if observed.phase_of(pod) in ("Running", "Pending")
         and not (pod.get("metadata") or {}).get("deletionTimestamp")
     ]
-    result.gpus_held = sum(gpu_count(pod) for pod in held)
+    # The GPUs one worker asks for, from the job's template: the watch keeps no container specs.
+    per_worker = gpu_count(job.spec.worker.template) if job.spec.worker is not None else 0
+    result.gpus_held = per_worker * len(held)
     status = result.status
     if held:
         names_held = ", ".join(sorted(observed.name_of(pod) for pod in held))

@@ -241,15 +241,27 @@ def test_failure_labels_are_bounded() -> None:
 # --- finished jobs whose workers are left running ------------------------------------------------
 
 
-def gpu_worker(name: str, phase: str, gpus: int = 8) -> dict[str, Any]:
-    p = worker(name, phase)
-    p["spec"] = {"containers": [{"name": "w", "resources": {"limits": {keys.GPU_RESOURCE: gpus}}}]}
-    return p
+def gpu_worker(name: str, phase: str) -> dict[str, Any]:
+    """A worker of a job whose template asks 8 GPUs, as the watch keeps it: no container specs."""
+    return worker(name, phase)
+
+
+GPU_WORKER = {
+    "spec": {"containers": [{"name": "w", "resources": {"limits": {keys.GPU_RESOURCE: 8}}}]}
+}
 
 
 def succeeded(policy: str | None) -> api.MPIJob:
     run_policy = {} if policy is None else {"cleanPodPolicy": policy}
-    job = created(make_job(name="test", namespace="default", workers=2, run_policy=run_policy))
+    job = created(
+        make_job(
+            name="test",
+            namespace="default",
+            workers=2,
+            run_policy=run_policy,
+            worker_template=GPU_WORKER,
+        )
+    )
     rules.set_condition(job.status, "Succeeded", "True", "MPIJobSucceeded", "done", T0)
     job.status.completion_time = T0
     return job
