@@ -141,17 +141,11 @@ def test_a_worker_evicted_through_the_eviction_api_ends_the_job_and_policy_clean
     assert failed["reason"].startswith("BackoffLimitExceeded"), failed
     assert mpijobs.get(name)["status"].get("completionTime"), "a finished job"
 
-    def cleaned() -> list[str] | None:
-        left = worker_pods(crds, namespace, name)
+    def cleaned() -> bool:
+        left = [p for p in worker_pods(crds, namespace, name) if not p.metadata.deletion_timestamp]
         if policy == "All":
-            kept = [p for p in left if not p.metadata.deletion_timestamp]
-        else:
-            kept = [
-                p
-                for p in left
-                if p.status.phase in ("Running", "Pending") and not p.metadata.deletion_timestamp
-            ]
-        return None if kept else [p.metadata.name for p in left]
+            return not left
+        return not [p for p in left if p.status.phase in ("Running", "Pending")]
 
     wait_until(cleaned, timeout=60, what=f"cleanPodPolicy {policy}'s cleanup of the workers")
     running = [

@@ -118,8 +118,21 @@ STUCK_WAITING_REASONS = frozenset(
     }
 )
 
-#: Pod-level reasons the kubelet (or the API, for DisruptionTarget) sets on a pod it stopped.
-POD_FAILURE_REASONS = frozenset({"Evicted", "DeadlineExceeded", "OutOfmemory", "OutOfcpu"})
+#: Pod-level reasons the kubelet sets on a pod it stopped or refused: evicted for node pressure,
+#: past ``activeDeadlineSeconds``, ended by a node shutdown, refused at admission.
+POD_FAILURE_REASONS = frozenset(
+    {
+        "Evicted",
+        "DeadlineExceeded",
+        "Terminated",
+        "Shutdown",
+        "NodeLost",
+        "NodeAffinity",
+        "UnexpectedAdmissionError",
+        "OutOfmemory",
+        "OutOfcpu",
+    }
+)
 
 
 @dataclass(frozen=True)
