@@ -50,6 +50,33 @@ def pi_job(name: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
+def fails_at_once(body: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """The launcher runs ``command`` once (restartPolicy Never, backoffLimit 0), and only once
+    every worker's sshd listens (a readiness probe on its port, WaitForWorkersReady): a launcher
+    started earlier would fail on a refused connection, not on what the test does."""
+    body["spec"]["runPolicy"]["backoffLimit"] = 0
+    body["spec"]["launcherCreationPolicy"] = "WaitForWorkersReady"
+    body["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] = "Never"
+    launcher = containers(body, "Launcher")[0]
+    launcher["command"], launcher["args"] = command[:1], command[1:]
+    containers(body, "Worker")[0]["readinessProbe"] = {
+        "tcpSocket": {"port": 2222},
+        "periodSeconds": 1,
+    }
+    return body
+
+
+def launcher_logs(cluster: Cluster, namespace: str, job: str) -> str:
+    out = []
+    for p in pods(cluster, namespace, job, keys.ROLE_LAUNCHER):
+        try:
+            log = cluster.core.read_namespaced_pod_log(p.metadata.name, namespace)
+        except client.ApiException as e:
+            log = f"(no log: {e.reason})"
+        out.append(f"--- {p.metadata.name} ---\n{log}")
+    return "\n".join(out)
+
+
 def containers(body: dict[str, Any], replica: str) -> list[dict[str, Any]]:
     return body["spec"]["mpiReplicaSpecs"][replica]["template"]["spec"]["containers"]  # type: ignore[no-any-return]
 
@@ -75,18 +102,16 @@ def worker_pods(cluster: Cluster, namespace: str, job: str) -> list[client.V1Pod
 def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get(
     crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
 ) -> None:
-    """Each worker serves SSH for a while, then its main process reads /dev/zero into memory
-    (``tail`` keeps a line that never ends) past a 64 MiB limit: the kernel's OOM killer ends
-    it, the launcher's mpirun loses its ranks and its Job fails (backoffLimit 0)."""
+    """Each worker serves SSH; once mpirun's rank has started there, the worker's main process
+    reads /dev/zero into memory (``tail`` keeps a line that never ends) past a 64 MiB limit:
+    the kernel's OOM killer ends it, the launcher's mpirun loses its ranks and its Job fails
+    (backoffLimit 0)."""
     ready_real_node(crds)
-    body = pi_job("oom", runPolicy={"backoffLimit": 0})
-    body["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] = "Never"
-    launcher = containers(body, "Launcher")[0]
-    launcher["command"] = ["mpirun"]
-    launcher["args"] = ["-n", "2", "sleep", "120"]
+    ranks = "touch /tmp/go; exec sleep 120"
+    body = fails_at_once(pi_job("oom"), ["mpirun", "-n", "2", "sh", "-c", ranks])
     worker = containers(body, "Worker")[0]
     worker["command"] = ["sh", "-c"]
-    worker["args"] = [f"{SSHD} & sleep 20; exec tail /dev/zero"]
+    worker["args"] = [f"{SSHD} & until [ -e /tmp/go ]; do sleep 0.2; done; exec tail /dev/zero"]
     body = on_real_node(body)
     worker = containers(body, "Worker")[0]
     worker["resources"]["limits"]["memory"] = "64Mi"
@@ -97,7 +122,7 @@ def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get
         r"first failure: worker pod oom-worker-[01] container mpi-worker OOMKilled "
         r"\(exit code 137\); [12] other pods? failed"
     )
-    assert named.search(failed["message"]), failed
+    assert named.search(failed["message"]), (failed, launcher_logs(crds, namespace, "oom"))
     assert failed["reason"].startswith("BackoffLimitExceeded"), failed
     warning = mpijobs.wait_event("oom", failed["reason"])
     assert warning["type"] == "Warning"
@@ -118,20 +143,27 @@ def test_a_worker_evicted_through_the_eviction_api_ends_the_job_and_policy_clean
     finished job's cleanup deletes what ``cleanPodPolicy`` names."""
     ready_real_node(crds)
     name = f"evict-{policy.lower()}"
-    body = pi_job(name, runPolicy={"backoffLimit": 0, "cleanPodPolicy": policy})
-    body["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"] = "Never"
-    launcher = containers(body, "Launcher")[0]
-    launcher["command"] = ["mpirun"]
-    launcher["args"] = ["-n", "2", "sleep", "300"]
+    body = pi_job(name, runPolicy={"cleanPodPolicy": policy})
+    body = fails_at_once(
+        body, ["mpirun", "-n", "2", "sh", "-c", "echo rank up on $(hostname); exec sleep 300"]
+    )
     crds.apply(on_real_node(body), namespace=namespace)
-    mpijobs.wait_condition(name, keys.COND_RUNNING, timeout=TIMEOUT)
+    try:
+        mpijobs.wait_condition(name, keys.COND_RUNNING, timeout=TIMEOUT)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{launcher_logs(crds, namespace, name)}") from None
 
     def launcher_running() -> bool:
         found = pods(crds, namespace, name, keys.ROLE_LAUNCHER)
         return any(p.status.phase == "Running" for p in found)
 
     wait_until(launcher_running, timeout=60, what="the launcher pod Running")
-    time.sleep(5)  # mpirun has started its ranks on both workers
+
+    def ranks_up() -> bool:
+        log = launcher_logs(crds, namespace, name)
+        return all(f"rank up on {name}-worker-{i}" in log for i in range(2))
+
+    wait_until(ranks_up, timeout=120, what="mpirun's ranks running on both workers")
     eviction = client.V1Eviction(
         metadata=client.V1ObjectMeta(name=f"{name}-worker-0", namespace=namespace)
     )

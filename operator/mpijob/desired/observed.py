@@ -243,7 +243,10 @@ def _finished_at(status: Mapping[str, Any]) -> str:
 
 
 def first_failures(pods: Sequence[Mapping[str, Any]]) -> list[PodFailure]:
-    """Every failure among ``pods``, the earliest first (one without a time last; ties by
-    pod name, so the order never depends on the order of a listing)."""
+    """Every failure among ``pods``, the earliest first (one without a time last).
+
+    The kubelet's times have whole seconds, and a launcher fails because its workers did
+    (``mpirun`` loses its ranks), often within the same second: at the same time a worker comes
+    before a launcher. Then by pod name, so the order never depends on a listing's."""
     found = [f for f in map(pod_failure, pods) if f is not None]
-    return sorted(found, key=lambda f: (not f.at, f.at, f.pod))
+    return sorted(found, key=lambda f: (not f.at, f.at, f.role != keys.ROLE_WORKER, f.pod))

@@ -176,6 +176,21 @@ def test_failures_are_ordered_by_time() -> None:
     assert [f.pod for f in observed.first_failures([late, unknown, early])] == ["c", "b", "a"]
 
 
+def test_in_the_same_second_a_worker_comes_before_the_launcher_it_failed() -> None:
+    """Seen on the real nodes: both workers OOM-killed and the launcher's mpirun exiting 255,
+    all three finished at the same second."""
+    at = "2026-11-27T00:56:10Z"
+    launcher = launcher_pod(
+        "oom-launcher-z4rk9", "Failed", containerStatuses=terminated("l", "Error", 255, at)
+    )
+    workers = [
+        worker(f"oom-worker-{i}", "Failed", containerStatuses=terminated("w", "OOMKilled", 137, at))
+        for i in (1, 0)
+    ]
+    order = [f.pod for f in observed.first_failures([launcher, *workers])]
+    assert order == ["oom-worker-0", "oom-worker-1", "oom-launcher-z4rk9"]
+
+
 # --- the Failed condition, Event and counter -----------------------------------------------------
 
 
