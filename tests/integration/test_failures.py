@@ -66,6 +66,20 @@ def fails_at_once(body: dict[str, Any], command: list[str]) -> dict[str, Any]:
     return body
 
 
+def pod_states(cluster: Cluster, namespace: str) -> str:
+    """Each pod's phase and containers' states, and the launchers' logs: what a red test shows."""
+    out = []
+    for p in cluster.core.list_namespaced_pod(namespace).items:
+        states = [(c.name, c.state.to_dict()) for c in p.status.container_statuses or []]
+        out.append(f"{p.metadata.name} {p.status.phase} {states}")
+        if (p.metadata.labels or {}).get(keys.LABEL_JOB_ROLE) == keys.ROLE_LAUNCHER:
+            try:
+                out.append(cluster.core.read_namespaced_pod_log(p.metadata.name, namespace))
+            except client.ApiException as e:
+                out.append(f"(no log: {e.reason})")
+    return "\n".join(out)
+
+
 def launcher_logs(cluster: Cluster, namespace: str, job: str) -> str:
     out = []
     for p in pods(cluster, namespace, job, keys.ROLE_LAUNCHER):
@@ -107,8 +121,11 @@ def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get
     the kernel's OOM killer ends it, the launcher's mpirun loses its ranks and its Job fails
     (backoffLimit 0)."""
     ready_real_node(crds)
-    ranks = "touch /tmp/go; exec sleep 120"
-    body = fails_at_once(pi_job("oom"), ["mpirun", "-n", "2", "sh", "-c", ranks])
+    # Open MPI 5.0.7's mpirun was seen to exit 0 after "PRTE has lost communication with a
+    # remote daemon" (the job then Succeeded, as upstream's would): the ranks sleep for 120 s,
+    # so the launcher fails whenever mpirun returns before that.
+    ranks = "mpirun -n 2 sh -c 'touch /tmp/go; exec sleep 120'; exit 1"
+    body = fails_at_once(pi_job("oom"), ["sh", "-c", ranks])
     worker = containers(body, "Worker")[0]
     worker["command"] = ["sh", "-c"]
     worker["args"] = [f"{SSHD} & until [ -e /tmp/go ]; do sleep 0.2; done; exec tail /dev/zero"]
@@ -117,7 +134,10 @@ def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get
     worker["resources"]["limits"]["memory"] = "64Mi"
     crds.apply(body, namespace=namespace)
 
-    failed = mpijobs.wait_condition("oom", keys.COND_FAILED, timeout=TIMEOUT)
+    try:
+        failed = mpijobs.wait_condition("oom", keys.COND_FAILED, timeout=TIMEOUT)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{pod_states(crds, namespace)}") from None
     named = re.compile(
         r"first failure: worker pod oom-worker-[01] container mpi-worker OOMKilled "
         r"\(exit code 137\); [12] other pods? failed"
