@@ -120,6 +120,47 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
         ],
     ),
     (
+        "Failures and start-up",
+        [
+            Chart(
+                "Job failures by reason",
+                "Failed MPIJobs per second, by the kubelet's reason for the first pod failure "
+                "(OOMKilled, Error, Evicted, DeadlineExceeded, ImagePullBackOff, ...), else the "
+                "launcher Job's reason. The job's Failed condition and Warning Event name the "
+                "pod, container and exit code.",
+                [
+                    (
+                        f"sum by (reason) (rate(mpi_operator_job_failures_total{SEL}[{RATE}]))",
+                        "{{reason}}",
+                    )
+                ],
+                unit="ops",
+            ),
+            Chart(
+                "Time to every worker Ready",
+                "From an MPIJob's creation until the last of its workers was Ready (image "
+                "pulls, scheduling and gang waits included).",
+                quantiles("mpi_operator_job_time_to_workers_ready_seconds"),
+                unit="s",
+            ),
+            Chart(
+                "Time to launcher running",
+                "From an MPIJob's creation until its launcher's container first ran "
+                "(WaitForWorkersReady jobs start it only once every worker is Ready).",
+                quantiles("mpi_operator_job_time_to_launcher_running_seconds"),
+                unit="s",
+            ),
+            Chart(
+                "GPUs held by finished jobs",
+                "GPUs requested by Running or Pending workers of MPIJobs that have finished: "
+                "cleanPodPolicy None (upstream's default) leaves them, and nothing uses them. "
+                "Their jobs carry WorkersLeftRunning=True; --default-clean-pod-policy=Running "
+                "frees them for jobs that set no policy.",
+                [(f"sum(mpi_operator_finished_jobs_gpus_held{SEL})", "GPUs")],
+            ),
+        ],
+    ),
+    (
         "Placement and gang",
         [
             Chart(
@@ -430,6 +471,16 @@ ALERTS: Final = [
         "30m",
         "warning",
         "Topology-placed MPIJobs have found no GPUs that fit them for 30 minutes.",
+    ),
+    Alert(
+        "MPIJobFinishedJobsHoldGpus",
+        "max(mpi_operator_finished_jobs_gpus_held)",
+        "> 0",
+        "30m",
+        "warning",
+        "Workers of finished MPIJobs have held GPUs for 30 minutes (cleanPodPolicy None): the "
+        "jobs with WorkersLeftRunning=True name them; delete them, or set cleanPodPolicy "
+        "Running (per job, or --default-clean-pod-policy).",
     ),
     Alert(
         "MPIJobReconcileErrors",

@@ -124,6 +124,16 @@ def main(ctx: click.Context) -> None:
     help="How many MPIJobs are reconciled concurrently.",
 )
 @click.option(
+    "--default-clean-pod-policy",
+    type=click.Choice([keys.CLEAN_POD_NONE, keys.CLEAN_POD_RUNNING, keys.CLEAN_POD_ALL]),
+    default=DEFAULTS.default_clean_pod_policy,
+    show_default=True,
+    help="spec.runPolicy.cleanPodPolicy of a job that sets none. Upstream's default, None, "
+    "leaves a finished job's running workers, and the GPUs they hold, in place (the job gets "
+    f"{keys.COND_WORKERS_LEFT_RUNNING}=True); Running deletes them when the job finishes. "
+    "A job's own cleanPodPolicy always wins.",
+)
+@click.option(
     "--gpu-topology-default/--no-gpu-topology-default",
     default=DEFAULTS.gpu_topology_default,
     show_default=True,

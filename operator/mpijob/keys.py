@@ -99,6 +99,19 @@ REASON_RESOURCE_EXISTS: Final = "ErrResourceExists"
 #: replica spec's.
 REASON_SET_RESTART_POLICY: Final = "SetPodTemplateRestartPolicy"
 
+# --- Our finish conditions -------------------------------------------------------------------
+#: Condition type on a finished job whose cleanPodPolicy (upstream's default ``None``) keeps
+#: worker pods Running or Pending: True while any is left, with the pods and the GPUs they hold
+#: in its message; False once none is. Upstream's condition types are untouched.
+COND_WORKERS_LEFT_RUNNING: Final = "WorkersLeftRunning"
+#: ``WorkersLeftRunning=True``: it is the job's ``cleanPodPolicy`` that keeps them.
+REASON_CLEAN_POD_POLICY: Final = "CleanPodPolicyKeepsWorkers"
+#: ``WorkersLeftRunning=False``: no worker pod of the finished job runs any more.
+REASON_WORKERS_GONE: Final = "WorkersGone"
+#: Warning Event, once, when a finished job's workers are left running (its message is the
+#: condition's).
+REASON_WORKERS_LEFT_RUNNING: Final = "WorkersLeftRunning"
+
 # --- Upstream spec values --------------------------------------------------------------------
 #: Keys of ``spec.mpiReplicaSpecs`` and ``status.replicaStatuses``.
 REPLICA_LAUNCHER: Final = "Launcher"

@@ -64,6 +64,29 @@ JOB_DURATION: Final = Histogram(
     "Time from an MPIJob's start to its completion (succeeded or failed)",
     buckets=(10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 12 * 3600, 24 * 3600),
 )
+JOB_FAILURES: Final = Counter(
+    "mpi_operator_job_failures",
+    "MPIJobs that failed, by the kubelet's reason for the first pod failure (OOMKilled, Error, "
+    "Evicted, DeadlineExceeded, ImagePullBackOff, ...), else the launcher Job's reason; a "
+    "reason outside the known set counts as Other",
+    ["reason"],
+)
+TIME_TO_WORKERS_READY: Final = Histogram(
+    "mpi_operator_job_time_to_workers_ready_seconds",
+    "Time from an MPIJob's creation until every one of its workers was Ready (pods' Ready "
+    "transition times), once per job",
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+TIME_TO_LAUNCHER_RUNNING: Final = Histogram(
+    "mpi_operator_job_time_to_launcher_running_seconds",
+    "Time from an MPIJob's creation until its launcher's container first ran, once per job",
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+FINISHED_JOBS_GPUS_HELD: Final = Gauge(
+    "mpi_operator_finished_jobs_gpus_held",
+    "GPUs requested by Running or Pending worker pods of MPIJobs that have finished: workers "
+    "that cleanPodPolicy None (upstream's default) leaves in place, holding GPUs nothing uses",
+)
 
 # --- placement ----------------------------------------------------------------------------------
 PLACEMENT_SECONDS: Final = Histogram(

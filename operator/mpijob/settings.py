@@ -49,6 +49,11 @@ class OperatorSettings:
     threadiness: int = 8
     """Jobs reconciled concurrently."""
 
+    default_clean_pod_policy: str = keys.CLEAN_POD_NONE
+    """``spec.runPolicy.cleanPodPolicy`` of a job that sets none. Upstream's default, ``None``,
+    leaves a finished job's running workers (and their GPUs) in place; ``Running`` or ``All``
+    is a deliberate difference a cluster admin opts into."""
+
     gpu_topology_default: bool = False
     """Place every GPU job topology-aware, as if it had ``mpijob.io/gpu-topology: "true"``."""
 

@@ -8,6 +8,7 @@ suspend/resume, and garbage collection on delete.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -188,8 +189,14 @@ def test_mpijob_failure_reports_backoff_limit_exceeded_with_pod_reason(
     mpijobs.create(job)
     failed = mpijobs.wait_condition("bad", "Failed", timeout=120)
     assert failed["reason"] == "BackoffLimitExceeded/OOMKilled"
-    assert failed["message"].startswith("Job has reached the specified backoff limit: ")
-    assert failed["message"].endswith("The pod failed: OOMKilled")
+    # Upstream's message, then (ours) the first pod failure the kubelet reported and the count
+    # of the others: kwok's failed launcher containers exit 1 with reason Error.
+    assert re.fullmatch(
+        r"Job has reached the specified backoff limit: The pod failed: OOMKilled; "
+        r"first failure: launcher pod bad-launcher-[a-z0-9]{5} container launcher Error "
+        r"\(exit code 1\); 1 other pod failed",
+        failed["message"],
+    ), failed["message"]
     status = mpijobs.get("bad")["status"]
     assert status["replicaStatuses"]["Launcher"]["failed"] == 2
     assert status["completionTime"]

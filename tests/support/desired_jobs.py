@@ -75,7 +75,9 @@ def pod(
         metadata["ownerReferences"] = [{"kind": "Job", "uid": owner_uid, "controller": True}]
     status: dict[str, Any] = {"phase": phase}
     if ready:
+        # A Ready pod has its IP: the kubelet sets it before any container starts.
         status["conditions"] = [{"type": "Ready", "status": "True"}]
+        status["podIP"] = "10.0.0.1"
     if reason is not None:
         status["reason"] = reason
     if message is not None:

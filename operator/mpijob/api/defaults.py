@@ -11,13 +11,17 @@ from mpijob import keys
 from mpijob.api.models import MPIJob, ReplicaSpec
 
 
-def with_defaults(job: MPIJob) -> MPIJob:
-    """A deep copy of ``job`` with upstream's Go defaults filled in where fields are unset."""
+def with_defaults(job: MPIJob, *, clean_pod_policy: str = keys.CLEAN_POD_NONE) -> MPIJob:
+    """A deep copy of ``job`` with upstream's Go defaults filled in where fields are unset.
+
+    ``clean_pod_policy`` is the cleanPodPolicy of a job that sets none: upstream's ``None``
+    unless a cluster admin chose another (``--default-clean-pod-policy``).
+    """
     job = job.model_copy(deep=True)
     spec = job.spec
     if spec.run_policy.clean_pod_policy is None:
         # The type's comment says Running, but upstream's code defaults to None.
-        spec.run_policy.clean_pod_policy = keys.CLEAN_POD_NONE
+        spec.run_policy.clean_pod_policy = clean_pod_policy
     if spec.slots_per_worker is None:
         spec.slots_per_worker = 1
     if not spec.ssh_auth_mount_path:

@@ -27,6 +27,7 @@ from mpijob.api.models import parse_time
 from mpijob.api.resources import gpu_ids
 from mpijob.desired.claims import allocated_devices, claim_name
 from mpijob.desired.predicates import template_gpus
+from mpijob.desired.observed import pod_failure
 from mpijob.objects import JSON
 
 TRAINER: Final = "MPIJOB"
@@ -92,6 +93,9 @@ class JobView:
     placement: str | None
     """The one-line summary of the job's PlacementDecision, if it holds one."""
     instances: tuple[Instance, ...]
+    why: tuple[str, ...] = ()
+    """What the job's status says went wrong or is left over: the True ``Failed`` condition's
+    message (which names the first pod failure) and ``WorkersLeftRunning``'s."""
 
     @property
     def launcher_node(self) -> str:
@@ -151,6 +155,17 @@ def job_duration(job: JSON, now: datetime) -> str:
     return human_duration((end - start).total_seconds())
 
 
+def job_why(job: JSON) -> tuple[str, ...]:
+    """The job's True ``Failed`` and ``WorkersLeftRunning`` conditions: type, reason, message."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return tuple(
+        f"{c.get('type')} ({c.get('reason')}): {c.get('message')}"
+        for c in conditions
+        if c.get("status") == "True"
+        and c.get("type") in (keys.COND_FAILED, keys.COND_WORKERS_LEFT_RUNNING)
+    )
+
+
 def job_priority(job: JSON) -> str:
     """The gang's priority class, else the launcher's, else N/A."""
     spec = job.get("spec") or {}
@@ -171,7 +186,9 @@ def pod_status(pod: JSON) -> str:
     if phase == "Succeeded":
         return "Completed"
     if phase == "Failed":
-        return str(status.get("reason") or "Failed")
+        # The kubelet's reason, as kubectl shows it: Evicted, OOMKilled, Error.
+        failure = pod_failure(pod)
+        return str(status.get("reason") or (failure.reason if failure else "Failed"))
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason"):
@@ -307,6 +324,7 @@ def job_view(
         gpus=requested_gpus(job),
         placement=placement or None,
         instances=tuple(rows),
+        why=job_why(job),
     )
 
 

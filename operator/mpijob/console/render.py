@@ -115,7 +115,10 @@ def job_details(view: JobView) -> RenderableType:
     fields.add_row("GPUs:", str(view.gpus))
     if view.placement:
         fields.add_row("Placement:", view.placement)
-    parts: list[RenderableType] = [fields, Text("")]
+    parts: list[RenderableType] = [fields]
+    # Wrapped rather than cut: the message names the pod, container and reason.
+    parts += [Text(f"Why: {why}", style="red") for why in view.why]
+    parts.append(Text(""))
     if view.instances:
         parts += [Text("Instances:", style="bold"), instance_table(view)]
         if view.not_honoured:

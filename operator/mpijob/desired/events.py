@@ -64,10 +64,10 @@ _ADMISSION_WARNINGS = frozenset(
 
 def implied_by(job: MPIJob) -> list[Implied]:
     """The Events that matter which the job's status implies were posted: Created, Running,
-    Succeeded or Failed, admitted or refused, placed anew. Each is the Event the transition to
-    that condition posted (same type, reason and message), so that an operator that restarted
-    can post the ones the API does not have (lost to a kill between the status write and the
-    post, or to an outage)."""
+    Succeeded or Failed, admitted or refused, placed anew, workers left running. Each is the
+    Event the transition to that condition posted (same type, reason and message), so that an
+    operator that restarted can post the ones the API does not have (lost to a kill between
+    the status write and the post, or to an outage)."""
     status = job.status
     out = []
     for c in status.conditions:
@@ -80,6 +80,8 @@ def implied_by(job: MPIJob) -> list[Implied]:
             event = normal(keys.REASON_SUCCEEDED, c.message)
         elif c.status == "True" and c.type == keys.COND_FAILED:
             event = warning(c.reason, c.message)
+        elif c.status == "True" and c.type == keys.COND_WORKERS_LEFT_RUNNING:
+            event = warning(keys.REASON_WORKERS_LEFT_RUNNING, c.message)
         elif c.type == keys.COND_GANG_ADMITTED and c.status == "True":
             event = normal(keys.REASON_GANG_ADMITTED, c.message)
         elif c.type == keys.COND_GANG_ADMITTED and c.reason in _ADMISSION_WARNINGS:

@@ -73,6 +73,17 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def pod_reachable(pod: Mapping[str, Any]) -> bool:
+    """Ready, not terminating, and with an IP: what the job's headless Service publishes under
+    the pod's hostname (a Ready pod's address; not-ready ones too when the launcher is a
+    worker), so a launcher may reach it by name."""
+    return (
+        pod_ready(pod)
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and bool((pod.get("status") or {}).get("podIP"))
+    )
+
+
 def job_condition(launcher_job: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
     """The batch Job's condition of that type when its status is True, else None."""
     for cond in (launcher_job.get("status") or {}).get("conditions") or []:
@@ -89,3 +100,153 @@ def controlled_by(
     if not uid:
         return list(pods)
     return [pod for pod in pods if names.is_controlled_by(pod, uid)]
+
+
+# --- why a pod failed, as the kubelet reported it ---------------------------------------------
+
+#: Waiting reasons of a container that will not start without a change to the pod or the
+#: cluster (the image, the configuration), as opposed to one merely starting.
+STUCK_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "CrashLoopBackOff",
+    }
+)
+
+#: Pod-level reasons the kubelet sets on a pod it stopped or refused: evicted for node pressure,
+#: past ``activeDeadlineSeconds``, ended by a node shutdown, refused at admission.
+POD_FAILURE_REASONS = frozenset(
+    {
+        "Evicted",
+        "DeadlineExceeded",
+        "Terminated",
+        "Shutdown",
+        "NodeLost",
+        "NodeAffinity",
+        "UnexpectedAdmissionError",
+        "OutOfmemory",
+        "OutOfcpu",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    """One pod's failure, as the kubelet reported it: which container, why, with what code."""
+
+    pod: str
+    role: str
+    """``worker`` or ``launcher``."""
+    reason: str
+    """``OOMKilled``, ``Error``, ``Evicted``, ``DeadlineExceeded``, ``ImagePullBackOff``, ..."""
+    container: str = ""
+    """Empty for a pod-level reason (an eviction names no container)."""
+    exit_code: int | None = None
+    message: str = ""
+    """The kubelet's message (an eviction's says which resource ran low)."""
+    at: str = ""
+    """When it happened (RFC 3339, as the API writes it; empty when unknown): orders failures."""
+
+    def describe(self) -> str:
+        """``worker pod p container c OOMKilled (exit code 137)``, with the message if any."""
+        text = f"{self.role} pod {self.pod}" if self.role else f"pod {self.pod}"
+        if self.container:
+            text += f" container {self.container}"
+        text += f" {self.reason}"
+        if self.exit_code is not None:
+            text += f" (exit code {self.exit_code})"
+        if self.message:
+            text += f": {self.message.strip()}"
+        return text
+
+
+def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
+    """Why ``pod`` failed or cannot start, from its status as the kubelet wrote it; None when
+    nothing says so.
+
+    In order: a pod-level reason of the kubelet (``Evicted``, ``DeadlineExceeded``, with its
+    message); a container that terminated with a non-zero exit code (``OOMKilled``, ``Error``,
+    ...; the last run's when the container restarted since); a container stuck waiting
+    (:data:`STUCK_WAITING_REASONS`: image pulls, bad configuration, crash loops). A pod
+    stopped by a disruption (the Eviction API, preemption) names the disruption's reason
+    in its message. Containers are read in the pod's order, init containers first.
+    """
+    status = pod.get("status") or {}
+    name, role = name_of(pod), role_of(pod)
+    conditions = status.get("conditions") or []
+    disruption = next(
+        (
+            c
+            for c in conditions
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        None,
+    )
+    if (pod.get("metadata") or {}).get("deletionTimestamp") and disruption is None:
+        return None  # stopped because someone deleted it (a cleanup, the Job controller)
+    extra = ""
+    if disruption is not None:
+        extra = f"{disruption.get('reason') or 'DisruptionTarget'}"
+        if disruption.get("message"):
+            extra += f" ({disruption['message']})"
+    if status.get("reason") in POD_FAILURE_REASONS:
+        return PodFailure(
+            name,
+            role,
+            str(status["reason"]),
+            message=str(status.get("message") or extra),
+            at=_finished_at(status) or str(status.get("startTime") or ""),
+        )
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    for container in statuses:
+        for state in ((container.get("state") or {}), (container.get("lastState") or {})):
+            terminated = state.get("terminated") or {}
+            code = terminated.get("exitCode")
+            if terminated and code not in (None, 0):
+                return PodFailure(
+                    name,
+                    role,
+                    str(terminated.get("reason") or "Error"),
+                    container=str(container.get("name") or ""),
+                    exit_code=int(code),
+                    message=extra or str(terminated.get("message") or "").strip()[:200],
+                    at=str(terminated.get("finishedAt") or ""),
+                )
+    for container in statuses:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING_REASONS:
+            return PodFailure(
+                name,
+                role,
+                str(waiting["reason"]),
+                container=str(container.get("name") or ""),
+                message=str(waiting.get("message") or "")[:200],
+                at=str(status.get("startTime") or ""),
+            )
+    return None
+
+
+def _finished_at(status: Mapping[str, Any]) -> str:
+    times = [
+        str(((c.get("state") or {}).get("terminated") or {}).get("finishedAt") or "")
+        for c in status.get("containerStatuses") or []
+    ]
+    return min((t for t in times if t), default="")
+
+
+def first_failures(pods: Sequence[Mapping[str, Any]]) -> list[PodFailure]:
+    """Every failure among ``pods``, the earliest first (one without a time last).
+
+    The kubelet's times have whole seconds, and a launcher fails because its workers did
+    (``mpirun`` loses its ranks), often within the same second: at the same time a worker comes
+    before a launcher. Then by pod name, so the order never depends on a listing's."""
+    found = [f for f in map(pod_failure, pods) if f is not None]
+    return sorted(found, key=lambda f: (not f.at, f.at, f.role != keys.ROLE_WORKER, f.pod))

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus
+from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus, gpu_count
 from mpijob.api.errors import truncate_message
 from mpijob.api.models import parse_time, utc_seconds
 from mpijob.desired import events, names, observed
@@ -64,6 +64,12 @@ class StatusResult:
     """Counters to increment, one entry per increment."""
     launcher_seen: bool = False
     """The launcher Job exists: set ``mpi_operator_job_info{launcher,namespace}`` to 1."""
+    failure_reason: str | None = None
+    """The job failed in this sync: the kubelet's reason for its first pod failure (or the
+    launcher Job's reason when no pod says), for ``mpi_operator_job_failures_total{reason}``."""
+    gpus_held: int = 0
+    """GPUs that the Running or Pending workers of a finished job hold (cleanPodPolicy None
+    left them): ``mpi_operator_finished_jobs_gpus_held``."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ def next_status(
             result = StatusResult(finished_cleanup_status(job), changed=True)
         else:
             result = created
+            _left_running(job, result, observed.workers_of(job, seen.pods), now)
     else:
         result = compute_status(
             job,
@@ -137,6 +144,7 @@ def next_status(
         if admission.failed and result.status.completion_time is None:
             result.status.completion_time = utc_seconds(now)
             result.counters.append(Counter.FAILED)
+            result.failure_reason = keys.REASON_GANG_SCHEDULE_TIMEOUT
             result.changed = True
     result.changed = result.changed or was_invalid
     return result
@@ -270,16 +278,37 @@ def launcher_done(launcher_job: Mapping[str, Any] | None) -> bool:
 def launcher_may_start(job: MPIJob, worker_pods: Iterable[Mapping[str, Any]]) -> bool:
     """Whether a missing launcher may be created now (``launcherCreationPolicy``).
 
-    AtStartup: always. Anything else waits until every desired worker is Ready, which is
-    trivially so with no workers (also when suspended: the launcher is then created suspended).
+    AtStartup: always. Anything else waits until every desired worker is reachable
+    (:func:`workers_reachable`), which is trivially so with no workers (also when suspended:
+    the launcher is then created suspended, as upstream, and :func:`launcher_may_resume` holds
+    it suspended on resume until the workers are reachable again).
     """
     if job.spec.launcher_creation_policy == keys.LAUNCHER_AT_STARTUP:
         return True
     if job.spec.suspended:
         return True
+    return workers_reachable(job, worker_pods)
+
+
+def launcher_may_resume(job: MPIJob, worker_pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a suspended launcher Job may be resumed now that the job is not suspended.
+
+    AtStartup: at once, as upstream. WaitForWorkersReady: once every worker is reachable, the
+    same rule as creating the launcher; upstream resumes it at once (mpi-operator#615), so its
+    launcher starts while the workers are still being created again.
+    """
+    if job.spec.launcher_creation_policy == keys.LAUNCHER_AT_STARTUP:
+        return True
+    return workers_reachable(job, worker_pods)
+
+
+def workers_reachable(job: MPIJob, worker_pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Every desired worker exists, is Ready, is not terminating and has its IP
+    (:func:`mpijob.desired.observed.pod_reachable`)."""
     by_name = {observed.name_of(pod): pod for pod in worker_pods}
     return all(
-        name in by_name and observed.pod_ready(by_name[name]) for name in names.worker_names(job)
+        name in by_name and observed.pod_reachable(by_name[name])
+        for name in names.worker_names(job)
     )
 
 
@@ -310,6 +339,9 @@ def compute_status(
     _suspension(job, status, result, now)
 
     running_launchers = 0
+    failures = observed.first_failures(
+        [*observed.controlled_by(launcher_pods, launcher_job or {}), *worker_pods]
+    )
     if launcher_job is not None:
         pods = observed.controlled_by(launcher_pods, launcher_job)
         running_launchers = sum(1 for pod in pods if observed.phase_of(pod) == "Running")
@@ -320,13 +352,14 @@ def compute_status(
             launcher_job=launcher_job,
             pods=pods,
             running=running_launchers,
+            failures=failures,
             now=now,
         )
         result.launcher_seen = True
 
     # Upstream lists no workers once the launcher is done or while suspended.
     listed = not suspended and not launcher_done(launcher_job)
-    all_running = _workers(job, status, result, worker_pods if listed else None, now)
+    all_running = _workers(job, status, result, worker_pods if listed else None, failures, now)
 
     if suspended:
         message = f"MPIJob {job.key} is suspended."
@@ -375,6 +408,7 @@ def _launcher(
     launcher_job: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
     running: int,
+    failures: Sequence[observed.PodFailure],
     now: datetime,
 ) -> None:
     job_status = launcher_job.get("status") or {}
@@ -398,11 +432,13 @@ def _launcher(
                 pod_status = last.get("status") or {}
                 reason += "/" + (pod_status.get("reason") or "")
                 message = truncate_message(f"{message}: {pod_status.get('message') or ''}")
+        message = with_failures(message, failures)
         result.events.append(events.warning(reason, message))
         if status.completion_time is None:
             status.completion_time = now
         set_condition(status, keys.COND_FAILED, "True", reason, message, now)
         result.counters.append(Counter.FAILED)
+        result.failure_reason = failures[0].reason if failures else failed.get("reason")
     else:
         launcher.active = running
 
@@ -412,9 +448,14 @@ def _workers(
     status: MPIJobStatus,
     result: StatusResult,
     worker_pods: Sequence[Mapping[str, Any]] | None,
+    failures: Sequence[observed.PodFailure],
     now: datetime,
 ) -> bool:
-    """Count the desired workers by phase; True when every one of them is Running."""
+    """Count the desired workers by phase; True when every one of them is Running.
+
+    An evicted worker fails the job, as upstream; unlike upstream (mpi-operator#647) the job
+    is then finished (``completionTime``), so ``cleanPodPolicy`` cleans up after it and it is
+    counted as failed."""
     wanted = set(names.worker_names(job)) if worker_pods is not None else set()
     pods = [pod for pod in worker_pods or () if observed.name_of(pod) in wanted]
     counts = ReplicaStatus()
@@ -431,10 +472,91 @@ def _workers(
             counts.active += 1
     status.replica_statuses[keys.REPLICA_WORKER] = counts
     if evicted:
-        message = f"{evicted}/{len(wanted)} workers are evicted"
+        message = with_failures(f"{evicted}/{len(wanted)} workers are evicted", failures)
         set_condition(status, keys.COND_FAILED, "True", keys.REASON_EVICTED, message, now)
         result.events.append(events.warning(keys.REASON_EVICTED, message))
+        if status.completion_time is None:
+            status.completion_time = now
+            result.counters.append(Counter.FAILED)
+            result.failure_reason = failures[0].reason if failures else EVICTED
     return counts.active == len(wanted)
+
+
+#: Reasons ``mpi_operator_job_failures_total`` names as they are; any other is ``Other``, so a
+#: reason no one foresaw cannot grow the series without bound.
+FAILURE_LABELS = frozenset(
+    {
+        "OOMKilled",
+        "Error",
+        "ContainerCannotRun",
+        "StartError",
+        EVICTED,
+        "DeadlineExceeded",
+        BACKOFF_LIMIT_EXCEEDED,
+        keys.REASON_GANG_SCHEDULE_TIMEOUT,
+        *observed.STUCK_WAITING_REASONS,
+        *observed.POD_FAILURE_REASONS,
+    }
+)
+
+
+def failure_label(reason: str | None) -> str:
+    """The ``reason`` label of ``mpi_operator_job_failures_total`` for a failure's reason."""
+    return reason if reason in FAILURE_LABELS else "Other"
+
+
+def with_failures(message: str, failures: Sequence[observed.PodFailure]) -> str:
+    """A failed job's message, then the first pod failure the kubelet reported and how many
+    other pods failed (``...; first failure: worker pod p container c OOMKilled (exit code
+    137); 1 other pod failed``); ``message`` alone when no pod says why."""
+    if not failures:
+        return message
+    text = f"{message}; first failure: {failures[0].describe()}"
+    others = len(failures) - 1
+    if others:
+        text += f"; {others} other pod{'s' if others > 1 else ''} failed"
+    return truncate_message(text)
+
+
+def _left_running(
+    job: MPIJob, result: StatusResult, workers: Sequence[Mapping[str, Any]], now: datetime
+) -> None:
+    """A finished job whose cleanPodPolicy (None) keeps its workers: say so while any of them
+    is Running or Pending, with the GPUs they hold (a condition, one Warning, the gauge)."""
+    held = [
+        pod
+        for pod in workers
+        if observed.phase_of(pod) in ("Running", "Pending")
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    # The GPUs one worker asks for, from the job's template: the watch keeps no container specs.
+    per_worker = gpu_count(job.spec.worker.template) if job.spec.worker is not None else 0
+    result.gpus_held = per_worker * len(held)
+    status = result.status
+    if held:
+        names_held = ", ".join(sorted(observed.name_of(pod) for pod in held))
+        message = (
+            f"MPIJob {job.key} finished, and cleanPodPolicy "
+            f"{job.spec.run_policy.clean_pod_policy} leaves {len(held)} worker pod(s) running "
+            f"({names_held}), holding {result.gpus_held} GPU(s); delete them, or set "
+            "spec.runPolicy.cleanPodPolicy: Running"
+        )
+        if set_condition(
+            status,
+            keys.COND_WORKERS_LEFT_RUNNING,
+            "True",
+            keys.REASON_CLEAN_POD_POLICY,
+            message,
+            now,
+        ):
+            result.changed = True
+            result.events.append(events.warning(keys.REASON_WORKERS_LEFT_RUNNING, message))
+    elif status.is_true(keys.COND_WORKERS_LEFT_RUNNING):
+        message = f"No worker pod of MPIJob {job.key} is left running."
+        set_condition(
+            status, keys.COND_WORKERS_LEFT_RUNNING, "False", keys.REASON_WORKERS_GONE, message, now
+        )
+        result.changed = True
 
 
 def _last_failed(pods: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -9,12 +9,14 @@ returns early). The status is :func:`mpijob.desired.status.next_status`'s.
 Every sync ensures every child (level-based, as upstream): a child missing from the observation
 is created, one that drifted is corrected, so an object deleted or edited by hand comes back.
 
-Differences from upstream, on purpose (see the README's compatibility section):
+Differences from upstream, on purpose (see docs/compatibility.md):
 - scale-down deletes workers by name (``<job>-worker-<i>`` with ``i >= replicas``), not by the
   ``replica-index`` label, so ``runLauncherAsWorker`` no longer deletes and recreates the last
   worker, and a pod missing the label no longer stops the scan;
 - workers are not created until the job is admitted when our own gang admission is on;
 - in the DRA GPU binding mode, a placed worker's ResourceClaim is created just before it;
+- with ``launcherCreationPolicy: WaitForWorkersReady``, a resumed job's launcher Job stays
+  suspended until every worker is Ready again (upstream resumes it at once, mpi-operator#615);
 - ``runPolicy.ttlSecondsAfterFinished`` is applied here, not by the Job controller: the launcher
   Job is deleted once the job's status records its end and the TTL has passed since
   ``completionTime`` (upstream copies it onto the Job, whose TTL controller may delete a finished
@@ -197,7 +199,7 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             out.projected = replace(out.projected, launcher_job=built)
 
     if launcher_job is not None:
-        out.actions += _suspend_or_resume(job, launcher_job, options)
+        out.actions += _suspend_or_resume(job, launcher_job, workers, options)
         if (launcher_job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None:
             # Made by an operator that copied the TTL: the Job controller must not delete it
             # before this job's status records its end.
@@ -386,14 +388,18 @@ def _delete_workers(job: MPIJob, workers: list[JSON]) -> list[Action]:
     return [_delete_pod(p) for p in workers if observed.name_of(p) in doomed]
 
 
-def _suspend_or_resume(job: MPIJob, launcher_job: JSON, options: Options) -> list[Action]:
+def _suspend_or_resume(
+    job: MPIJob, launcher_job: JSON, workers: list[JSON], options: Options
+) -> list[Action]:
     """Suspend the launcher Job (a patch), or resume it: clear ``status.startTime`` if set,
-    then replace the Job with the synced scheduling directives and ``suspend: false``."""
+    then replace the Job with the synced scheduling directives and ``suspend: false``. With
+    WaitForWorkersReady a resume waits until every worker is reachable again
+    (:func:`~mpijob.desired.status.launcher_may_resume`); each worker's change syncs again."""
     name = observed.name_of(launcher_job)
     job_suspended = bool((launcher_job.get("spec") or {}).get("suspend"))
     if job.spec.suspended and not job_suspended:
         return [Patch("batch/v1", "Job", name, {"spec": {"suspend": True}})]
-    if not job.spec.suspended and job_suspended:
+    if not job.spec.suspended and job_suspended and status.launcher_may_resume(job, workers):
         built, _ = launcher.build_launcher_job(job)
         built["spec"]["template"] = podgroup.decorate_pod(
             built["spec"]["template"], job.name, options.gang

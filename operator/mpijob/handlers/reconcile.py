@@ -28,7 +28,7 @@ from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.fabric import fabric_level
 from mpijob.api.models import format_time
-from mpijob.desired import binding, config_map, events, names, podgroup, status, sync
+from mpijob.desired import binding, config_map, events, names, observed, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.status import Counter
@@ -125,12 +125,14 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             rt.workers.enqueue(key)
     if result.launcher_seen:
         metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
-    _observe(rt, key, job, result.status, seen, now)
+    _observe(rt, key, job, result.status, seen, now, result.gpus_held)
     binding_events = admission_gate.binding_events(gate, rt.gpu_binding, result.events)
     for event in [*result.events, *plan.events, *binding_events]:
         rt.recorder.post(body, event)
     for counter in result.counters:
         COUNTERS[counter].inc()
+    if result.failure_reason is not None:
+        metrics.JOB_FAILURES.labels(reason=status.failure_label(result.failure_reason)).inc()
 
 
 def checked(
@@ -140,7 +142,7 @@ def checked(
     (quantities a PodGroup needs, the hostfile's size, placed workers naming their node, and
     with a ``--fabric`` its fabric level annotations naming levels the fabric has)."""
     try:
-        job = api.with_defaults(api.parse(body))
+        job = api.with_defaults(api.parse(body), clean_pod_policy=settings.default_clean_pod_policy)
     except api.InvalidMPIJob as exc:
         return None, list(exc.errors)
     return job, [
@@ -380,8 +382,10 @@ def _observe(
     after: api.MPIJobStatus,
     seen: sync.Observed,
     now: datetime,
+    gpus_held: int,
 ) -> None:
-    """Job-level histograms and gauges, fed on transitions only."""
+    """Job-level histograms and gauges: histograms once per job (each job's figures come from
+    its pods' own times), gauges on every sync."""
     created = job.metadata.creation_timestamp
     running = after.is_true(keys.COND_RUNNING)
     if running and not job.status.is_true(keys.COND_RUNNING) and created is not None:
@@ -389,12 +393,27 @@ def _observe(
     if after.finished and not job.status.finished and after.start_time and after.completion_time:
         metrics.JOB_DURATION.observe((after.completion_time - after.start_time).total_seconds())
     rt.job_metrics.set_running(key, running)
-    if key not in rt.job_metrics.bound and created is not None:
+    rt.job_metrics.set_gpus_held(key, gpus_held)
+    if created is None:
+        return
+    if key not in rt.job_metrics.bound:
         expected = job.spec.worker_replicas + 1
         seconds = binding.seconds_to_bind(created, seen.pods, expected)
         if seconds is not None:
             metrics.GANG_BIND_SECONDS.observe(seconds)
             rt.job_metrics.bound.add(key)
+    if key not in rt.job_metrics.workers_ready:
+        workers = observed.workers_of(job, seen.pods)
+        seconds = binding.seconds_to_workers_ready(created, workers, job.spec.worker_replicas)
+        if seconds is not None:
+            metrics.TIME_TO_WORKERS_READY.observe(seconds)
+            rt.job_metrics.workers_ready.add(key)
+    if key not in rt.job_metrics.launcher_running:
+        pods = observed.launcher_pods_of(seen.pods)
+        seconds = binding.seconds_to_launcher_running(created, pods)
+        if seconds is not None:
+            metrics.TIME_TO_LAUNCHER_RUNNING.observe(seconds)
+            rt.job_metrics.launcher_running.add(key)
 
 
 # --- status --------------------------------------------------------------------------------------

@@ -31,11 +31,22 @@ from mpijob.shares.service import ShareService
 
 @dataclass
 class JobMetrics:
-    """Jobs whose Running condition is True (the gauge), and jobs whose creation-to-bound time
-    was observed already (the histogram counts each job once)."""
+    """Jobs whose Running condition is True (the gauge), the GPUs finished jobs' workers hold
+    (the gauge), and jobs whose creation-to-bound, -workers-Ready and -launcher-running times
+    were observed already (each histogram counts each job once)."""
 
     running: set[JobKey] = field(default_factory=set)
     bound: set[JobKey] = field(default_factory=set)
+    workers_ready: set[JobKey] = field(default_factory=set)
+    launcher_running: set[JobKey] = field(default_factory=set)
+    gpus_held: dict[JobKey, int] = field(default_factory=dict)
+
+    def set_gpus_held(self, key: JobKey, gpus: int) -> None:
+        if gpus:
+            self.gpus_held[key] = gpus
+        else:
+            self.gpus_held.pop(key, None)
+        metrics.FINISHED_JOBS_GPUS_HELD.set(sum(self.gpus_held.values()))
 
     def set_running(self, key: JobKey, running: bool) -> None:
         if running:
@@ -46,7 +57,10 @@ class JobMetrics:
 
     def forget(self, key: JobKey) -> None:
         self.bound.discard(key)
+        self.workers_ready.discard(key)
+        self.launcher_running.discard(key)
         self.set_running(key, False)
+        self.set_gpus_held(key, 0)
         # Upstream's series stays for the job's life only: a series per job ever run would grow
         # the scrape without end.
         namespace, name = key

@@ -75,10 +75,43 @@ def _metadata(body: kopf.Body) -> JSON:
     return _picked(body.get("metadata"), POD_SUMMARY_METADATA)
 
 
+#: What is kept of a container's state: when it ran, and why and how it ended or cannot start.
+_STATE_FIELDS = {
+    "running": ("startedAt",),
+    "terminated": ("reason", "exitCode", "startedAt", "finishedAt"),
+    "waiting": ("reason", "message"),
+}
+
+
+def _container_status(container: Any) -> JSON:
+    """A container's name and states, reduced to what says why it failed (see
+    :func:`mpijob.desired.observed.pod_failure`) and when it ran; a waiting message is cut to
+    200 characters."""
+    out: JSON = {"name": container.get("name")}
+    for which in ("state", "lastState"):
+        state = container.get(which) or {}
+        kept = {}
+        for kind, fields in _STATE_FIELDS.items():
+            if kind in state:
+                detail = {f: state[kind][f] for f in fields if state[kind].get(f) is not None}
+                if "message" in detail:
+                    detail["message"] = str(detail["message"])[:200]
+                kept[kind] = detail
+        if kept:
+            out[which] = kept
+    return out
+
+
 def pod_summary(body: kopf.Body) -> JSON:
-    """What the reconciler and placement read of a pod: no container specs."""
+    """What the reconciler and placement read of a pod: no container specs; of the containers'
+    statuses, only their states (why a pod failed, when its launcher ran); its IP (a worker is
+    reachable by name only once it has one)."""
     spec = _picked(body.get("spec"), ("nodeName", "schedulerName"))
-    status = _picked(body.get("status"), ("phase", "reason", "message", "conditions", "startTime"))
+    raw = body.get("status") or {}
+    status = _picked(raw, ("phase", "reason", "message", "conditions", "startTime", "podIP"))
+    for field in ("initContainerStatuses", "containerStatuses"):
+        if raw.get(field):
+            status[field] = [_container_status(c) for c in raw[field]]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

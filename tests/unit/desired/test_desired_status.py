@@ -374,15 +374,29 @@ def test_clean_pod_policy_running_keeps_finished_workers_and_none_keeps_all() ->
     assert not rules.cleans_up_at_finish(_job(run_policy={"cleanPodPolicy": "None"}))
 
 
-def test_evicted_worker_fails_the_job_without_completion_time() -> None:
+def test_evicted_worker_fails_the_job_and_finishes_it() -> None:
+    """Upstream's reason and message, and (unlike upstream, mpi-operator#647) a completion time,
+    so the finished job's cleanup runs and it counts as failed; the message names the pod."""
     job = _created(_job(workers=2))
-    workers = [pod("test-worker-0", "Failed", reason="Evicted"), pod("test-worker-1", "Running")]
+    workers = [
+        pod(
+            "test-worker-0",
+            "Failed",
+            reason="Evicted",
+            message="The node was low on resource: memory.",
+        ),
+        pod("test-worker-1", "Running"),
+    ]
     result = rules.compute_status(
         job, launcher_job=_launcher(), launcher_pods=[], worker_pods=workers, now=NOW
     )
+    message = (
+        "1/2 workers are evicted; first failure: pod test-worker-0 Evicted: "
+        "The node was low on resource: memory."
+    )
     assert _conditions(result.status) == [
         CREATED,
-        ("Failed", "True", "MPIJobEvicted", "1/2 workers are evicted"),
+        ("Failed", "True", "MPIJobEvicted", message),
         (
             "Running",
             "False",
@@ -390,11 +404,14 @@ def test_evicted_worker_fails_the_job_without_completion_time() -> None:
             "MPIJob default/test is finished but Running condition was never set.",
         ),
     ]
-    assert result.status.completion_time is None
-    assert not rules.finished_with_completion(result.status)
+    assert result.status.completion_time == NOW
+    assert rules.finished_with_completion(result.status)
     assert _replicas(result.status)["Worker"] == {"active": 1, "failed": 1}
-    assert [(e.type, e.reason) for e in result.events] == [("Warning", "MPIJobEvicted")]
-    assert result.counters == []
+    assert [(e.type, e.reason, e.message) for e in result.events] == [
+        ("Warning", "MPIJobEvicted", message)
+    ]
+    assert result.counters == [Counter.FAILED]
+    assert result.failure_reason == "Evicted"
 
 
 def test_workers_of_a_done_launcher_are_not_counted() -> None:
