@@ -26,8 +26,8 @@ from mpijob import keys
 from mpijob.api.models import parse_time
 from mpijob.api.resources import gpu_ids
 from mpijob.desired.claims import allocated_devices, claim_name
-from mpijob.desired.predicates import template_gpus
 from mpijob.desired.observed import pod_failure
+from mpijob.desired.predicates import template_gpus
 from mpijob.objects import JSON
 
 TRAINER: Final = "MPIJOB"

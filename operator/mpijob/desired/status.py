@@ -17,13 +17,14 @@ from enum import StrEnum
 from typing import Any
 
 from mpijob import keys
-from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus, gpu_count
+from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus
 from mpijob.api.errors import truncate_message
 from mpijob.api.models import parse_time, utc_seconds
 from mpijob.desired import events, names, observed
 from mpijob.desired.conditions import set_condition
 from mpijob.desired.events import Event
 from mpijob.desired.observed import Observed
+from mpijob.desired.predicates import template_gpus
 
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 EVICTED = "Evicted"
@@ -530,7 +531,7 @@ def _left_running(
         and not (pod.get("metadata") or {}).get("deletionTimestamp")
     ]
     # The GPUs one worker asks for, from the job's template: the watch keeps no container specs.
-    per_worker = gpu_count(job.spec.worker.template) if job.spec.worker is not None else 0
+    per_worker = template_gpus(job.spec.worker.template) if job.spec.worker is not None else 0
     result.gpus_held = per_worker * len(held)
     status = result.status
     if held:
