@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -252,3 +252,14 @@ def patch_kopf() -> None:
     decode_watch_events_with_orjson()
     views_without_cycles()
     toggle_sets_wake_on_change()
+
+
+def indexers_for(registry: kopf.OperatorRegistry) -> tuple[Any, Mapping[str, Any]]:
+    """Kopf's indexers for ``registry``'s index handlers, made before Kopf starts (it takes them
+    as ``kopf.operator(indexers=...)``), and their indices by name: a live mapping, empty until
+    the watches fill it, so whatever reads the indices is built complete with it."""
+    from kopf._core.engines import indexing
+
+    indexers = indexing.OperatorIndexers()
+    indexers.ensure(registry._indexing.get_all_handlers())
+    return indexers, indexers.indices

@@ -33,7 +33,7 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
 import aiohttp
 import kopf
@@ -45,6 +45,8 @@ from mpijob.platform import credentials
 from mpijob.platform.ratelimit import TokenBucket
 
 REQUEST_TIMEOUT_SECONDS = 60.0
+#: The User-Agent of a client that names no replica (the preflight's).
+USER_AGENT: Final = "mpijob-operator"
 #: Tries after the first of a request the API server answered "not now" (see Kube.request).
 MAX_RETRIES: Final = 3
 #: The first wait before such a retry when the server names none; it doubles with each try.
@@ -107,6 +109,19 @@ KINDS: Mapping[tuple[str, str], Kind] = {
         namespaced=False,
     ),
 }
+
+
+class Fence(Protocol):
+    """What a write asks before it is sent: the leader elector's
+    (:meth:`mpijob.platform.leader.LeaderElector.write_deadline`)."""
+
+    def write_deadline(self) -> float | None:
+        """The loop time by which a write starting now must be done; None: it must not start."""
+        ...
+
+
+class NotLeading(Exception):
+    """A write was refused before it was sent: this replica does not hold an unexpired Lease."""
 
 
 class ApiError(Exception):
@@ -300,8 +315,17 @@ class Kube:
         concurrency: int = 16,
         reload: Callable[[], kopf.ConnectionInfo] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        user_agent: str = USER_AGENT,
+        fence: Fence | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
+        """``fence``: every write (any verb but GET) asks it first, and is given up when the
+        fence's deadline comes (None: writes are not fenced, a single replica). ``timeout``:
+        each request's limit."""
         self._info = info
+        self._user_agent = user_agent
+        self._fence = fence
+        self._timeout = timeout
         self._reload = reload
         self._sleep = sleep
         self._qps, self._burst = qps, burst
@@ -311,14 +335,31 @@ class Kube:
 
     @classmethod
     def from_kubeconfig(
-        cls, kubeconfig: str | None, *, qps: float, burst: int, concurrency: int
+        cls,
+        kubeconfig: str | None,
+        *,
+        qps: float,
+        burst: int,
+        concurrency: int,
+        user_agent: str = USER_AGENT,
+        fence: Fence | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> Kube:
         """A client with :func:`connection_info`'s credentials (``kubeconfig`` names the file)."""
 
         def login() -> kopf.ConnectionInfo:
             return connection_info(kubeconfig)
 
-        return cls(login(), qps=qps, burst=burst, concurrency=concurrency, reload=login)
+        return cls(
+            login(),
+            qps=qps,
+            burst=burst,
+            concurrency=concurrency,
+            reload=login,
+            user_agent=user_agent,
+            fence=fence,
+            timeout=timeout,
+        )
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -328,8 +369,8 @@ class Kube:
             connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
-                headers={"User-Agent": "mpijob-operator", "Accept": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                headers={"User-Agent": self._user_agent, "Accept": "application/json"},
             )
         return self._session
 
@@ -355,8 +396,14 @@ class Kube:
         content_type: str = "application/json",
         urgent: bool = True,
         retry: bool = True,
+        needs_lease: bool = True,
     ) -> JSON:
         """One request; ``urgent=False`` lets every urgent request of its bucket go first.
+
+        A write (any verb but GET) asks the fence just before it is sent and raises
+        :class:`NotLeading` when this replica may not write; it is given up (``TimeoutError``)
+        when the fence's deadline comes first. ``needs_lease=False`` only for what every
+        replica writes at start-up (the webhook configurations of the webhooks each serves).
 
         What the API server did not do is sent again (:func:`retry_after`), each try drawing its
         own token, unless ``retry=False`` (a caller whose own loop retries on a clock, as the
@@ -370,6 +417,13 @@ class Kube:
         while True:
             if limiter is not None:
                 await limiter.take(urgent=urgent)
+            total = self._timeout
+            if method != "GET" and needs_lease and self._fence is not None:
+                deadline = self._fence.write_deadline()
+                left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+                if left is None or left <= 0:
+                    raise NotLeading(f"{method} {url}: this replica does not hold the Lease")
+                total = min(total, left)
             metrics.API_REQUESTS.labels(verb=method.lower()).inc()
             headers = {"Content-Type": content_type, **self._info.as_http_headers()}
             async with self._open().request(
@@ -378,6 +432,7 @@ class Kube:
                 params=query,
                 data=data,
                 headers=headers,
+                timeout=aiohttp.ClientTimeout(total=total),
             ) as resp:
                 raw = await resp.read()
                 status, reason = resp.status, resp.reason or ""
@@ -477,7 +532,9 @@ class Kube:
         url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return await self.request("PATCH", url, ops, content_type="application/json-patch+json")
 
-    async def apply(self, obj: JSON, *, field_manager: str = FIELD_MANAGER) -> JSON:
+    async def apply(
+        self, obj: JSON, *, field_manager: str = FIELD_MANAGER, needs_lease: bool = True
+    ) -> JSON:
         """Server-side apply of ``obj`` (the fields it names are this manager's, by force)."""
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
@@ -487,6 +544,7 @@ class Kube:
             obj,
             query={"fieldManager": field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",
+            needs_lease=needs_lease,
         )
 
     # --- discovery ----------------------------------------------------------------------------

@@ -399,28 +399,21 @@ class ShareService:
         log.info("GPU share of pod %s/%s waits: %s", meta["namespace"], meta["name"], reason)
         self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
 
-    async def run_placement(self, patch: PatchPod, leading: asyncio.Event | None = None) -> None:
+    async def run_placement(self, patch: PatchPod) -> None:
         """Place waiting pods whenever something frees room or a pod comes to wait (and after
-        a lapse of holds), only while this replica leads (``leading``; None: always).
+        a lapse of holds). The leader's work only: the manager runs it while this replica
+        holds the Lease.
 
         One writer of placements: every replica's webhook gates and validates alone, and its
         ledger follows the records the leader writes (the pod watch), so two replicas never
         hand out one share twice. A patch that races a former leader's fails on the gate's
         ``test`` and gives nothing to the pod twice.
         """
-
-        async def place() -> int:
-            if leading is not None and not leading.is_set():
-                return 0
-            return await self.place_waiting(patch)
-
-        if leading is not None:
-            await leading.wait()
         await on_wake(
             self.wake,
             PENDING_SECONDS,
             lambda: bool(self.waiting),
-            place,
+            lambda: self.place_waiting(patch),
             "Placing waiting GPU shares",
         )
 
