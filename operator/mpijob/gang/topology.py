@@ -4,7 +4,7 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
   nodes their worker template's selector and node affinity admit (:func:`eligible`, on
-  :func:`mpijob.desired.predicates.admits`, which the share webhook also asks); a placed
+  :func:`mpijob.pods.predicates.admits`, which the share webhook also asks); a placed
   worker's template may not name its node (:func:`template_errors`);
 - a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
   operator writes, so that a restarted operator knows every reservation and no tenant can
@@ -32,11 +32,11 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_count, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
-from mpijob.desired.predicates import admits, effective_gpus, terminal
 from mpijob.desired.sync import PodPlacement
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
+from mpijob.pods.predicates import admits, effective_gpus, terminal
 
 # --- jobs ------------------------------------------------------------------------------------
 

@@ -52,10 +52,10 @@ from mpijob import keys, metrics
 from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
-from mpijob.desired.predicates import pod_requests, terminal
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
+from mpijob.pods.predicates import pod_requests, terminal
 from mpijob.shares.ledger import (
     Ledger,
     believed,
