@@ -38,7 +38,7 @@ from mpijob.desired import gpu_binding, names
 from mpijob.gang import quota, topology
 from mpijob.handlers.cache import Index
 from mpijob.handlers.runtime import OperatorMemo, Runtime
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, resource
 
 log = logging.getLogger(__name__)
 
@@ -467,52 +467,46 @@ def register(
     """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
     ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
     otherwise). Volcano's HyperNodes are listed, not watched (:func:`follow_hypernodes`)."""
-    mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
+    mpijobs = resource(keys.API_VERSION, keys.KIND)
     kopf.index(*mpijobs, id=Index.MPIJOBS_BY_KEY, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
-    kopf.index("v1", "pods", labels=ours, id=Index.PODS_BY_JOB, registry=registry)(pods_by_job)
-    kopf.on.event("v1", "pods", labels=ours, when=deleted, registry=registry)(pod_deleted)
-    kopf.index("v1", "pods", when=requests_gpus, id=Index.GPU_PODS_BY_NODE, registry=registry)(
+    pods = resource("v1", "Pod")
+    kopf.index(*pods, labels=ours, id=Index.PODS_BY_JOB, registry=registry)(pods_by_job)
+    kopf.on.event(*pods, labels=ours, when=deleted, registry=registry)(pod_deleted)
+    kopf.index(*pods, when=requests_gpus, id=Index.GPU_PODS_BY_NODE, registry=registry)(
         gpu_pods_by_node
     )
-    decisions = (keys.DECISION_GROUP, keys.DECISION_VERSION, keys.DECISION_PLURAL)
+    decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
     kopf.index(*decisions, id=Index.DECISIONS_BY_JOB, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)
     opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
-    kopf.index("v1", "nodes", labels=opted_in, id=Index.NODES_BY_NAME, registry=registry)(
-        nodes_by_name
-    )
-    kopf.on.event("v1", "nodes", labels=opted_in, registry=registry)(node_event)
+    nodes = resource("v1", "Node")
+    kopf.index(*nodes, labels=opted_in, id=Index.NODES_BY_NAME, registry=registry)(nodes_by_name)
+    kopf.on.event(*nodes, labels=opted_in, registry=registry)(node_event)
     children: list[tuple[tuple[str, ...], Index, Any]] = [
-        (("v1", "services"), Index.SERVICES_BY_JOB, services_by_job),
-        (("v1", "configmaps"), Index.CONFIGMAPS_BY_JOB, configmaps_by_job),
-        (("batch", "v1", "jobs"), Index.LAUNCHERS_BY_JOB, launchers_by_job),
+        (resource("v1", "Service"), Index.SERVICES_BY_JOB, services_by_job),
+        (resource("v1", "ConfigMap"), Index.CONFIGMAPS_BY_JOB, configmaps_by_job),
+        (resource("batch/v1", "Job"), Index.LAUNCHERS_BY_JOB, launchers_by_job),
     ]
     if gang_api_version:
-        group, version = gang_api_version.split("/")
-        children.append(((group, version, "podgroups"), Index.PODGROUPS_BY_JOB, podgroups_by_job))
-    for resource, name, index in children:
-        kopf.index(*resource, id=name, registry=registry)(index)
-        kopf.on.event(*resource, when=deleted, registry=registry)(child_deleted)
-    priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
+        children.append(
+            (resource(gang_api_version, "PodGroup"), Index.PODGROUPS_BY_JOB, podgroups_by_job)
+        )
+    for watched, name, index in children:
+        kopf.index(*watched, id=name, registry=registry)(index)
+        kopf.on.event(*watched, when=deleted, registry=registry)(child_deleted)
+    priorities = resource("scheduling.k8s.io/v1", "PriorityClass")
     kopf.index(*priorities, id=Index.PRIORITIES_BY_NAME, registry=registry)(priorities_by_name)
-    kopf.index("v1", "resourcequotas", id=Index.QUOTAS_BY_NAMESPACE, registry=registry)(
-        quotas_by_namespace
-    )
-    kopf.on.event("v1", "resourcequotas", when=limits_gpus, registry=registry)(gpu_quota_event)
+    quotas = resource("v1", "ResourceQuota")
+    kopf.index(*quotas, id=Index.QUOTAS_BY_NAMESPACE, registry=registry)(quotas_by_namespace)
+    kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)
     if dra:
-        group, version = keys.DRA_API_VERSION.split("/")
-        kopf.index(group, version, "resourceclaims", id=Index.CLAIMS_BY_JOB, registry=registry)(
-            claims_by_job
-        )
-        kopf.index(
-            group, version, "resourceclaims", id=Index.ALLOCATIONS_BY_NODE, registry=registry
-        )(allocations_by_node)
-        kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
-        kopf.index(group, version, "resourceslices", id=Index.SLICES_BY_NODE, registry=registry)(
-            slices_by_node
-        )
-        kopf.index(
-            group, version, "deviceclasses", id=Index.GPU_CLASSES_BY_NAME, registry=registry
-        )(gpu_classes_by_name)
+        claims = resource(keys.DRA_API_VERSION, "ResourceClaim")
+        slices = resource(keys.DRA_API_VERSION, "ResourceSlice")
+        classes = resource(keys.DRA_API_VERSION, "DeviceClass")
+        kopf.index(*claims, id=Index.CLAIMS_BY_JOB, registry=registry)(claims_by_job)
+        kopf.index(*claims, id=Index.ALLOCATIONS_BY_NODE, registry=registry)(allocations_by_node)
+        kopf.on.event(*claims, registry=registry)(claim_event)
+        kopf.index(*slices, id=Index.SLICES_BY_NODE, registry=registry)(slices_by_node)
+        kopf.index(*classes, id=Index.GPU_CLASSES_BY_NAME, registry=registry)(gpu_classes_by_name)

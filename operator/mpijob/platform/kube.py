@@ -99,6 +99,10 @@ KINDS: Mapping[tuple[str, str], Kind] = {
         "/apis/resource.nvidia.com/v1beta1", "computedomains"
     ),
     ("v1", "Namespace"): Kind("/api/v1", "namespaces", namespaced=False),
+    ("v1", "ResourceQuota"): Kind("/api/v1", "resourcequotas"),
+    ("resource.k8s.io/v1", "ResourceSlice"): Kind(
+        "/apis/resource.k8s.io/v1", "resourceslices", namespaced=False
+    ),
     ("coordination.k8s.io/v1", "Lease"): Kind("/apis/coordination.k8s.io/v1", "leases"),
     ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): Kind(
         "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False
@@ -243,6 +247,16 @@ def retry_after(method: str, status: int, header: str | None, attempt: int) -> f
         except ValueError:
             wait = 1.0
     return min(wait, RETRY_MAX_SECONDS)
+
+
+def resource(api_version: str, kind: str) -> tuple[str, ...]:
+    """The kind as Kopf's handlers name what they watch: ``(group, version, plural)``, or
+    ``("v1", plural)`` for the core group; from :data:`KINDS`, the one table of kinds."""
+    try:
+        k = KINDS[api_version, kind]
+    except KeyError:
+        raise ValueError(f"unsupported kind {api_version}/{kind}") from None
+    return (*api_version.split("/"), k.plural)
 
 
 def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:

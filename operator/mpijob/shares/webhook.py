@@ -18,6 +18,7 @@ import kopf
 
 from mpijob import keys
 from mpijob.objects import JSON
+from mpijob.platform.kube import resource
 from mpijob.platform.tls import ServingCertificate
 from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
 from mpijob.shares.service import ShareService
@@ -44,7 +45,7 @@ def register(registry: kopf.OperatorRegistry, service: ShareService) -> None:
     def validate(body: Any, **_: Any) -> None:
         service.validate(dict(body))
 
-    kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
+    kopf.on.event(*resource("v1", "Node"), labels=core_mem, registry=registry)(node_event)
 
     def counted(annotations: Any, spec: Any, **_: Any) -> bool:
         """Share pods, waiting pods, and bound pods (their requests take room on nodes)."""
@@ -54,11 +55,10 @@ def register(registry: kopf.OperatorRegistry, service: ShareService) -> None:
             or bool(spec.get("nodeName"))
         )
 
-    kopf.on.event("v1", "pods", when=counted, registry=registry)(pod_event)
-    kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
-    kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
-        validate
-    )
+    pods = resource("v1", "Pod")
+    kopf.on.event(*pods, when=counted, registry=registry)(pod_event)
+    kopf.on.mutate(*pods, id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
+    kopf.on.validate(*pods, id=VALIDATE_ID, operations=["CREATE"], registry=registry)(validate)
 
 
 def configure_server(
