@@ -42,6 +42,7 @@ import orjson
 from mpijob import keys, metrics
 from mpijob.objects import JSON
 from mpijob.platform import credentials
+from mpijob.platform.backoff import exponential
 from mpijob.platform.ratelimit import TokenBucket
 
 REQUEST_TIMEOUT_SECONDS = 60.0
@@ -240,7 +241,7 @@ def retry_after(method: str, status: int, header: str | None, attempt: int) -> f
         return None
     if status >= 500 and not header and method != "GET":
         return None
-    wait = RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
+    wait = exponential(RETRY_BASE_SECONDS, attempt, RETRY_MAX_SECONDS)
     if header:
         try:
             wait = max(0.0, float(header))
