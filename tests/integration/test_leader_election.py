@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import signal
 import socket
-import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +25,7 @@ import yaml
 from hack.relay import Partition
 from mpijob import keys
 from support import audit
+from support.gpu_sampler import GpuSampler
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
@@ -57,61 +54,6 @@ def topology_job(index: int) -> dict[str, Any]:
         launcher_annotations={keys.SIM_SUCCEED_AFTER: "8s"},
         run_policy={"cleanPodPolicy": "Running"},
     )
-
-
-class GpuSampler(threading.Thread):
-    """Every 0.25 s: per node and GPU, how many PlacementDecisions of the namespace name it, and
-    how many live worker pods (``mpijob.io/gpu-ids``); the most of each ever seen."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        super().__init__(daemon=True)
-        self.cluster, self.namespace = cluster, namespace
-        self.halt = threading.Event()
-        self.samples = 0
-        self.most_decisions = 0
-        self.most_pods = 0
-        self.worst: list[str] = []
-
-    def run(self) -> None:
-        decisions = self.cluster.resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
-        while not self.halt.is_set():
-            try:
-                found = decisions.get(namespace=self.namespace).to_dict()["items"]
-                pods = self.cluster.core.list_namespaced_pod(self.namespace).items
-            except Exception:  # a passing API error: no sample
-                time.sleep(0.25)
-                continue
-            by_decision: Counter[tuple[str, int]] = Counter()
-            for d in found:
-                for worker in (d.get("spec") or {}).get("workers") or []:
-                    for gpu in worker.get("gpus") or []:
-                        by_decision[(worker["node"], int(gpu))] += 1
-            by_pod: Counter[tuple[str, int]] = Counter()
-            for p in pods:
-                ids = (p.metadata.annotations or {}).get(keys.GPU_IDS)
-                if not ids or not p.spec.node_name or p.status.phase in ("Succeeded", "Failed"):
-                    continue
-                for gpu in ids.split(","):
-                    by_pod[(p.spec.node_name, int(gpu))] += 1
-            self.samples += 1
-            for counter, most in ((by_decision, "most_decisions"), (by_pod, "most_pods")):
-                if counter:
-                    where, count = counter.most_common(1)[0]
-                    if count > getattr(self, most):
-                        setattr(self, most, count)
-                        self.worst.append(f"{most}: {count} on {where}")
-            time.sleep(0.25)
-
-
-@contextmanager
-def sampled(cluster: Cluster, namespace: str) -> Iterator[GpuSampler]:
-    sampler = GpuSampler(cluster, namespace)
-    sampler.start()
-    try:
-        yield sampler
-    finally:
-        sampler.halt.set()
-        sampler.join(timeout=10)
 
 
 def run_jobs_through(mpijobs: MPIJobs, fault: Any) -> None:
@@ -214,7 +156,7 @@ def test_a_replica_whose_start_up_fails_exits_in_one_line_and_never_holds_the_le
     )
     assert time.monotonic() - started < LEASE_SECONDS
     assert lease(crds, namespace)["spec"]["leaseTransitions"] == 0  # no one held it before
-    with sampled(crds, namespace) as sampler:
+    with GpuSampler(crds.api, namespace) as sampler:
         run_jobs_through(mpijobs, lambda: None)
     assert_only_holders_wrote(since, namespace, sampler)
 
@@ -241,7 +183,7 @@ def test_a_leader_frozen_past_its_lease_exits_when_resumed_and_never_writes_agai
         assert first.proc.wait(timeout=30) == 1  # type: ignore[union-attr]
         assert "Lost the Lease" in first.logs()
 
-    with sampled(crds, namespace) as sampler:
+    with GpuSampler(crds.api, namespace) as sampler:
         run_jobs_through(mpijobs, freeze)
     assert_only_holders_wrote(since, namespace, sampler)
 
@@ -283,6 +225,6 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_and_a_standby_takes_
             what="the restarted replica standing by",
         )
 
-    with sampled(crds, namespace) as sampler:
+    with GpuSampler(crds.api, namespace) as sampler:
         run_jobs_through(mpijobs, partition)
     assert_only_holders_wrote(since, namespace, sampler)

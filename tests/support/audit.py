@@ -16,9 +16,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from support.kube import ROOT
-
-AUDIT_LOG = ROOT / ".cluster" / "logs" / "audit.log"
+#: The tests' cluster's (the benchmarks pass their own cluster's).
+AUDIT_LOG = Path(__file__).resolve().parents[2] / ".cluster" / "logs" / "audit.log"
 OPERATOR_AGENT = "mpijob-operator/"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 LEASE_SECONDS = 15
@@ -85,6 +84,20 @@ def lease_terms(found: list[dict[str, Any]], namespace: str) -> list[Term]:
             terms[-1] = Term(terms[-1].agent, terms[-1].start, at)  # taken over (or released)
         terms.append(Term(agent, at, at + timedelta(seconds=LEASE_SECONDS)))
     return terms
+
+
+def first_write(found: list[dict[str, Any]], agent: str, after: datetime) -> datetime | None:
+    """When the API server received ``agent``'s first write (other than a Lease's) at or after
+    ``after``."""
+    times = [
+        _time(e["requestReceivedTimestamp"])
+        for e in found
+        if e.get("userAgent") == agent
+        and e["verb"] in WRITES
+        and (e.get("objectRef") or {}).get("resource") != "leases"
+        and _time(e["requestReceivedTimestamp"]) >= after
+    ]
+    return min(times, default=None)
 
 
 def writes_outside_terms(found: list[dict[str, Any]], namespace: str) -> tuple[list[str], int]:
