@@ -99,20 +99,19 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     binding = await preflight(ours, where)
     settings = kopf.OperatorSettings()
     kopf_tuning.configure(settings, ours)
+    # Leader election's own client, as upstream's: a renewal never waits behind other requests.
+    lease_kube = Kube.from_kubeconfig(
+        ours.kubeconfig,
+        qps=0,
+        burst=1,
+        concurrency=2,
+        user_agent=user_agent,
+        timeout=leader_module.REQUEST_TIMEOUT_SECONDS,
+    )
     elector = None
     if ours.leader_elect:
         elector = LeaderElector(
-            namespace=ours.lock_namespace,
-            name=ours.lock_name,
-            kube=Kube.from_kubeconfig(
-                ours.kubeconfig,
-                qps=0,
-                burst=1,
-                concurrency=2,
-                user_agent=user_agent,
-                timeout=leader_module.REQUEST_TIMEOUT_SECONDS,
-            ),
-            identity=identity,
+            namespace=ours.lock_namespace, name=ours.lock_name, kube=lease_kube, identity=identity
         )
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
@@ -198,6 +197,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     finally:
         await manager.stop()
         await kube.aclose()
+        await lease_kube.aclose()
 
 
 async def start_shares(

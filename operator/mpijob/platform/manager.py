@@ -107,7 +107,10 @@ class Manager:
             await asyncio.wait({run, leading}, return_when=asyncio.FIRST_COMPLETED)
             if leading.done():
                 self._start_writers()
-            why = await run
+            try:
+                why = await run
+            except Exception as e:  # a campaign that failed is a Lease no longer renewed
+                why = f"the campaign failed: {type(e).__name__}: {e}"
         finally:
             leading.cancel()
             run.cancel()

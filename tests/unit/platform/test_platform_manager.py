@@ -123,3 +123,19 @@ async def test_a_graceful_stop_drains_before_releasing() -> None:
     await manager.stop()
     assert order == [("drain", True)]  # the lines drained while the Lease still held
     assert not elector.holds()
+
+
+@virtual_time
+async def test_a_campaign_that_fails_is_a_lost_lease() -> None:
+    kube = held_by("")
+    elector = LeaderElector(namespace="ops", name="lock", kube=kube, identity="me")
+    writes = Work()
+    exits: list[int] = []
+    manager = Manager([Runnable("writes", writes, True)], elector=elector, exit=exits.append)
+    manager.start()
+    await asyncio.sleep(1)
+    assert writes.started is not None
+    kube.fail("replace", RuntimeError("a bug"))
+    await asyncio.sleep(RENEW_DEADLINE_SECONDS)
+    assert exits == [1]
+    assert writes.cancelled
