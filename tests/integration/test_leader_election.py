@@ -5,8 +5,9 @@ Beside the plain take-over (the leader SIGKILLed), three faults, each while topo
 for GPUs that other jobs free meanwhile: one replica's start-up fails; the leader is frozen
 (SIGSTOP) past its Lease and resumed; the leader is cut off from the API server by a relay that
 stops forwarding (its requests hang, as in a partition), then healed. Each asserts from the API
-server's audit log that no replica wrote while it did not hold the Lease and that Kopf (whose
-requests name no replica) wrote nothing, and from a sampler that no GPU was ever held by two
+server's audit log that no replica (its own requests and its Kopf's, both naming it) wrote
+while it did not hold the Lease and that no request went out without a replica's name, and
+from a sampler that no GPU was ever held by two
 PlacementDecisions, nor by two live worker pods, at once.
 """
 
@@ -77,7 +78,7 @@ def assert_only_holders_wrote(since: datetime, namespace: str, sampler: GpuSampl
     outside, checked = audit.writes_outside_terms(found, namespace)
     assert checked > JOBS * 5, f"only {checked} writes by the replicas in the audit log"
     assert outside == [], "writes by a replica that did not hold the Lease:\n" + "\n".join(outside)
-    assert audit.writes_by(found, "kopf/") == []
+    assert audit.writes_by(found, "kopf/") == []  # every request of a replica names it
     assert sampler.samples > 20
     assert (sampler.most_decisions, sampler.most_pods) == (1, 1), sampler.worst
 

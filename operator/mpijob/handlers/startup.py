@@ -125,7 +125,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     shares = None
     if ours.fractional_gpus:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
-    registry = registry_for(ours, binding, shares)
+    registry = registry_for(ours, binding, shares, user_agent)
     indexers, indices = kopf_tuning.indexers_for(registry)
     cache = Cache(indices=indices, server_minor=await server_minor(kube))
     workers = Workers(ours.threadiness)
@@ -296,18 +296,19 @@ async def server_minor(kube: KubeApi) -> int | None:
         return None
 
 
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """Kopf's watches log in exactly as the operator's own requests do."""
-    return connection_info()
-
-
 def registry_for(
     ours: OperatorSettings,
     binding: GpuBinding = GpuBinding.ANNOTATIONS,
     shares: ShareService | None = None,
+    user_agent: str = kube_module.USER_AGENT,
 ) -> kopf.OperatorRegistry:
-    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks."""
+    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks.
+    Kopf's watches log in exactly as the operator's own requests do, naming the replica."""
     registry = kopf.OperatorRegistry()
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kube_module.named(connection_info(), user_agent)
+
     kopf.on.login(registry=registry)(login)
     gang = GangMode.from_flag(ours.gang_scheduling)
     gang_api = None

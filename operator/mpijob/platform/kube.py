@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 import os
 import ssl
@@ -298,6 +299,24 @@ def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     if info is None:
         raise kopf.LoginError("No credentials: no service account token and no kubeconfig")
     return info
+
+
+@dataclass(frozen=True, kw_only=True)
+class NamedConnectionInfo(kopf.ConnectionInfo):
+    """Kopf's connection info whose requests name the replica in their User-Agent (Kopf sends
+    the headers of its credentials with each request, and its own User-Agent only when they
+    name none), so the audit log tells Kopf's requests of one replica from the other's."""
+
+    user_agent: str = USER_AGENT
+
+    def as_http_headers(self) -> dict[str, str]:
+        return {**super().as_http_headers(), "User-Agent": self.user_agent}
+
+
+def named(info: kopf.ConnectionInfo, user_agent: str) -> kopf.ConnectionInfo:
+    """``info`` with ``user_agent`` on every request made with it."""
+    fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    return NamedConnectionInfo(**fields, user_agent=user_agent)
 
 
 #: API path prefixes with their own client-side rate limit, as upstream's separate clients

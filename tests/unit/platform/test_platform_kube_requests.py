@@ -281,3 +281,20 @@ async def test_a_fenced_write_is_given_up_at_the_fences_deadline() -> None:
     finally:
         await fenced.aclose()
         await runner.cleanup()
+
+
+async def test_kopfs_requests_name_the_replica_as_the_adapters_do(api: Api) -> None:
+    from kopf._cogs.clients.auth import APIContext
+
+    info = kube.named(
+        kopf.ConnectionInfo(server=api.kube._info.server, token="t0k"), "ua/replica-2"
+    )
+    assert info.as_http_headers() == {"Authorization": "Bearer t0k", "User-Agent": "ua/replica-2"}
+    context = APIContext(info)
+    try:
+        api.script.answers = [(200, POD, {})]
+        async with context.session.get(info.server + "/api/v1/namespaces/ns/pods/w-0") as r:
+            assert r.status == 200
+    finally:
+        await context.session.close()
+    assert [s.user_agent for s in api.script.seen] == ["ua/replica-2"]
