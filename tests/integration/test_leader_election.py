@@ -6,9 +6,9 @@ for GPUs that other jobs free meanwhile: one replica's start-up fails; the leade
 (SIGSTOP) past its Lease and resumed; the leader is cut off from the API server by a relay that
 stops forwarding (its requests hang, as in a partition), then healed. Each asserts from the API
 server's audit log that no replica (its own requests and its Kopf's, both naming it) wrote
-while it did not hold the Lease and that no request went out without a replica's name, and
-from a sampler that no GPU was ever held by two
-PlacementDecisions, nor by two live worker pods, at once.
+while it did not hold the Lease and that nothing was written under Kopf's own User-Agent, and
+from a sampler that no GPU was ever held by two PlacementDecisions, nor by two live worker pods,
+at once.
 """
 
 from __future__ import annotations
