@@ -401,12 +401,24 @@ class Kube:
                 self._info.as_ssl_context() if self._info.server.startswith("https") else False
             )
             connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
+            # A fenced write asks the fence again once it has its connection, just before its
+            # first byte is written: a process frozen while it connected (SIGSTOP, a stalled
+            # VM) must not send on resuming what it was allowed to send before.
+            traced = aiohttp.TraceConfig()
+            traced.on_connection_create_end.append(self._recheck)
+            traced.on_connection_reuseconn.append(self._recheck)
             self._session = aiohttp.ClientSession(
+                trace_configs=[traced],
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
                 headers={"User-Agent": self._user_agent, "Accept": "application/json"},
             )
         return self._session
+
+    async def _recheck(self, _session: Any, context: Any, _params: Any) -> None:
+        fenced = context.trace_request_ctx
+        if fenced and self._fence is not None and self._fence.write_deadline() is None:
+            raise NotLeading(f"{fenced}: the Lease expired while connecting")
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -452,7 +464,8 @@ class Kube:
             if limiter is not None:
                 await limiter.take(urgent=urgent)
             total = self._timeout
-            if method != "GET" and needs_lease and self._fence is not None:
+            fenced = method != "GET" and needs_lease and self._fence is not None
+            if fenced and self._fence is not None:
                 deadline = self._fence.write_deadline()
                 left = None if deadline is None else deadline - asyncio.get_running_loop().time()
                 if left is None or left <= 0:
@@ -467,6 +480,7 @@ class Kube:
                 data=data,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=total),
+                trace_request_ctx=f"{method} {url}" if fenced else None,
             ) as resp:
                 raw = await resp.read()
                 status, reason = resp.status, resp.reason or ""

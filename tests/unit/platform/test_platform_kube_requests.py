@@ -298,3 +298,27 @@ async def test_kopfs_requests_name_the_replica_as_the_adapters_do(api: Api) -> N
     finally:
         await context.session.close()
     assert [s.user_agent for s in api.script.seen] == ["ua/replica-2"]
+
+
+async def test_a_fenced_write_asks_again_once_connected_and_is_not_sent_if_expired_meanwhile(
+    api: Api,
+) -> None:
+    """Frozen between the fence and its connection, a write finds the Lease expired on
+    resuming: nothing reaches the server."""
+
+    class Expiring:
+        asked = 0
+
+        def write_deadline(self) -> float | None:
+            self.asked += 1
+            return asyncio.get_running_loop().time() + 5 if self.asked == 1 else None
+
+    fence = Expiring()
+    fenced = Kube(kopf.ConnectionInfo(server=api.kube._info.server), fence=fence)
+    try:
+        with pytest.raises(NotLeading):
+            await fenced.create(POD)
+        assert fence.asked == 2
+        assert api.script.seen == []
+    finally:
+        await fenced.aclose()
