@@ -130,6 +130,23 @@ class NotLeading(Exception):
     """A write was refused before it was sent: this replica does not hold an unexpired Lease."""
 
 
+class _FencedBody(aiohttp.BytesPayload):
+    """A write's body that asks the fence again when aiohttp writes it, which is when the
+    request's first byte goes out (its headers wait to go with the body): a process frozen
+    between the fence and the send (SIGSTOP, a stalled VM; aiohttp writes the body in a task of
+    its own) sends nothing on resuming."""
+
+    def __init__(self, value: bytes, fence: Fence, what: str, content_type: str) -> None:
+        super().__init__(value, content_type=content_type)
+        self._fence = fence
+        self._what = what
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        if self._fence.write_deadline() is None:
+            raise NotLeading(f"{self._what}: the Lease expired before it was sent")
+        await super().write_with_length(writer, content_length)
+
+
 class ApiError(Exception):
     """A non-2xx answer, with the API's own reason and message.
 
@@ -401,24 +418,12 @@ class Kube:
                 self._info.as_ssl_context() if self._info.server.startswith("https") else False
             )
             connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
-            # A fenced write asks the fence again once it has its connection, just before its
-            # first byte is written: a process frozen while it connected (SIGSTOP, a stalled
-            # VM) must not send on resuming what it was allowed to send before.
-            traced = aiohttp.TraceConfig()
-            traced.on_connection_create_end.append(self._recheck)
-            traced.on_connection_reuseconn.append(self._recheck)
             self._session = aiohttp.ClientSession(
-                trace_configs=[traced],
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
                 headers={"User-Agent": self._user_agent, "Accept": "application/json"},
             )
         return self._session
-
-    async def _recheck(self, _session: Any, context: Any, _params: Any) -> None:
-        fenced = context.trace_request_ctx
-        if fenced and self._fence is not None and self._fence.write_deadline() is None:
-            raise NotLeading(f"{fenced}: the Lease expired while connecting")
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -473,18 +478,25 @@ class Kube:
                 total = min(total, left)
             metrics.API_REQUESTS.labels(verb=method.lower()).inc()
             headers = {"Content-Type": content_type, **self._info.as_http_headers()}
-            async with self._open().request(
-                method,
-                self._info.server.rstrip("/") + url,
-                params=query,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=total),
-                trace_request_ctx=f"{method} {url}" if fenced else None,
-            ) as resp:
-                raw = await resp.read()
-                status, reason = resp.status, resp.reason or ""
-                wait_header = resp.headers.get("Retry-After")
+            sent: bytes | aiohttp.Payload | None = data
+            if fenced and self._fence is not None:
+                sent = _FencedBody(data or b"", self._fence, f"{method} {url}", content_type)
+            try:
+                async with self._open().request(
+                    method,
+                    self._info.server.rstrip("/") + url,
+                    params=query,
+                    data=sent,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=total),
+                ) as resp:
+                    raw = await resp.read()
+                    status, reason = resp.status, resp.reason or ""
+                    wait_header = resp.headers.get("Retry-After")
+            except aiohttp.ClientConnectionError as e:
+                if isinstance(e.__cause__, NotLeading):
+                    raise e.__cause__ from None
+                raise
             if status < 400:
                 return orjson.loads(raw) if raw else {}
             if status == 401 and not relogged and self._reload is not None:
