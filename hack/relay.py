@@ -106,13 +106,14 @@ class Partition:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(writer)
         self._links.add(link)
-        up_reader = None
-        if self._open:
-            with contextlib.suppress(OSError):
-                up_reader, link.upstream = await asyncio.open_connection(*self.target)
-        if up_reader is None or link.upstream is None:
+        if not self._open:
             link.broken = True  # accepted during a cut: it hangs until healed, then closes
             await self._forward(link, reader, None)
+            return
+        try:
+            up_reader, link.upstream = await asyncio.open_connection(*self.target)
+        except OSError:  # the server is down, not cut off: its client sees that at once
+            self._close(link)
             return
         await asyncio.gather(
             self._forward(link, reader, link.upstream), self._forward(link, up_reader, writer)
