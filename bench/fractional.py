@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mpijob import keys
-from mpijob.desired.predicates import pod_requests
+from mpijob.pods.predicates import pod_requests
 from mpijob.shares.ledger import Ledger, NodeGpu
 from mpijob.shares.node_room import NodeRoom
 from mpijob.shares.pod_edits import (

@@ -6,6 +6,7 @@ Flag names follow upstream mpi-operator's where they mean the same thing.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import cast
 
@@ -259,8 +260,10 @@ def run(**opts: object) -> None:
             verbose=verbose,
             json_logs=json_logs,
         )
-    except (startup.MissingCRD, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+    except startup.StartupFailed as e:
+        # One line naming what failed and where; status 1, so the kubelet restarts the pod.
+        logging.getLogger("mpijob").error("Start-up failed: %s", e)
+        sys.exit(1)
 
 
 def _without_official_client() -> None:

@@ -168,15 +168,23 @@ GPU_SHARE_CLIENTS: Final = Gauge(
 )
 
 
-def serve(port: int, healthy: Callable[[], bool], registry: CollectorRegistry = REGISTRY) -> None:
-    """Serve ``/metrics`` and ``/healthz`` on 0.0.0.0:``port`` from a daemon thread."""
+def serve(
+    port: int,
+    healthy: Callable[[], bool],
+    ready: Callable[[], bool] | None = None,
+    registry: CollectorRegistry = REGISTRY,
+) -> ThreadingHTTPServer:
+    """Serve ``/metrics``, ``/healthz`` (and ``/livez``: ``healthy``) and ``/readyz``
+    (``ready``; ``healthy`` when None) on 0.0.0.0:``port`` from a daemon thread. OSError when
+    the port cannot be bound."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
                 body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
             elif self.path.startswith(("/healthz", "/readyz", "/livez")):
-                ok = healthy()
+                probe = ready if ready is not None and self.path.startswith("/readyz") else healthy
+                ok = probe()
                 body, ctype = (b"ok" if ok else b"unhealthy"), "text/plain"
                 code = 200 if ok else 500
             else:
@@ -192,3 +200,4 @@ def serve(port: int, healthy: Callable[[], bool], registry: CollectorRegistry = 
 
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import ClassVar
 
 from support.wait import wait_until
 
@@ -22,12 +23,20 @@ def free_port() -> int:
 class OperatorProcess:
     """``python -m mpijob run`` scoped to one namespace, with its own metrics port and log."""
 
+    logged: ClassVar[set[Path]] = set()
+    """The log files of this test session's processes."""
+
     def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *args: str) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.args = list(args)
         self.port = free_port()
         self.log_path = log_dir / f"operator-{namespace}.log"
+        for n in range(2, 100):  # a second replica in one namespace logs to a file of its own
+            if self.log_path not in OperatorProcess.logged:
+                break
+            self.log_path = log_dir / f"operator-{namespace}-{n}.log"
+        OperatorProcess.logged.add(self.log_path)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

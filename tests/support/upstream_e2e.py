@@ -54,7 +54,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from mpijob import keys
-from mpijob.desired.quantity import Quantity
+from mpijob.pods.quantity import Quantity
 from support.kube import ROOT, Cluster
 from support.operator import free_port
 from support.wait import wait_until

@@ -1,7 +1,7 @@
 """One count of a pod's GPUs: the scheduler's effective request, in one module.
 
 How many GPUs (and which extended resources) a pod or a pod template takes is read only by
-:mod:`mpijob.desired.predicates` (``effective_requests``, ``effective_gpus``, ``template_gpus``,
+:mod:`mpijob.pods.predicates` (``effective_requests``, ``effective_gpus``, ``template_gpus``,
 ``container_gpus``), as the scheduler reads it: the largest init container against the app
 containers, sidecars and overhead. A second reading (the app containers only, say) would let
 placement reserve fewer GPUs than the scheduler hands the pod. ``make lint`` runs this file: any
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "mpijob"
 
 #: The one module that counts.
-COUNTER = "desired/predicates.py"
+COUNTER = "pods/predicates.py"
 
 #: Functions that touch a container's ``nvidia.com/gpu`` entries without counting them.
 NOT_A_COUNT = {
@@ -81,7 +81,7 @@ def test_only_the_predicates_module_counts_a_pods_gpus() -> None:
     found = offenders()
     assert not found, (
         "these read nvidia.com/gpu from a container's limits or requests; count a pod's GPUs "
-        "with mpijob.desired.predicates (effective_gpus, template_gpus, container_gpus): "
+        "with mpijob.pods.predicates (effective_gpus, template_gpus, container_gpus): "
         + ", ".join(found)
     )
 

@@ -34,9 +34,9 @@ import grpc
 from mpijob import keys, metrics
 from mpijob.agent import podresources
 from mpijob.agent.podresources import Check, Held, Verdict
-from mpijob.desired.gpu_binding import pod_binding
-from mpijob.desired.predicates import TERMINAL_PHASES
 from mpijob.objects import JSON
+from mpijob.pods import pod_binding
+from mpijob.pods.predicates import TERMINAL_PHASES
 
 logger = logging.getLogger("mpijob.agent")
 

@@ -29,7 +29,7 @@ import grpc
 
 from mpijob import keys
 from mpijob.agent.podresources_v1 import api_pb2, api_pb2_grpc
-from mpijob.desired.predicates import terminal
+from mpijob.pods.predicates import terminal
 
 logger = logging.getLogger("mpijob.agent")
 

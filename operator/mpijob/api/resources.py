@@ -1,6 +1,6 @@
 """Our ``mpijob.io/gpu-ids`` annotation, read one way for the operator and the console.
 
-How many GPUs a pod or template takes is :func:`mpijob.desired.predicates.effective_gpus`, the
+How many GPUs a pod or template takes is :func:`mpijob.pods.predicates.effective_gpus`, the
 scheduler's effective request, and nowhere else.
 """
 

@@ -27,8 +27,8 @@ from mpijob.api.models import parse_time
 from mpijob.api.resources import gpu_ids
 from mpijob.desired.claims import allocated_devices, claim_name
 from mpijob.desired.observed import pod_failure
-from mpijob.desired.predicates import template_gpus
 from mpijob.objects import JSON
+from mpijob.pods.predicates import template_gpus
 
 TRAINER: Final = "MPIJOB"
 NONE: Final = "N/A"

@@ -19,9 +19,9 @@ from rich.text import Text
 
 from mpijob import keys
 from mpijob.api import gpu_ids
-from mpijob.desired.predicates import terminal
 from mpijob.objects import JSON
 from mpijob.placement.model import PcieLevel, Topology
+from mpijob.pods.predicates import terminal
 from mpijob.shares.ledger import read_node
 from mpijob.shares.request import PERCENT_MAX, Placed
 

@@ -30,7 +30,7 @@ from mpijob import keys
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import names
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import container_gpus, effective_gpus
+from mpijob.pods.predicates import container_gpus, effective_gpus
 
 #: The request of a claim whose pod has one GPU container.
 REQUEST: Final = "gpus"
@@ -63,7 +63,7 @@ def bind_worker(job: MPIJob, pod: JSON, mode: GpuBinding) -> BoundWorker:
         ``pod`` is not modified. In DRA mode the returned pod uses the returned claim; a pod whose
         chosen GPUs have no known UUIDs, or whose containers ask for another number of GPUs than
         were chosen, or that takes GPUs outside its app containers (an init container, a sidecar:
-    :func:`~mpijob.desired.predicates.effective_gpus`), is returned unchanged with the reason in
+    :func:`~mpijob.pods.predicates.effective_gpus`), is returned unchanged with the reason in
     ``skipped``.
     """
     if mode is not GpuBinding.DRA:

@@ -20,19 +20,14 @@ its ``mpijob.io/gpu-uuids`` and writes ``mpijob.io/gpu-actual`` when they differ
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from mpijob import keys
+from mpijob.pods import GpuBinding, pod_binding
 
-
-class GpuBinding(enum.Enum):
-    """How the GPUs chosen for a worker are bound to its pod."""
-
-    DRA = "dra"
-    ANNOTATIONS = "annotations"
+__all__ = ["AUTO", "FLAG_VALUES", "GpuBinding", "pod_binding"]
 
 
 AUTO: Final = "auto"
@@ -120,12 +115,6 @@ def _missing(facts: ClusterFacts) -> str:
 
 def _why(facts: ClusterFacts) -> str:
     return f" ({facts.unknown})" if facts.unknown else ""
-
-
-def pod_binding(pod: Mapping[str, Any]) -> GpuBinding:
-    """How a placed pod got its GPUs: through a claim (``mpijob.io/gpu-claim``) or not."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return GpuBinding.DRA if annotations.get(keys.GPU_CLAIM) else GpuBinding.ANNOTATIONS
 
 
 def newly_not_honoured(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> GpuBinding | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpijob import keys
-from mpijob.desired.quantity import Quantity
+from mpijob.pods.quantity import Quantity
 
 ResourceList = dict[str, Quantity]
 """Resource name to quantity, as in a core/v1 ResourceList."""

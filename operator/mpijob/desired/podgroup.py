@@ -39,7 +39,7 @@ from mpijob.api.errors import FieldError, invalid
 from mpijob.api.models import MPIJob
 from mpijob.desired import min_resources, names
 from mpijob.desired.gang_mode import GangKind, GangMode
-from mpijob.desired.quantity import Quantity
+from mpijob.pods.quantity import Quantity
 
 
 def launcher_in_quorum(job: MPIJob) -> bool:

@@ -24,7 +24,7 @@ from mpijob.desired import events, names, observed
 from mpijob.desired.conditions import set_condition
 from mpijob.desired.events import Event
 from mpijob.desired.observed import Observed
-from mpijob.desired.predicates import template_gpus
+from mpijob.pods.predicates import template_gpus
 
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 EVICTED = "Evicted"

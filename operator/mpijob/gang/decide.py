@@ -31,10 +31,10 @@ from mpijob.api.errors import aggregate
 from mpijob.api.fabric import fabric_level
 from mpijob.desired import compute_domain
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import Requests, admits, tolerates
 from mpijob.gang import fit, queue, quota, topology
 from mpijob.placement.fabric import CLIQUE_LABEL, Fabric, Location
 from mpijob.placement.job import NodeState, NoFit, Placement, claim, place_job
+from mpijob.pods.predicates import Requests, admits, tolerates
 
 NO_ELIGIBLE_NODE = (
     "no opted-in node matches the worker template's nodeSelector and required node affinity, "

@@ -12,10 +12,10 @@ admission counts the same before it decides:
 - :meth:`Room.workers`: how many more workers fit a node now, with what its pods request and
   what this pass admitted there; the GPUs beyond them are not offered to the job.
 
-A worker's request is :func:`mpijob.desired.predicates.pod_requests` of its template (the
+A worker's request is :func:`mpijob.pods.predicates.pod_requests` of its template (the
 scheduler's effective request, its ``pods`` slot included) without ``nvidia.com/gpu``, which
 placement counts GPU by GPU (and which a claim replaces in the dra binding). Node selectors,
-required node affinity and taints are :mod:`mpijob.desired.predicates`' too (the caller's
+required node affinity and taints are :mod:`mpijob.pods.predicates`' too (the caller's
 eligibility). What this cannot know: the cluster's own scheduler plugins, inter-pod
 (anti-)affinity, topology spread, volume limits, and the requests of a decision's workers not
 bound yet; a worker those keep Pending is released after ``--placement-release-seconds`` as
@@ -30,7 +30,7 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
-from mpijob.desired.predicates import Requests, amounts, pod_requests
+from mpijob.pods.predicates import Requests, amounts, pod_requests
 
 #: Resources placement counts itself, GPU by GPU.
 PLACED = frozenset({keys.GPU_RESOURCE})
@@ -47,7 +47,7 @@ def worker_requests(job: MPIJob) -> Requests:
 
 def worker_pod_requests(job: MPIJob) -> Requests:
     """What one worker pod takes of its node, GPUs included
-    (:func:`~mpijob.desired.predicates.pod_requests` of the worker template; do not modify).
+    (:func:`~mpijob.pods.predicates.pod_requests` of the worker template; do not modify).
     Remembered per job version (uid and ``resourceVersion``): each pass weighs thousands of
     waiting jobs whose templates have not changed."""
     version = job.metadata.resource_version

@@ -36,9 +36,10 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
-from mpijob.desired import names, quantity
+from mpijob.desired import names
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import effective_gpus, template_gpus, terminal
+from mpijob.pods import quantity
+from mpijob.pods.predicates import effective_gpus, template_gpus, terminal
 
 #: The quota resource names that limit GPUs, and what the API server charges under each.
 GPU_RESOURCES = (keys.QUOTA_GPU_REQUESTS, keys.QUOTA_GPU_CLAIM_DEVICES)

@@ -4,7 +4,7 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 
 - which jobs are placed topology-aware, and what they ask for (:func:`request_of`); which
   nodes their worker template's selector and node affinity admit (:func:`eligible`, on
-  :func:`mpijob.desired.predicates.admits`, which the share webhook also asks); a placed
+  :func:`mpijob.pods.predicates.admits`, which the share webhook also asks); a placed
   worker's template may not name its node (:func:`template_errors`);
 - a job's decision as a PlacementDecision object (:func:`decision_object`), which only the
   operator writes, so that a restarted operator knows every reservation and no tenant can
@@ -33,13 +33,13 @@ from mpijob.api import JSON, JobKey, MPIJob, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
 from mpijob.api.models import parse_time
 from mpijob.desired import compute_domain, names
-from mpijob.desired.predicates import admits, effective_gpus, terminal
 from mpijob.desired.sync import PodPlacement
 from mpijob.gang import fit
 from mpijob.gang.timeout import Released
 from mpijob.placement import codec, fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import JobRequest, NodeState, Placement, WorkerAssignment
+from mpijob.pods.predicates import admits, effective_gpus, terminal
 
 # --- jobs ------------------------------------------------------------------------------------
 
@@ -461,7 +461,7 @@ class Snapshot:
     """Volcano's HyperNodes (when the fabric reads HyperNode tiers and the API serves them)."""
     requested: dict[str, dict[str, Decimal]] = field(default_factory=dict)
     """Node -> what its bound, unfinished pods (anyone's) request, as the scheduler sums it
-    (:func:`mpijob.desired.predicates.pod_requests`): what :mod:`mpijob.gang.fit` fits against."""
+    (:func:`mpijob.pods.predicates.pod_requests`): what :mod:`mpijob.gang.fit` fits against."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ bounded by what it remembers:
 It also keeps the parsed model of each job's latest version (:meth:`Cache.job`), for our
 admission's passes; a new version replaces it, a deleted job drops it.
 
-Created in ``on.startup``; read and fed by the reconciler and the watch handlers.
+Built by the composition root; read and fed by the reconciler and the watch handlers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 
 from mpijob import api
@@ -34,12 +35,35 @@ from mpijob.gang import quota, topology
 
 EXPECTATION_SECONDS = 60.0
 
-#: Index name -> the kind it holds, for the children looked up by job key.
+
+class Index(StrEnum):
+    """Every Kopf index, by the name it is registered under (:mod:`mpijob.handlers.watches`)
+    and read by (this cache): the one list of them."""
+
+    MPIJOBS_BY_KEY = "mpijobs_by_key"
+    PODS_BY_JOB = "pods_by_job"
+    GPU_PODS_BY_NODE = "gpu_pods_by_node"
+    REQUESTS_BY_NODE = "requests_by_node"
+    DECISIONS_BY_JOB = "decisions_by_job"
+    NODES_BY_NAME = "nodes_by_name"
+    SERVICES_BY_JOB = "services_by_job"
+    CONFIGMAPS_BY_JOB = "configmaps_by_job"
+    LAUNCHERS_BY_JOB = "launchers_by_job"
+    PODGROUPS_BY_JOB = "podgroups_by_job"
+    PRIORITIES_BY_NAME = "priorities_by_name"
+    CLAIMS_BY_JOB = "claims_by_job"
+    ALLOCATIONS_BY_NODE = "allocations_by_node"
+    SLICES_BY_NODE = "slices_by_node"
+    GPU_CLASSES_BY_NAME = "gpu_classes_by_name"
+    QUOTAS_BY_NAMESPACE = "quotas_by_namespace"
+
+
+#: Index -> the kind it holds, for the children looked up by job key.
 CHILD_INDICES = {
-    "services_by_job": "Service",
-    "configmaps_by_job": "ConfigMap",
-    "launchers_by_job": "Job",
-    "podgroups_by_job": "PodGroup",
+    Index.SERVICES_BY_JOB: "Service",
+    Index.CONFIGMAPS_BY_JOB: "ConfigMap",
+    Index.LAUNCHERS_BY_JOB: "Job",
+    Index.PODGROUPS_BY_JOB: "PodGroup",
 }
 
 
@@ -71,7 +95,7 @@ class Cache:
 
     def job_body(self, key: JobKey) -> JSON | None:
         """The newest body of the MPIJob: the cache's, unless our own write is newer."""
-        body = next(iter(self._all("mpijobs_by_key", key)), None)
+        body = next(iter(self._all(Index.MPIJOBS_BY_KEY, key)), None)
         if body is None:
             return None
         written = self.written.get(key)
@@ -108,9 +132,11 @@ class Cache:
         }
         secret = self.secrets.get(key)
         ours["Secret"] = secret if secret and names.is_controlled_by(secret, uid) else None
-        pods = [dict(p) for p in self._all("pods_by_job", key)]
+        pods = [dict(p) for p in self._all(Index.PODS_BY_JOB, key)]
         claims = {
-            _name(c): c for c in self._all("claims_by_job", key) if names.is_controlled_by(c, uid)
+            _name(c): c
+            for c in self._all(Index.CLAIMS_BY_JOB, key)
+            if names.is_controlled_by(c, uid)
         }
         present = {("Pod", str(p["metadata"]["name"])) for p in pods}
         present |= {("ResourceClaim", name) for name in claims}
@@ -154,10 +180,10 @@ class Cache:
 
     def pods(self, key: JobKey) -> list[JSON]:
         """Every pod labelled with the job's name (whatever job instance controls it)."""
-        return self._all("pods_by_job", key)
+        return self._all(Index.PODS_BY_JOB, key)
 
     def launcher_job(self, key: JobKey) -> JSON | None:
-        return next(iter(self._all("launchers_by_job", key)), None)
+        return next(iter(self._all(Index.LAUNCHERS_BY_JOB, key)), None)
 
     # --- expectations ------------------------------------------------------------------------
 
@@ -197,13 +223,13 @@ class Cache:
 
     def nodes(self, wanted: Iterable[str] | None = None) -> dict[str, JSON]:
         """Opted-in nodes by name: all of them, or only ``wanted``."""
-        index = self.indices.get("nodes_by_name", {})
+        index = self.indices.get(Index.NODES_BY_NAME, {})
         names_ = index.keys() if wanted is None else [n for n in wanted if n in index]
         return {name: dict(v) for name in names_ for v in index[name]}
 
     def priority_values(self) -> dict[str, int]:
         """PriorityClass name -> value, from the watch."""
-        index = self.indices.get("priorities_by_name", {})
+        index = self.indices.get(Index.PRIORITIES_BY_NAME, {})
         return {name: int(v) for name in index for v in index[name]}
 
     def job(self, key: JobKey) -> MPIJob | None:
@@ -225,12 +251,12 @@ class Cache:
 
     def decision(self, key: JobKey) -> JSON | None:
         """The PlacementDecision named after the job, whichever job it was written for."""
-        return next(iter(self._all("decisions_by_job", key)), None)
+        return next(iter(self._all(Index.DECISIONS_BY_JOB, key)), None)
 
     def jobs_placed_on(self, node: str) -> list[JobKey]:
         """The jobs whose PlacementDecision names ``node``."""
         out = []
-        for key, store in self.indices.get("decisions_by_job", {}).items():
+        for key, store in self.indices.get(Index.DECISIONS_BY_JOB, {}).items():
             for body in store:
                 workers = (body.get("spec") or {}).get("workers") or []
                 if any(isinstance(w, Mapping) and w.get("node") == node for w in workers):
@@ -242,39 +268,41 @@ class Cache:
         key), every claim's allocated NVIDIA GPUs and the driver's devices, by node; and what
         the quota check reads: GPU quotas by namespace, our claims by job, the class mapping."""
         pods = [
-            dict(p) for store in self.indices.get("gpu_pods_by_node", {}).values() for p in store
+            dict(p)
+            for store in self.indices.get(Index.GPU_PODS_BY_NODE, {}).values()
+            for p in store
         ]
         decisions = {}
-        for key, store in self.indices.get("decisions_by_job", {}).items():
+        for key, store in self.indices.get(Index.DECISIONS_BY_JOB, {}).items():
             for body in store:
                 if (decision := topology.parse_decision(body)) is not None:
                     decisions[key] = decision
         allocated = {
             node: [str(d) for claim in store for d in claim.get("devices") or ()]
-            for node, store in self.indices.get("allocations_by_node", {}).items()
+            for node, store in self.indices.get(Index.ALLOCATIONS_BY_NODE, {}).items()
         }
         slices: dict[str, dict[str, str]] = {}
-        for node, store in self.indices.get("slices_by_node", {}).items():
+        for node, store in self.indices.get(Index.SLICES_BY_NODE, {}).items():
             for devices in store:
                 slices.setdefault(node, {}).update(devices)
         quotas = {
             namespace: [dict(q) for q in store]
-            for namespace, store in self.indices.get("quotas_by_namespace", {}).items()
+            for namespace, store in self.indices.get(Index.QUOTAS_BY_NAMESPACE, {}).items()
         }
         claims = {
             key: [dict(c) for c in store]
-            for key, store in self.indices.get("claims_by_job", {}).items()
+            for key, store in self.indices.get(Index.CLAIMS_BY_JOB, {}).items()
         }
         nodes = self.nodes()
         requested: dict[str, dict[str, Decimal]] = {}
-        for node, store in self.indices.get("requests_by_node", {}).items():
+        for node, store in self.indices.get(Index.REQUESTS_BY_NODE, {}).items():
             if node not in nodes:
                 continue  # placement weighs only the opted-in nodes
             total = requested.setdefault(node, {})
             for pod in store:
                 for name, amount in pod:
                     total[name] = total.get(name, Decimal(0)) + amount
-        classes = self.indices.get("gpu_classes_by_name", {})
+        classes = self.indices.get(Index.GPU_CLASSES_BY_NAME, {})
         mapped = next((str(v) for store in classes.values() for v in store), None)
         return topology.Snapshot(
             list(nodes.values()),

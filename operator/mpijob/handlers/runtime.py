@@ -5,7 +5,8 @@
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
-Created in ``on.startup`` and kept in Kopf's memo (:class:`OperatorMemo`).
+Built by the composition root (:mod:`mpijob.handlers.startup`) and kept in Kopf's memo
+(:class:`OperatorMemo`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
-from mpijob.shares.service import ShareService
 
 
 @dataclass
@@ -91,21 +91,12 @@ class Runtime:
         if self.admission is not None:
             self.admission.drop(key)
 
-    async def stop(self) -> None:
-        await self.workers.stop()
-        await self.recorder.close()
-        await self.deferred.drain()
-        await self.kube.aclose()
-
 
 class OperatorMemo(kopf.Memo):
-    """Kopf's memo, as this operator fills it: what ``run`` knows before Kopf starts, then
-    what ``on.startup`` builds. Every handler receives it (a shallow copy per object)."""
+    """Kopf's memo, made complete by the composition root (:func:`mpijob.handlers.startup.main`)
+    before Kopf starts. Every handler receives it (a shallow copy per object)."""
 
     settings: OperatorSettings
     gpu_binding: GpuBinding
     fabric: Fabric | None
     runtime: Runtime
-    """Set by ``on.startup``, before any watch or webhook is served."""
-    shares: ShareService
-    """With ``--fractional-gpus``: the share service, set by ``on.startup``."""

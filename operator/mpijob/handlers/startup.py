@@ -1,19 +1,27 @@
-"""Operator lifecycle: tune Kopf once, build the runtime, start and stop the workers.
+"""The composition root: start-up builds every object complete, here and only here.
 
-``run`` is the programmatic entry (the CLI calls it). Kopf's settings and the changes to its
-classes are :mod:`mpijob.platform.kopf_tuning`'s, applied here.
-Before Kopf starts, :func:`preflight` checks that the CRDs are served and picks the
-``--gpu-binding`` mode, which decides the watches registered. With ``--fractional-gpus`` it
-also registers :mod:`~mpijob.shares.service` (GPU-share webhooks), serves them with a
-certificate made at start, and applies their configurations.
+``run`` is the programmatic entry (the CLI calls it); :func:`main` builds, in order: the
+credentials, :func:`preflight` (the API server answers, the CRDs are served, the
+``--gpu-binding`` mode, which decides the watches registered), Kopf's settings
+(:mod:`mpijob.platform.kopf_tuning`), the leader elector and its own client, the API adapter
+fenced by it, with ``--fractional-gpus`` the share service (its ledger, certificate, webhook
+server and configurations), Kopf's registry and indexers, the cache over their indices, the
+workers, the admission, the runtime, the monitoring server; then hands the work to
+:class:`~mpijob.platform.manager.Manager`, which campaigns for the Lease only now, and runs
+Kopf. Any step that fails is :class:`StartupFailed`: one line naming what and where, exit
+status 1, and no Lease was ever asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
+import socket
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +40,14 @@ from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
-from mpijob.platform import kopf_tuning, tls
+from mpijob.platform import credentials, kopf_tuning, tls
+from mpijob.platform import kube as kube_module
+from mpijob.platform import leader as leader_module
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.kube import ApiError, Kube, connection_info
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.leader import LeaderElector
+from mpijob.platform.manager import Manager, Runnable
 from mpijob.platform.recorder import Recorder
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
@@ -47,29 +58,77 @@ from mpijob.shares.service import ShareService
 log = logging.getLogger(__name__)
 
 
-async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs: Any) -> None:
-    ours = memo.settings
+class StartupFailed(Exception):
+    """Start-up could not finish: what failed and where, in one line. The process exits with
+    status 1 before it has campaigned for the Lease, so the kubelet restarts it."""
+
+
+@contextlib.contextmanager
+def step(what: str) -> Iterator[None]:
+    """Turn any failure of a start-up step into :class:`StartupFailed` naming ``what``."""
+    try:
+        yield
+    except StartupFailed:
+        raise
+    except (MissingCRD, ValueError) as e:
+        raise StartupFailed(f"{what}: {e}") from None
+    except ApiError as e:
+        raise StartupFailed(f"{what}: the API server refused: {e}") from None
+    except (OSError, kopf.LoginError, yaml.YAMLError, TimeoutError) as e:
+        raise StartupFailed(f"{what}: {e or type(e).__name__}") from None
+    except Exception as e:  # anything else: still one line, and still no Lease
+        raise StartupFailed(f"{what}: {type(e).__name__}: {e}") from None
+
+
+def kubeconfig_source(ours: OperatorSettings) -> str:
+    """Where the credentials come from, as a start-up failure names it."""
+    if credentials.in_cluster(ours.kubeconfig or None):
+        return "the pod's service account"
+    return ours.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+
+
+async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
+    """The composition root: build every object complete, in this order, and hand the work to
+    the manager; then run Kopf until SIGINT/SIGTERM. A step that fails raises
+    :class:`StartupFailed` before the Lease is asked for."""
+    identity = leader_module.identity()
+    user_agent = f"{kube_module.USER_AGENT}/{identity}"
+    with step(f"reading the credentials ({kubeconfig_source(ours)})"):
+        info = kube_module.connection_info(ours.kubeconfig or None)
+    where = f"the API server at {info.server}"
+    binding = await preflight(ours, where)
+    settings = kopf.OperatorSettings()
     kopf_tuning.configure(settings, ours)
+    # Leader election's own client, as upstream's: a renewal never waits behind other requests.
+    lease_kube = Kube.from_kubeconfig(
+        ours.kubeconfig,
+        qps=0,
+        burst=1,
+        concurrency=2,
+        user_agent=user_agent,
+        timeout=leader_module.REQUEST_TIMEOUT_SECONDS,
+    )
+    elector = None
+    if ours.leader_elect:
+        elector = LeaderElector(
+            namespace=ours.lock_namespace, name=ours.lock_name, kube=lease_kube, identity=identity
+        )
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
         qps=ours.kube_api_qps,
         burst=ours.kube_api_burst,
         concurrency=max(4, ours.threadiness * 2),
+        user_agent=user_agent,
+        fence=elector,
     )
-    leader = None
-    if ours.leader_elect:
-        leader = LeaderElector(namespace=ours.lock_namespace, name=ours.lock_name, kube=kube)
-        leader.start()
-    else:
-        metrics.IS_LEADER.set(1)
-    instance = leader.identity if leader else os.environ.get("HOSTNAME", "mpijob-operator")
-    binding = memo.get("gpu_binding", GpuBinding.ANNOTATIONS)
-    fabric = memo.get("fabric")
-    cache = Cache()
-    # Indices are live mappings: empty now, complete when the workers open (see watches).
-    cache.indices = {name: kwargs[name] for name in watches.INDICES if name in kwargs}
-    cache.server_minor = await server_minor(kube)
-    workers = Workers(ours.threadiness, leader=leader)
+    recorder = Recorder(kube, instance=identity, namespaces=ours.namespaces)
+    shares = None
+    if ours.fractional_gpus:
+        shares = await start_shares(ours, kube, settings, where, recorder.post)
+    registry = registry_for(ours, binding, shares, user_agent)
+    indexers, indices = kopf_tuning.indexers_for(registry)
+    cache = Cache(indices=indices, server_minor=await server_minor(kube))
+    workers = Workers(ours.threadiness)
     admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
         enqueue=workers.enqueue,
@@ -87,57 +146,33 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs:
         settings=ours,
         gpu_binding=binding,
         kube=kube,
-        recorder=Recorder(kube, instance=instance, namespaces=ours.namespaces),
+        recorder=recorder,
         deferred=DeferredPatches(kube),
         workers=workers,
         cache=cache,
         admission=admission,
     )
-    memo.runtime = rt
-    rt.workers.run(admission.run_forever(), name="admission")
+    runnables = [
+        Runnable("heartbeat", workers.beat, needs_lease=False),
+        Runnable("reconcile", lambda: workers.serve(partial(reconcile.reconcile, rt)), True),
+        Runnable("admission", admission.run_forever, needs_lease=True),
+    ]
     if fabric is not None and fabric_labels.hypernode_tiers(fabric):
-        rt.workers.run(watches.follow_hypernodes(rt), name="hypernodes")
-    if ours.fractional_gpus:
-        shares = ShareService(
-            workers_of=share_service.workers_reader(kube),
-            events=rt.recorder.post,
-            runtime_class=ours.gpu_share_runtime_class,
+        runnables.append(Runnable("hypernodes", lambda: watches.follow_hypernodes(rt), False))
+    if shares is not None:
+        patcher = share_service.pod_patcher(kube)
+        runnables.append(
+            Runnable("gpu-share-placement", lambda: shares.run_placement(patcher), True)
         )
-        memo[webhook.MEMO_KEY] = shares
-        selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
-        await shares.rebuild(
-            await kube.list("v1", "Node", None, labels=selector),
-            await kube.list("v1", "Pod", None),
-        )
-        cert = (
-            tls.mounted_certificate(Path(ours.webhook_cert_dir))
-            if ours.webhook_cert_dir
-            else tls.serving_certificate(
-                ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
-            )
-        )
-        webhook.configure_server(
-            settings, cert, ours.webhook_port, client_ca=ours.webhook_client_ca
-        )
-        rt.workers.run(
-            shares.run_placement(
-                share_service.pod_patcher(kube), leader.leading if leader is not None else None
-            ),
-            name="gpu-share-placement",
-        )
-        await webhook.apply_configurations(
-            kube.apply,
-            service_namespace=ours.lock_namespace,
-            service_name=ours.webhook_service,
-            port=443,
-            ca_bundle=cert.ca_bundle,
-            url=ours.webhook_url,
-        )
-    rt.workers.start(lambda key: reconcile.reconcile(rt, key))
+    manager = Manager(runnables, elector=elector, stopping=(recorder.close, rt.deferred.drain))
     if ours.monitoring_port:
-        metrics.serve(
-            ours.monitoring_port, healthy=lambda: rt.workers.alive(HEALTHY_WITHIN_SECONDS)
-        )
+        with step(f"serving /metrics, /healthz and /readyz on port {ours.monitoring_port}"):
+            metrics.serve(
+                ours.monitoring_port,
+                healthy=lambda: workers.alive(HEALTHY_WITHIN_SECONDS),
+                ready=lambda: manager.ready() and workers.alive(HEALTHY_WITHIN_SECONDS),
+            )
+    memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric, runtime=rt)
     log.info(
         "Started mpijob-operator",
         extra={
@@ -145,8 +180,74 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **kwargs:
             "gang": ours.gang_scheduling or "off",
             "threadiness": ours.threadiness,
             "leader_election": ours.leader_elect,
+            "identity": identity,
         },
     )
+    manager.start()
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            indexers=indexers,
+            memo=memo,
+            standalone=True,
+            clusterwide=ours.cluster_wide,
+            namespaces=list(ours.namespaces),
+        )
+    finally:
+        await manager.stop()
+        await kube.aclose()
+        await lease_kube.aclose()
+
+
+async def start_shares(
+    ours: OperatorSettings,
+    kube: Kube,
+    settings: kopf.OperatorSettings,
+    where: str,
+    events: Callable[..., None],
+) -> ShareService:
+    """The GPU-share service, its ledger rebuilt from the cluster, its webhook server's
+    certificate and port, and both webhook configurations applied."""
+    shares = ShareService(
+        workers_of=share_service.workers_reader(kube),
+        events=events,
+        runtime_class=ours.gpu_share_runtime_class,
+    )
+    selector = f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_CORE_MEM}"
+    with step(f"listing the nodes and pods for GPU shares from {where}"):
+        await shares.rebuild(
+            await kube.list("v1", "Node", None, labels=selector),
+            await kube.list("v1", "Pod", None),
+        )
+    source = ours.webhook_cert_dir or "a self-signed certificate"
+    with step(f"reading the webhook certificate ({source})"):
+        cert = (
+            tls.mounted_certificate(Path(ours.webhook_cert_dir))
+            if ours.webhook_cert_dir
+            else tls.serving_certificate(
+                ours.lock_namespace, ours.webhook_service, url=ours.webhook_url
+            )
+        )
+    with step(f"serving the webhooks on port {ours.webhook_port}"):
+        with socket.socket() as probe:  # Kopf binds it later, where a failure would only log
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("0.0.0.0", ours.webhook_port))
+        webhook.configure_server(
+            settings, cert, ours.webhook_port, client_ca=ours.webhook_client_ca
+        )
+    with step(f"applying the GPU-share webhook configurations to {where}"):
+        # Every replica serves the webhooks, so every replica applies their configurations at
+        # start-up: the one write that needs no Lease.
+        await webhook.apply_configurations(
+            lambda obj: kube.apply(obj, needs_lease=False),
+            service_namespace=ours.lock_namespace,
+            service_name=ours.webhook_service,
+            port=443,
+            ca_bundle=cert.ca_bundle,
+            url=ours.webhook_url,
+        )
+    return shares
 
 
 HEALTHY_WITHIN_SECONDS = 30.0
@@ -195,24 +296,19 @@ async def server_minor(kube: KubeApi) -> int | None:
         return None
 
 
-async def cleanup(memo: OperatorMemo, **_: Any) -> None:
-    rt: Runtime | None = memo.get("runtime")
-    if rt is not None:
-        await rt.stop()
-
-
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """Kopf's watches log in exactly as the operator's own requests do."""
-    return connection_info()
-
-
 def registry_for(
-    ours: OperatorSettings, binding: GpuBinding = GpuBinding.ANNOTATIONS
+    ours: OperatorSettings,
+    binding: GpuBinding = GpuBinding.ANNOTATIONS,
+    shares: ShareService | None = None,
+    user_agent: str = kube_module.USER_AGENT,
 ) -> kopf.OperatorRegistry:
-    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks."""
+    """Every handler: the watches, and with ``shares`` (``--fractional-gpus``) its webhooks.
+    Kopf's watches log in exactly as the operator's own requests do, naming the replica."""
     registry = kopf.OperatorRegistry()
-    kopf.on.startup(registry=registry)(startup)
-    kopf.on.cleanup(registry=registry)(cleanup)
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kube_module.named(connection_info(), user_agent)
+
     kopf.on.login(registry=registry)(login)
     gang = GangMode.from_flag(ours.gang_scheduling)
     gang_api = None
@@ -221,8 +317,8 @@ def registry_for(
     elif gang.kind is GangKind.SCHEDULER_PLUGINS:
         gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
     watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
-    if ours.fractional_gpus:
-        webhook.register(registry)
+    if shares is not None:
+        webhook.register(registry, shares)
     return registry
 
 
@@ -258,25 +354,26 @@ async def check_crds(kube: KubeApi) -> None:
 PREFLIGHT_SECONDS = 60.0
 
 
-async def preflight(ours: OperatorSettings) -> GpuBinding:
-    """Before Kopf starts: the CRDs are served (:class:`MissingCRD` otherwise) and the GPU
-    binding mode (ValueError when ``--gpu-binding=dra`` cannot work here). An API server that
-    does not answer within :data:`PREFLIGHT_SECONDS` leaves the CRDs to Kopf's own retries and
-    the mode at ``annotations`` (or the forced one), with a warning."""
-    kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
+async def preflight(ours: OperatorSettings, where: str) -> GpuBinding:
+    """Before anything else: the API server answers, the CRDs are served and the GPU binding
+    mode is chosen. :class:`StartupFailed` when the API server does not answer within
+    :data:`PREFLIGHT_SECONDS` (the kubelet restarts the pod, which tries again), when a CRD is
+    missing, or when ``--gpu-binding=dra`` cannot work here."""
+    with step(f"reading the kubeconfig for {where}"):
+        kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
     deadline = asyncio.get_running_loop().time() + PREFLIGHT_SECONDS
     try:
         while True:
-            try:
-                await check_crds(kube)
-                return (await detect_gpu_binding(kube, ours.gpu_binding)).mode
-            except OSError as e:
-                if asyncio.get_running_loop().time() > deadline:
-                    forced = ours.gpu_binding == GpuBinding.DRA.value
-                    mode = GpuBinding.DRA if forced else GpuBinding.ANNOTATIONS
-                    log.warning("API server unreachable (%s): GPU binding mode %s", e, mode.value)
-                    return mode
-                await asyncio.sleep(2)
+            with step(f"checking the CRDs and the GPU binding mode on {where}"):
+                try:
+                    await check_crds(kube)
+                    return (await detect_gpu_binding(kube, ours.gpu_binding)).mode
+                except OSError as e:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise StartupFailed(
+                            f"reaching {where}: no answer within {PREFLIGHT_SECONDS:.0f} s: {e}"
+                        ) from None
+            await asyncio.sleep(2)
     finally:
         await kube.aclose()
 
@@ -320,22 +417,14 @@ def tune_garbage_collector() -> None:
 
 
 def run(ours: OperatorSettings, *, verbose: bool = False, json_logs: bool = False) -> None:
-    """Run the operator until SIGINT/SIGTERM."""
+    """Run the operator until SIGINT/SIGTERM. :class:`StartupFailed` (logged by the caller, one
+    line) when start-up cannot finish."""
     kopf_tuning.configure_logging(verbose=verbose, json_lines=json_logs)
     if ours.kubeconfig:
         os.environ["KUBECONFIG"] = ours.kubeconfig
     kopf_tuning.patch_kopf()
-    fabric = load_fabric(ours.fabric)  # a bad --fabric stops here, naming the problem
-    binding = asyncio.run(preflight(ours))
-    memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric)
+    with step("reading --fabric"):
+        fabric = load_fabric(ours.fabric)
     tune_garbage_collector()
     # uvloop: the watch streams, Kopf's per-event tasks and our API calls all run on this loop.
-    uvloop.run(
-        kopf.operator(
-            registry=registry_for(ours, binding),
-            memo=memo,
-            standalone=True,
-            clusterwide=ours.cluster_wide,
-            namespaces=list(ours.namespaces),
-        )
-    )
+    uvloop.run(main(ours, fabric))

@@ -36,10 +36,11 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
-from mpijob.desired.predicates import pod_requests, terminal
 from mpijob.gang import quota, topology
+from mpijob.handlers.cache import Index
 from mpijob.handlers.runtime import OperatorMemo, Runtime
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, resource
+from mpijob.pods.predicates import pod_requests, terminal
 
 log = logging.getLogger(__name__)
 
@@ -505,27 +506,6 @@ async def follow_hypernodes(rt: Runtime) -> None:
         await asyncio.sleep(HYPERNODE_POLL_SECONDS)
 
 
-#: Every index registered above, by the name handlers receive it under.
-INDICES = (
-    "mpijobs_by_key",
-    "pods_by_job",
-    "gpu_pods_by_node",
-    "requests_by_node",
-    "decisions_by_job",
-    "nodes_by_name",
-    "services_by_job",
-    "configmaps_by_job",
-    "launchers_by_job",
-    "podgroups_by_job",
-    "priorities_by_name",
-    "claims_by_job",
-    "allocations_by_node",
-    "slices_by_node",
-    "gpu_classes_by_name",
-    "quotas_by_namespace",
-)
-
-
 def register(
     registry: kopf.OperatorRegistry,
     *,
@@ -535,39 +515,47 @@ def register(
     """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
     ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
     otherwise). Volcano's HyperNodes are listed, not watched (:func:`follow_hypernodes`)."""
-    mpijobs = (keys.GROUP, keys.VERSION, keys.PLURAL)
-    kopf.index(*mpijobs, registry=registry)(mpijobs_by_key)
+    mpijobs = resource(keys.API_VERSION, keys.KIND)
+    kopf.index(*mpijobs, id=Index.MPIJOBS_BY_KEY, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
-    kopf.index("v1", "pods", labels=ours, registry=registry)(pods_by_job)
-    kopf.on.event("v1", "pods", labels=ours, when=deleted, registry=registry)(pod_deleted)
-    kopf.index("v1", "pods", when=requests_gpus, registry=registry)(gpu_pods_by_node)
-    kopf.index("v1", "pods", registry=registry)(requests_by_node)
-    decisions = (keys.DECISION_GROUP, keys.DECISION_VERSION, keys.DECISION_PLURAL)
-    kopf.index(*decisions, registry=registry)(decisions_by_job)
+    pods = resource("v1", "Pod")
+    kopf.index(*pods, labels=ours, id=Index.PODS_BY_JOB, registry=registry)(pods_by_job)
+    kopf.on.event(*pods, labels=ours, when=deleted, registry=registry)(pod_deleted)
+    kopf.index(*pods, when=requests_gpus, id=Index.GPU_PODS_BY_NODE, registry=registry)(
+        gpu_pods_by_node
+    )
+    kopf.index(*pods, id=Index.REQUESTS_BY_NODE, registry=registry)(requests_by_node)
+    decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
+    kopf.index(*decisions, id=Index.DECISIONS_BY_JOB, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)
     opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
-    kopf.index("v1", "nodes", labels=opted_in, registry=registry)(nodes_by_name)
-    kopf.on.event("v1", "nodes", labels=opted_in, registry=registry)(node_event)
-    children = [
-        (("v1", "services"), services_by_job),
-        (("v1", "configmaps"), configmaps_by_job),
-        (("batch", "v1", "jobs"), launchers_by_job),
+    nodes = resource("v1", "Node")
+    kopf.index(*nodes, labels=opted_in, id=Index.NODES_BY_NAME, registry=registry)(nodes_by_name)
+    kopf.on.event(*nodes, labels=opted_in, registry=registry)(node_event)
+    children: list[tuple[tuple[str, ...], Index, Any]] = [
+        (resource("v1", "Service"), Index.SERVICES_BY_JOB, services_by_job),
+        (resource("v1", "ConfigMap"), Index.CONFIGMAPS_BY_JOB, configmaps_by_job),
+        (resource("batch/v1", "Job"), Index.LAUNCHERS_BY_JOB, launchers_by_job),
     ]
     if gang_api_version:
-        group, version = gang_api_version.split("/")
-        children.append(((group, version, "podgroups"), podgroups_by_job))
-    for resource, index in children:
-        kopf.index(*resource, registry=registry)(index)
-        kopf.on.event(*resource, when=deleted, registry=registry)(child_deleted)
-    priorities = ("scheduling.k8s.io", "v1", "priorityclasses")
-    kopf.index(*priorities, registry=registry)(priorities_by_name)
-    kopf.index("v1", "resourcequotas", registry=registry)(quotas_by_namespace)
-    kopf.on.event("v1", "resourcequotas", when=limits_gpus, registry=registry)(gpu_quota_event)
+        children.append(
+            (resource(gang_api_version, "PodGroup"), Index.PODGROUPS_BY_JOB, podgroups_by_job)
+        )
+    for watched, name, index in children:
+        kopf.index(*watched, id=name, registry=registry)(index)
+        kopf.on.event(*watched, when=deleted, registry=registry)(child_deleted)
+    priorities = resource("scheduling.k8s.io/v1", "PriorityClass")
+    kopf.index(*priorities, id=Index.PRIORITIES_BY_NAME, registry=registry)(priorities_by_name)
+    quotas = resource("v1", "ResourceQuota")
+    kopf.index(*quotas, id=Index.QUOTAS_BY_NAMESPACE, registry=registry)(quotas_by_namespace)
+    kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)
     if dra:
-        group, version = keys.DRA_API_VERSION.split("/")
-        kopf.index(group, version, "resourceclaims", registry=registry)(claims_by_job)
-        kopf.index(group, version, "resourceclaims", registry=registry)(allocations_by_node)
-        kopf.on.event(group, version, "resourceclaims", registry=registry)(claim_event)
-        kopf.index(group, version, "resourceslices", registry=registry)(slices_by_node)
-        kopf.index(group, version, "deviceclasses", registry=registry)(gpu_classes_by_name)
+        claims = resource(keys.DRA_API_VERSION, "ResourceClaim")
+        slices = resource(keys.DRA_API_VERSION, "ResourceSlice")
+        classes = resource(keys.DRA_API_VERSION, "DeviceClass")
+        kopf.index(*claims, id=Index.CLAIMS_BY_JOB, registry=registry)(claims_by_job)
+        kopf.index(*claims, id=Index.ALLOCATIONS_BY_NODE, registry=registry)(allocations_by_node)
+        kopf.on.event(*claims, registry=registry)(claim_event)
+        kopf.index(*slices, id=Index.SLICES_BY_NODE, registry=registry)(slices_by_node)
+        kopf.index(*classes, id=Index.GPU_CLASSES_BY_NAME, registry=registry)(gpu_classes_by_name)

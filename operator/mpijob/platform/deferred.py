@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from mpijob.objects import about
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, NotLeading
 from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ class Line:
                 _, work = self._waiting.popitem(last=False)
                 try:
                     await work()
+                except NotLeading as e:  # a standby's, or a former leader's: never sent
+                    log.info("%s: %s", self._name, e)
                 except Exception:
                     log.exception("%s: a background request failed", self._name)
         finally:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
 import aiohttp
 import kopf
@@ -42,9 +43,12 @@ import orjson
 from mpijob import keys, metrics
 from mpijob.objects import JSON
 from mpijob.platform import credentials
+from mpijob.platform.backoff import exponential
 from mpijob.platform.ratelimit import TokenBucket
 
 REQUEST_TIMEOUT_SECONDS = 60.0
+#: The User-Agent of a client that names no replica (the preflight's).
+USER_AGENT: Final = "mpijob-operator"
 #: Tries after the first of a request the API server answered "not now" (see Kube.request).
 MAX_RETRIES: Final = 3
 #: The first wait before such a retry when the server names none; it doubles with each try.
@@ -97,6 +101,10 @@ KINDS: Mapping[tuple[str, str], Kind] = {
         "/apis/resource.nvidia.com/v1beta1", "computedomains"
     ),
     ("v1", "Namespace"): Kind("/api/v1", "namespaces", namespaced=False),
+    ("v1", "ResourceQuota"): Kind("/api/v1", "resourcequotas"),
+    ("resource.k8s.io/v1", "ResourceSlice"): Kind(
+        "/apis/resource.k8s.io/v1", "resourceslices", namespaced=False
+    ),
     ("coordination.k8s.io/v1", "Lease"): Kind("/apis/coordination.k8s.io/v1", "leases"),
     ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): Kind(
         "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False
@@ -107,6 +115,36 @@ KINDS: Mapping[tuple[str, str], Kind] = {
         namespaced=False,
     ),
 }
+
+
+class Fence(Protocol):
+    """What a write asks before it is sent: the leader elector's
+    (:meth:`mpijob.platform.leader.LeaderElector.write_deadline`)."""
+
+    def write_deadline(self) -> float | None:
+        """The loop time by which a write starting now must be done; None: it must not start."""
+        ...
+
+
+class NotLeading(Exception):
+    """A write was refused before it was sent: this replica does not hold an unexpired Lease."""
+
+
+class _FencedBody(aiohttp.BytesPayload):
+    """A write's body that asks the fence again when aiohttp writes it, which is when the
+    request's first byte goes out (its headers wait to go with the body): a process frozen
+    between the fence and the send (SIGSTOP, a stalled VM; aiohttp writes the body in a task of
+    its own) sends nothing on resuming."""
+
+    def __init__(self, value: bytes, fence: Fence, what: str, content_type: str) -> None:
+        super().__init__(value, content_type=content_type)
+        self._fence = fence
+        self._what = what
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        if self._fence.write_deadline() is None:
+            raise NotLeading(f"{self._what}: the Lease expired before it was sent")
+        await super().write_with_length(writer, content_length)
 
 
 class ApiError(Exception):
@@ -221,13 +259,23 @@ def retry_after(method: str, status: int, header: str | None, attempt: int) -> f
         return None
     if status >= 500 and not header and method != "GET":
         return None
-    wait = RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
+    wait = exponential(RETRY_BASE_SECONDS, attempt, RETRY_MAX_SECONDS)
     if header:
         try:
             wait = max(0.0, float(header))
         except ValueError:
             wait = 1.0
     return min(wait, RETRY_MAX_SECONDS)
+
+
+def resource(api_version: str, kind: str) -> tuple[str, ...]:
+    """The kind as Kopf's handlers name what they watch: ``(group, version, plural)``, or
+    ``("v1", plural)`` for the core group; from :data:`KINDS`, the one table of kinds."""
+    try:
+        k = KINDS[api_version, kind]
+    except KeyError:
+        raise ValueError(f"unsupported kind {api_version}/{kind}") from None
+    return (*api_version.split("/"), k.plural)
 
 
 def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -270,6 +318,24 @@ def connection_info(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
     return info
 
 
+@dataclass(frozen=True, kw_only=True)
+class NamedConnectionInfo(kopf.ConnectionInfo):
+    """Kopf's connection info whose requests name the replica in their User-Agent (Kopf sends
+    the headers of its credentials with each request, and its own User-Agent only when they
+    name none), so the audit log tells Kopf's requests of one replica from the other's."""
+
+    user_agent: str = USER_AGENT
+
+    def as_http_headers(self) -> dict[str, str]:
+        return {**super().as_http_headers(), "User-Agent": self.user_agent}
+
+
+def named(info: kopf.ConnectionInfo, user_agent: str) -> kopf.ConnectionInfo:
+    """``info`` with ``user_agent`` on every request made with it."""
+    fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    return NamedConnectionInfo(**fields, user_agent=user_agent)
+
+
 #: API path prefixes with their own client-side rate limit, as upstream's separate clients
 #: (MPIJobs, each PodGroup API, and leader election's Lease).
 OWN_BUCKETS = (
@@ -300,8 +366,17 @@ class Kube:
         concurrency: int = 16,
         reload: Callable[[], kopf.ConnectionInfo] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        user_agent: str = USER_AGENT,
+        fence: Fence | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
+        """``fence``: every write (any verb but GET) asks it first, and is given up when the
+        fence's deadline comes (None: writes are not fenced, a single replica). ``timeout``:
+        each request's limit."""
         self._info = info
+        self._user_agent = user_agent
+        self._fence = fence
+        self._timeout = timeout
         self._reload = reload
         self._sleep = sleep
         self._qps, self._burst = qps, burst
@@ -311,14 +386,31 @@ class Kube:
 
     @classmethod
     def from_kubeconfig(
-        cls, kubeconfig: str | None, *, qps: float, burst: int, concurrency: int
+        cls,
+        kubeconfig: str | None,
+        *,
+        qps: float,
+        burst: int,
+        concurrency: int,
+        user_agent: str = USER_AGENT,
+        fence: Fence | None = None,
+        timeout: float = REQUEST_TIMEOUT_SECONDS,
     ) -> Kube:
         """A client with :func:`connection_info`'s credentials (``kubeconfig`` names the file)."""
 
         def login() -> kopf.ConnectionInfo:
             return connection_info(kubeconfig)
 
-        return cls(login(), qps=qps, burst=burst, concurrency=concurrency, reload=login)
+        return cls(
+            login(),
+            qps=qps,
+            burst=burst,
+            concurrency=concurrency,
+            reload=login,
+            user_agent=user_agent,
+            fence=fence,
+            timeout=timeout,
+        )
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -328,8 +420,8 @@ class Kube:
             connector = aiohttp.TCPConnector(ssl=context, limit=self._concurrency)
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
-                headers={"User-Agent": "mpijob-operator", "Accept": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                headers={"User-Agent": self._user_agent, "Accept": "application/json"},
             )
         return self._session
 
@@ -355,8 +447,14 @@ class Kube:
         content_type: str = "application/json",
         urgent: bool = True,
         retry: bool = True,
+        needs_lease: bool = True,
     ) -> JSON:
         """One request; ``urgent=False`` lets every urgent request of its bucket go first.
+
+        A write (any verb but GET) asks the fence just before it is sent and raises
+        :class:`NotLeading` when this replica may not write; it is given up (``TimeoutError``)
+        when the fence's deadline comes first. ``needs_lease=False`` only for what every
+        replica writes at start-up (the webhook configurations of the webhooks each serves).
 
         What the API server did not do is sent again (:func:`retry_after`), each try drawing its
         own token, unless ``retry=False`` (a caller whose own loop retries on a clock, as the
@@ -370,18 +468,35 @@ class Kube:
         while True:
             if limiter is not None:
                 await limiter.take(urgent=urgent)
+            total = self._timeout
+            fenced = method != "GET" and needs_lease and self._fence is not None
+            if fenced and self._fence is not None:
+                deadline = self._fence.write_deadline()
+                left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+                if left is None or left <= 0:
+                    raise NotLeading(f"{method} {url}: this replica does not hold the Lease")
+                total = min(total, left)
             metrics.API_REQUESTS.labels(verb=method.lower()).inc()
             headers = {"Content-Type": content_type, **self._info.as_http_headers()}
-            async with self._open().request(
-                method,
-                self._info.server.rstrip("/") + url,
-                params=query,
-                data=data,
-                headers=headers,
-            ) as resp:
-                raw = await resp.read()
-                status, reason = resp.status, resp.reason or ""
-                wait_header = resp.headers.get("Retry-After")
+            sent: bytes | aiohttp.Payload | None = data
+            if fenced and self._fence is not None:
+                sent = _FencedBody(data or b"", self._fence, f"{method} {url}", content_type)
+            try:
+                async with self._open().request(
+                    method,
+                    self._info.server.rstrip("/") + url,
+                    params=query,
+                    data=sent,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=total),
+                ) as resp:
+                    raw = await resp.read()
+                    status, reason = resp.status, resp.reason or ""
+                    wait_header = resp.headers.get("Retry-After")
+            except aiohttp.ClientConnectionError as e:
+                if isinstance(e.__cause__, NotLeading):
+                    raise e.__cause__ from None
+                raise
             if status < 400:
                 return orjson.loads(raw) if raw else {}
             if status == 401 and not relogged and self._reload is not None:
@@ -477,7 +592,9 @@ class Kube:
         url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return await self.request("PATCH", url, ops, content_type="application/json-patch+json")
 
-    async def apply(self, obj: JSON, *, field_manager: str = FIELD_MANAGER) -> JSON:
+    async def apply(
+        self, obj: JSON, *, field_manager: str = FIELD_MANAGER, needs_lease: bool = True
+    ) -> JSON:
         """Server-side apply of ``obj`` (the fields it names are this manager's, by force)."""
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
@@ -487,6 +604,7 @@ class Kube:
             obj,
             query={"fieldManager": field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",
+            needs_lease=needs_lease,
         )
 
     # --- discovery ----------------------------------------------------------------------------

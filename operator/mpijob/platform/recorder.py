@@ -48,6 +48,7 @@ from mpijob import keys
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.objects import about
+from mpijob.platform.backoff import exponential
 from mpijob.platform.deferred import Line
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
@@ -164,7 +165,7 @@ class Recorder:
 
     async def _retrying(self, what: str, request: Callable[[], Awaitable[Any]]) -> Any:
         """``request()``, tried again while the API does not answer (unless stopping)."""
-        delay = RETRY_FIRST_SECONDS
+        tries = 0
         while True:
             try:
                 return await request()
@@ -174,9 +175,10 @@ class Recorder:
                 log.info(
                     "Event request unanswered; retrying", extra={"reason": what, "error": str(e)}
                 )
+            tries += 1
+            delay = exponential(RETRY_FIRST_SECONDS, tries, RETRY_MAX_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), delay)  # or stop waiting: closing
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     async def _load(self) -> None:
         """Read the MPIJob Events of this component the API has, as series to count up."""

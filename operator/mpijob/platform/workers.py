@@ -1,10 +1,10 @@
 """The reconcile workers: a fixed number of tasks taking job keys from the work queue.
 
 Workers take nothing before :meth:`Workers.open` (Kopf's indices are complete: the watch
-handlers call it), run only while this replica leads (the Lease gate), retry a failed reconcile
-with the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
-heartbeat that the metrics thread reads. Created in ``on.startup``. Also :func:`on_wake`, the
-loop of the background passes (gang admission, waiting GPU shares).
+handlers call it), run only on the leader (the manager starts :meth:`Workers.serve` once this
+replica holds the Lease), retry a failed reconcile with the queue's per-key backoff, and prove
+the event loop is alive to ``/healthz`` through a heartbeat that the metrics thread reads.
+Also :func:`on_wake`, the loop of the background passes (gang admission, waiting GPU shares).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from mpijob import metrics
 from mpijob.api import JobKey
-from mpijob.platform.kube import ApiError
-from mpijob.platform.leader import LeaderElector
+from mpijob.platform.kube import ApiError, NotLeading
 from mpijob.platform.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -54,10 +53,11 @@ class OwnershipError(Exception):
 
 @dataclass
 class Workers:
+    """The work queue and its reconcile workers; :meth:`serve` is the runnable that needs the
+    Lease, :meth:`beat` the heartbeat every replica runs."""
+
     threadiness: int
-    leader: LeaderElector | None = None
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
     heartbeat: float = field(default_factory=time.monotonic)
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -78,19 +78,25 @@ class Workers:
         """Reconcile ``key`` again in ``delay`` seconds (a state that changes with time alone)."""
         self.queue.add_after(key, delay)
 
-    def start(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
-        for i in range(self.threadiness):
-            self.tasks.append(asyncio.create_task(self._work(reconcile), name=f"reconcile-{i}"))
-        self.tasks.append(asyncio.create_task(self._beat(), name="heartbeat"))
-
-    def run(self, work: Awaitable[None], name: str) -> None:
-        """Run a background loop for the life of the workers (stopped with them)."""
-        self.tasks.append(asyncio.create_task(work, name=name))  # type: ignore[arg-type]
+    async def serve(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
+        """``threadiness`` workers until cancelled (the queue is closed then)."""
+        tasks = [
+            asyncio.create_task(self._work(reconcile), name=f"reconcile-{i}")
+            for i in range(self.threadiness)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.queue.close()
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def alive(self, within: float) -> bool:
         return time.monotonic() - self.heartbeat < within
 
-    async def _beat(self) -> None:
+    async def beat(self) -> None:
         while True:
             self.heartbeat = time.monotonic()
             await asyncio.sleep(HEARTBEAT_SECONDS)
@@ -98,8 +104,6 @@ class Workers:
     async def _work(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:
         await self.indexed.wait()
         while True:
-            if self.leader is not None:
-                await self.leader.leading.wait()
             key = await self.queue.get()
             metrics.QUEUE_DEPTH.set(len(self.queue))
             started = time.perf_counter()
@@ -115,19 +119,10 @@ class Workers:
                     *key,
                     delay,
                     exc,
-                    exc_info=not isinstance(exc, ApiError | OwnershipError),
+                    exc_info=not isinstance(exc, ApiError | OwnershipError | NotLeading),
                 )
             else:
                 self.queue.forget(key)
             finally:
                 self.queue.done(key)
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-
-    async def stop(self) -> None:
-        self.queue.close()
-        for task in self.tasks:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.leader is not None:
-            self.leader.stop()

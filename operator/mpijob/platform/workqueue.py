@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from mpijob.platform.backoff import exponential
+
 K = TypeVar("K", bound=Hashable)
 
 #: The first backoff of a key, after a failure or an MPIJob event; it doubles with each one
@@ -82,7 +84,7 @@ class WorkQueue(Generic[K]):
         returns the delay chosen (client-go's ``AddRateLimited``)."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay: float = min(self._base_delay * 2.0**failures, self._max_delay)
+        delay = exponential(self._base_delay, failures + 1, self._max_delay)
         self.add_after(key, delay)
         return delay
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpijob import keys
-from mpijob.desired.predicates import admits, tolerates
 from mpijob.placement import codec
+from mpijob.pods.predicates import admits, tolerates
 from mpijob.shares.request import PERCENT_MAX, Placed, Share, read_request
 
 

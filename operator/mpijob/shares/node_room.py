@@ -8,8 +8,8 @@ scheduler counts (NodeResourcesFit): per node, its ``status.allocatable`` agains
 the pods bound to it or pinned there by a share, and one pod each.
 
 A pod's requests are read as the scheduler reads them
-(:func:`mpijob.desired.predicates.pod_requests`): init containers, sidecars and the pod overhead
-included. Quantities are exact (:mod:`mpijob.desired.quantity`).
+(:func:`mpijob.pods.predicates.pod_requests`): init containers, sidecars and the pod overhead
+included. Quantities are exact (:mod:`mpijob.pods.quantity`).
 
 Pure; the I/O shell (:mod:`mpijob.shares.service`) feeds it nodes and pods under the same
 lock as the share ledger.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from mpijob.desired.predicates import amounts
+from mpijob.pods.predicates import amounts
 
 Requests = dict[str, Decimal]
 

@@ -52,11 +52,11 @@ from mpijob import keys, metrics
 from mpijob.api.errors import aggregate
 from mpijob.desired import events
 from mpijob.desired.events import Event
-from mpijob.desired.predicates import pod_requests, terminal
 from mpijob.objects import about
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
+from mpijob.pods.predicates import pod_requests, terminal
 from mpijob.shares.ledger import (
     Ledger,
     believed,
@@ -426,28 +426,21 @@ class ShareService:
         )
         self._event(body, keys.REASON_GPU_SHARE_WAITING, reason)
 
-    async def run_placement(self, patch: PatchPod, leading: asyncio.Event | None = None) -> None:
+    async def run_placement(self, patch: PatchPod) -> None:
         """Place waiting pods whenever something frees room or a pod comes to wait (and after
-        a lapse of holds), only while this replica leads (``leading``; None: always).
+        a lapse of holds). The leader's work only: the manager runs it while this replica
+        holds the Lease.
 
         One writer of placements: every replica's webhook gates and validates alone, and its
         ledger follows the records the leader writes (the pod watch), so two replicas never
         hand out one share twice. A patch that races a former leader's fails on the gate's
         ``test`` and gives nothing to the pod twice.
         """
-
-        async def place() -> int:
-            if leading is not None and not leading.is_set():
-                return 0
-            return await self.place_waiting(patch)
-
-        if leading is not None:
-            await leading.wait()
         await on_wake(
             self.wake,
             PENDING_SECONDS,
             lambda: bool(self.waiting),
-            place,
+            lambda: self.place_waiting(patch),
             "Placing waiting GPU shares",
         )
 

@@ -11,49 +11,41 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import jsonpatch
 import kopf
 
 from mpijob import keys
 from mpijob.objects import JSON
+from mpijob.platform.kube import resource
 from mpijob.platform.tls import ServingCertificate
 from mpijob.shares.pod_edits import MUTATE_ID, VALIDATE_ID, webhook_configurations
 from mpijob.shares.service import ShareService
 
 log = logging.getLogger(__name__)
 
-#: The key of the operator's :class:`ShareService` in Kopf's memo.
-MEMO_KEY = "shares"
 
-
-def service(memo: kopf.Memo) -> ShareService:
-    """The operator's one share service, from Kopf's memo."""
-    return cast(ShareService, memo[MEMO_KEY])
-
-
-def register(registry: kopf.OperatorRegistry) -> None:
+def register(registry: kopf.OperatorRegistry, service: ShareService) -> None:
     """Add the node and pod watches and both webhooks to ``registry``. They ask the operator's
-    one :class:`ShareService`, made complete at start and kept in Kopf's memo as ``shares``
-    (the watches and the webhook server start after the startup handlers)."""
+    one :class:`ShareService`, made complete at start-up before Kopf starts."""
     core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
 
-    async def node_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-        await service(memo).on_node(dict(body), type)
+    async def node_event(body: Any, type: str | None, **_: Any) -> None:
+        await service.on_node(dict(body), type)
 
-    async def pod_event(body: Any, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-        await service(memo).on_pod(dict(body), type)
+    async def pod_event(body: Any, type: str | None, **_: Any) -> None:
+        await service.on_pod(dict(body), type)
 
-    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, memo: kopf.Memo, **_: Any) -> None:
-        ops = await service(memo).mutate(dict(body), dryrun=dryrun)
+    async def mutate(body: Any, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
+        ops = await service.mutate(dict(body), dryrun=dryrun)
         if ops:
             patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
-    def validate(body: Any, memo: kopf.Memo, **_: Any) -> None:
-        service(memo).validate(dict(body))
+    def validate(body: Any, **_: Any) -> None:
+        service.validate(dict(body))
 
-    kopf.on.event("v1", "nodes", labels=core_mem, registry=registry)(node_event)
+    kopf.on.event(*resource("v1", "Node"), labels=core_mem, registry=registry)(node_event)
 
     def counted(annotations: Any, spec: Any, **_: Any) -> bool:
         """Share pods, waiting pods, and bound pods (their requests take room on nodes)."""
@@ -63,11 +55,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
             or bool(spec.get("nodeName"))
         )
 
-    kopf.on.event("v1", "pods", when=counted, registry=registry)(pod_event)
-    kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
-    kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE"], registry=registry)(
-        validate
-    )
+    pods = resource("v1", "Pod")
+    kopf.on.event(*pods, when=counted, registry=registry)(pod_event)
+    kopf.on.mutate(*pods, id=MUTATE_ID, operations=["CREATE"], registry=registry)(mutate)
+    kopf.on.validate(*pods, id=VALIDATE_ID, operations=["CREATE"], registry=registry)(validate)
 
 
 def configure_server(

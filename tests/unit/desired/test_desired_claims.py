@@ -20,8 +20,8 @@ import yaml
 from mpijob import api, keys
 from mpijob.desired import claims, sync
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.predicates import template_gpus
 from mpijob.placement import topologies
+from mpijob.pods.predicates import template_gpus
 from support.desired_jobs import make_job
 
 GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden" / "dra"

@@ -9,7 +9,7 @@ import pytest
 
 from mpijob.desired import min_resources, podgroup
 from mpijob.desired.min_resources import ReplicaPriority
-from mpijob.desired.quantity import Quantity
+from mpijob.pods.quantity import Quantity
 from support.gang_jobs import job, template
 
 pytestmark = pytest.mark.unit

@@ -75,8 +75,8 @@ def test_operator_deployment() -> None:
     assert c["args"] == ["run", "--lock-namespace=mpi-operator", "--monitoring-port=8080"]
     assert field_env(c) == {"POD_NAME": "metadata.name"}
     assert c["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
 
 def test_operator_args_are_flags_the_operator_accepts() -> None:

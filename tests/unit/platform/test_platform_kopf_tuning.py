@@ -124,3 +124,18 @@ def test_kopfs_index_filling_wakes_its_waiters_once_not_at_every_object() -> Non
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) <= 3 * 400, f"{done.stdout.strip()} looks at the set for 400 objects"
+
+
+def test_kopf_retries_an_unanswered_request_every_second_for_an_hour() -> None:
+    """After an API server restart a watch is back within a second of the server, and never
+    given up while the server is away for minutes (Kopf's own waits grow to 21 s, then stop)."""
+    import kopf
+
+    from mpijob.settings import OperatorSettings
+
+    settings = kopf.OperatorSettings()
+    kopf_tuning.configure(settings, OperatorSettings())
+    waits = list(settings.networking.error_backoffs)  # type: ignore[arg-type]
+    assert max(waits) <= 1.0
+    assert sum(waits) >= 3600
+    assert list(settings.networking.error_backoffs) == waits  # read afresh by every request

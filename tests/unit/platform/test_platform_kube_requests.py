@@ -4,6 +4,7 @@ paths and content types of its verbs."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from mpijob.platform.kube import (
     Invalid,
     Kube,
     NotFound,
+    NotLeading,
     ServerError,
     TooManyRequests,
 )
@@ -34,6 +36,7 @@ class Seen:
     query: dict[str, str]
     content_type: str
     body: Any
+    user_agent: str = ""
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Script:
                 dict(request.query),
                 request.headers.get("Content-Type", ""),
                 orjson.loads(raw) if raw else None,
+                request.headers.get("User-Agent", ""),
             )
         )
         status, body, headers = self.answers[min(len(self.seen), len(self.answers)) - 1]
@@ -201,3 +205,129 @@ async def test_each_verb_names_its_path_and_content_type(api: Api) -> None:
     assert api.script.seen[0].query == {"fieldManager": "mpijob-operator", "force": "true"}
     assert api.script.seen[0].body == webhook
     assert api.script.seen[1].body == [{"op": "remove", "path": "/a"}]
+
+
+class Gate:
+    """A fence the test opens and closes: writes may start while it holds, and must be done
+    ``left`` seconds later."""
+
+    def __init__(self) -> None:
+        self.left: float | None = None
+
+    def write_deadline(self) -> float | None:
+        if self.left is None:
+            return None
+        return asyncio.get_running_loop().time() + self.left
+
+
+async def test_a_fenced_write_is_refused_unsent_unless_the_lease_holds_and_reads_pass(
+    api: Api,
+) -> None:
+    gate = Gate()
+    server = api.kube._info.server
+    fenced = Kube(kopf.ConnectionInfo(server=server), fence=gate, user_agent="ua/replica-1")
+    try:
+        api.script.answers = [(201, POD, {})]
+        for write in (
+            lambda: fenced.create(POD),
+            lambda: fenced.patch("v1", "Pod", "ns", "w-0", {"metadata": {}}),
+            lambda: fenced.delete("v1", "Pod", "ns", "w-0"),
+            lambda: fenced.replace(POD),
+            lambda: fenced.apply(POD),
+        ):
+            with pytest.raises(NotLeading):
+                await write()
+        assert api.script.seen == []  # nothing left the process
+        assert await fenced.get("v1", "Pod", "ns", "w-0") == POD  # a read needs no Lease
+        await fenced.apply(POD, needs_lease=False)  # what every replica writes at start-up
+        gate.left = 5.0
+        assert await fenced.create(POD) == POD
+        assert [s.method for s in api.script.seen] == ["GET", "PATCH", "POST"]
+        assert {s.user_agent for s in api.script.seen} == {"ua/replica-1"}
+        gate.left = 0.0  # the deadline has come: too late to start
+        with pytest.raises(NotLeading):
+            await fenced.create(POD)
+    finally:
+        await fenced.aclose()
+
+
+async def test_a_fenced_write_is_given_up_at_the_fences_deadline() -> None:
+    """A write the API server does not answer (a partition) is abandoned when a standby could
+    take the Lease, not after the adapter's 60 s."""
+    hung = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        hung.set()
+        await asyncio.sleep(3600)
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hang)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    gate = Gate()
+    gate.left = 0.3
+    fenced = Kube(
+        kopf.ConnectionInfo(server=f"http://127.0.0.1:{runner.addresses[0][1]}"), fence=gate
+    )
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await fenced.create(POD)
+        assert hung.is_set()
+        assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        await fenced.aclose()
+        await runner.cleanup()
+
+
+async def test_kopfs_requests_name_the_replica_as_the_adapters_do(api: Api) -> None:
+    from kopf._cogs.clients.auth import APIContext
+
+    info = kube.named(
+        kopf.ConnectionInfo(server=api.kube._info.server, token="t0k"), "ua/replica-2"
+    )
+    assert info.as_http_headers() == {"Authorization": "Bearer t0k", "User-Agent": "ua/replica-2"}
+    context = APIContext(info)
+    try:
+        api.script.answers = [(200, POD, {})]
+        async with context.session.get(info.server + "/api/v1/namespaces/ns/pods/w-0") as r:
+            assert r.status == 200
+    finally:
+        await context.session.close()
+    assert [s.user_agent for s in api.script.seen] == ["ua/replica-2"]
+
+
+async def test_a_fenced_write_asks_again_as_its_body_goes_out_and_is_not_sent_if_expired() -> None:
+    """Frozen between the fence and the send (aiohttp writes a request in a task of its own),
+    a write finds the Lease expired on resuming: not a byte of it, headers included, leaves."""
+    received = bytearray()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(1 << 16):
+            received.extend(chunk)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    class Expiring:
+        asked = 0
+
+        def write_deadline(self) -> float | None:
+            self.asked += 1
+            return asyncio.get_running_loop().time() + 5 if self.asked == 1 else None
+
+    fence = Expiring()
+    fenced = Kube(kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"), fence=fence)
+    try:
+        with pytest.raises(NotLeading):
+            await fenced.create(POD)
+        await asyncio.sleep(0.1)
+        assert fence.asked == 2
+        assert bytes(received) == b""
+    finally:
+        await fenced.aclose()
+        server.close()

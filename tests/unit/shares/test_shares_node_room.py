@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from mpijob.desired.predicates import pod_requests
+from mpijob.pods.predicates import pod_requests
 from mpijob.shares.node_room import NodeRoom
 
 

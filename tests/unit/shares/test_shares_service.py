@@ -17,6 +17,8 @@ from cryptography import x509
 from mpijob import keys, metrics
 from mpijob.platform import tls
 from mpijob.platform.kube import ApiError
+from mpijob.platform.leader import LeaderElector
+from mpijob.platform.manager import Manager, Runnable
 from mpijob.shares import service as fractional
 from mpijob.shares import webhook
 from mpijob.shares.pod_edits import (
@@ -30,6 +32,7 @@ from mpijob.shares.pod_edits import (
 )
 from mpijob.shares.request import Placed, Share
 from mpijob.shares.service import ShareService
+from support.fake_kube import FakeKube
 from support.virtual_time import FakeClock, virtual_time
 
 MEM = keys.GPU_MEM_RESOURCE
@@ -263,7 +266,7 @@ async def test_concurrent_admissions_never_overcommit() -> None:
 
 def test_register_adds_both_webhooks_and_both_watches() -> None:
     registry = kopf.OperatorRegistry()
-    webhook.register(registry)
+    webhook.register(registry, ShareService(clock=FakeClock()))
     ids = {h.id for h in registry._webhooks.get_all_handlers()}
     assert ids == {MUTATE_ID, VALIDATE_ID}
     assert len(registry._watching.get_all_handlers()) == 2
@@ -778,23 +781,35 @@ async def test_the_webhook_gives_the_configured_runtime_class_to_a_share_pod_nam
 
 @virtual_time
 async def test_only_the_leader_places() -> None:
-    """The standby's webhook gates; its placement pass waits for the Lease, and places nothing
-    while it is not held."""
+    """The standby's webhook gates; its placement pass is work that needs the Lease, which the
+    manager starts only once this replica leads (another replica holds it for 15 s here)."""
     admission = await admission_with(node("gpu-a"))
     patches = Patches()
     await admitted_waiting(admission, patches, pod(), "gated")
-    leading = asyncio.Event()
-    task = asyncio.create_task(admission.run_placement(patches, leading))
-    await asyncio.sleep(0.05)
+    lease_kube = FakeKube(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops"}},
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "lock", "namespace": "ops"},
+            "spec": {"holderIdentity": "other", "leaseDurationSeconds": 15},
+        },
+    )
+    elector = LeaderElector(namespace="ops", name="lock", kube=lease_kube, identity="me")
+    manager = Manager(
+        [Runnable("gpu-share-placement", lambda: admission.run_placement(patches), True)],
+        elector=elector,
+        exit=lambda status: None,
+    )
+    manager.start()
+    await asyncio.sleep(10)
     assert keys.GPU_SHARE not in patches.pods["default/gated"]["metadata"]["annotations"]
     assert len(admission.ledger) == 0
-    leading.set()
+    await asyncio.sleep(10)  # the other's Lease unchanged for 15 s: this replica takes it
+    assert elector.holds()
     admission.wake.set()
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]:
-            break
-    task.cancel()
+    await asyncio.sleep(1)
+    await manager.stop()
     assert keys.GPU_SHARE in patches.pods["default/gated"]["metadata"]["annotations"]
 
 

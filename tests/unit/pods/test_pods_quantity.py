@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from mpijob.desired import quantity
-from mpijob.desired.quantity import Quantity
+from mpijob.pods import quantity
+from mpijob.pods.quantity import Quantity
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from mpijob.desired.predicates import (
+from mpijob.pods.predicates import (
     admits,
     container_gpus,
     effective_gpus,

@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from mpijob import keys
-from mpijob.desired.quantity import Quantity
+from mpijob.pods.quantity import Quantity
 
 Requests = dict[str, Decimal]
 

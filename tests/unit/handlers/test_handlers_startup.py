@@ -1,0 +1,79 @@
+"""Start-up that cannot finish: one line naming what failed and where, status 1, and the Lease
+never asked for (no cluster needed: the failures come before or instead of one)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpijob.handlers import startup
+from mpijob.handlers.startup import StartupFailed, step
+from mpijob.platform.kube import ApiError
+from mpijob.settings import OperatorSettings
+
+pytestmark = pytest.mark.unit
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (OSError(98, "Address already in use"), "serving: [Errno 98] Address already in use"),
+        (ApiError(422, "Invalid", "bad"), "serving: the API server refused: 422 Invalid: bad"),
+        (ValueError("no such fabric"), "serving: no such fabric"),
+        (KeyError("x"), "serving: KeyError: 'x'"),
+    ],
+)
+def test_a_step_that_fails_says_what_in_one_line(error: Exception, said: str) -> None:
+    with pytest.raises(StartupFailed) as caught, step("serving"):
+        raise error
+    assert str(caught.value) == said
+    assert "\n" not in str(caught.value)
+
+
+async def test_an_api_server_that_never_answers_fails_the_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(startup, "PREFLIGHT_SECONDS", 0.5)
+    ours = OperatorSettings(kubeconfig=str(kubeconfig(tmp_path, f"https://127.0.0.1:{port}")))
+    with pytest.raises(StartupFailed) as caught:
+        await startup.preflight(ours, "the API server at here")
+    assert str(caught.value).startswith("reaching the API server at here: no answer within 0 s:")
+
+
+def test_the_command_exits_1_with_one_line_when_the_kubeconfig_is_missing(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    env = {**os.environ, "KUBECONFIG": str(missing)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "mpijob", "run", "--namespace", "x", "--leader-elect"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert lines == [
+        f"Start-up failed: reading the credentials ({missing}): "
+        f"[Errno 2] No such file or directory: '{missing}'"
+    ]
