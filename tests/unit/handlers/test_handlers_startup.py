@@ -73,7 +73,10 @@ def test_the_command_exits_1_with_one_line_when_the_kubeconfig_is_missing(tmp_pa
     )
     assert done.returncode == 1
     lines = (done.stdout + done.stderr).strip().splitlines()
-    assert lines == [
-        f"Start-up failed: reading the credentials ({missing}): "
-        f"[Errno 2] No such file or directory: '{missing}'"
-    ]
+    assert len(lines) == 1, lines
+    # One klog line at error level (E<mmdd> <time> ...] "<message>"), naming the file.
+    assert lines[0].startswith("E"), lines[0]
+    assert (
+        f'] "Start-up failed: reading the credentials ({missing}): '
+        f"[Errno 2] No such file or directory: '{missing}'\"" in lines[0]
+    ), lines[0]
