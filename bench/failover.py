@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from bench.killstorm import SHAPES, children
+from bench.killstorm import SHAPES, children, succeeded
 from hack import cluster as local  # the local control plane
 from hack.relay import Partition
 from mpijob import keys
@@ -151,17 +151,6 @@ def start_cluster() -> Path:
     return kubeconfig
 
 
-def succeeded(objects: client.CustomObjectsApi) -> list[str]:
-    done = []
-    for item in objects.list_namespaced_custom_object(
-        keys.GROUP, keys.VERSION, NAMESPACE, keys.PLURAL
-    )["items"]:
-        conditions = (item.get("status") or {}).get("conditions") or []
-        if any(c["type"] == "Succeeded" and c["status"] == "True" for c in conditions):
-            done.append(item["metadata"]["name"])
-    return done
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -222,7 +211,7 @@ def failover(args: argparse.Namespace, replicas: list[Replica], api: client.ApiC
                 flush=True,
             )
         deadline = time.monotonic() + args.timeout
-        while len(succeeded(objects)) < args.jobs and time.monotonic() < deadline:
+        while len(succeeded(objects, NAMESPACE)) < args.jobs and time.monotonic() < deadline:
             time.sleep(2)
     time.sleep(2)
     found = audit.events(since, CLUSTER_DIR / "logs" / "audit.log")
@@ -244,7 +233,7 @@ def failover(args: argparse.Namespace, replicas: list[Replica], api: client.ApiC
     }
     result = {
         "jobs": args.jobs,
-        "succeeded": len(succeeded(objects)),
+        "succeeded": len(succeeded(objects, NAMESPACE)),
         "leadership_changes": len(changes),
         "faults": {f: sum(c["fault"] == f for c in changes) for f in FAULTS},
         "duplicate_children": duplicates,

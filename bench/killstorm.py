@@ -241,10 +241,11 @@ def storm(args: argparse.Namespace, objects: client.CustomObjectsApi, operator: 
     return api_restarts
 
 
-def succeeded(objects: client.CustomObjectsApi) -> list[str]:
+def succeeded(objects: client.CustomObjectsApi, namespace: str = NAMESPACE) -> list[str]:
+    """The MPIJobs of ``namespace`` whose Succeeded condition is True."""
     done = []
     for item in objects.list_namespaced_custom_object(
-        keys.GROUP, keys.VERSION, NAMESPACE, keys.PLURAL
+        keys.GROUP, keys.VERSION, namespace, keys.PLURAL
     )["items"]:
         conditions = (item.get("status") or {}).get("conditions") or []
         if any(c["type"] == "Succeeded" and c["status"] == "True" for c in conditions):

@@ -126,6 +126,17 @@ def released(jobs: MPIJobs, name: str, reason: str) -> dict[str, Any]:
     return condition
 
 
+def waiting_because(jobs: MPIJobs, name: str, reason: str, what: str) -> dict[str, Any]:
+    """The job's ``GangAdmitted`` condition once its reason is ``reason``."""
+    return wait_until(
+        lambda: (
+            (c := jobs.condition(name, keys.COND_GANG_ADMITTED)) and c["reason"] == reason and c
+        ),
+        timeout=60,
+        what=what,
+    )
+
+
 def test_8_a_tenant_with_no_gpu_quota_gets_no_placement_and_holds_nothing(
     crds: Cluster,
     namespace: str,
@@ -146,14 +157,8 @@ def test_8_a_tenant_with_no_gpu_quota_gets_no_placement_and_holds_nothing(
     body["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 2
     del worker_spec(body)["nodeSelector"]
     hostile.create(body)
-    condition = wait_until(
-        lambda: (
-            (c := hostiles.condition("hog", keys.COND_GANG_ADMITTED))
-            and c["reason"] == keys.REASON_GPU_QUOTA_EXCEEDED
-            and c
-        ),
-        timeout=60,
-        what="the hostile job held by its quota",
+    condition = waiting_because(
+        hostiles, "hog", keys.REASON_GPU_QUOTA_EXCEEDED, "the hostile job held by its quota"
     )
     assert condition["status"] == "False"
     victim.create(on_node("victim", "gpu-node-0"))
@@ -421,14 +426,8 @@ def test_16_a_job_no_node_can_fit_holds_nothing_and_says_which_resource_is_missi
         body = on_node("hog", "gpu-node-0")
         worker_container(body)["resources"]["requests"] = {"cpu": "100000"}
         hostile.create(body)
-        condition = wait_until(
-            lambda: (
-                (c := hostiles.condition("hog", keys.COND_GANG_ADMITTED))
-                and c["reason"] == keys.REASON_NO_NODE_FITS
-                and c
-            ),
-            timeout=60,
-            what="the job waiting for a node that can hold it",
+        condition = waiting_because(
+            hostiles, "hog", keys.REASON_NO_NODE_FITS, "the job waiting for a node that can hold it"
         )
         assert condition["status"] == "False"
         assert "insufficient cpu (a worker requests 100000" in condition["message"]
