@@ -115,11 +115,7 @@ def released(jobs: MPIJobs, name: str, reason: str) -> dict[str, Any]:
     """The hostile job's ``GangAdmitted`` condition once its placement was released, checked
     with the Warning Event saying the same."""
 
-    def probe() -> dict[str, Any] | None:
-        c = jobs.condition(name, keys.COND_GANG_ADMITTED)
-        return c if c and c["reason"] == reason else None
-
-    condition = wait_until(probe, timeout=60, what=f"{name} released ({reason})")
+    condition = waiting_because(jobs, name, reason, f"{name} released ({reason})")
     assert condition["status"] == "False"
     event = jobs.wait_event(name, reason)
     assert event["type"] == "Warning"
