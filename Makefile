@@ -39,7 +39,8 @@ bins: ## Build the control-plane binaries that are missing (Go module proxy -> ~
 cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NODES=2; KUEUE=1 adds Kueue); harmless if running
 	@REAL_NODES=$(REAL_NODES) bash hack/node-deps.sh || echo "[cluster] going on; the real node will say what it lacks"
 	@# Exit status 3: the control plane and the simulated nodes are up, the real node is not (said why).
-	$(PY) -m hack.cluster up --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
+	@# With the audit log, as the tests start it: make demo and make test share one cluster either way.
+	$(PY) -m hack.cluster up --audit-log --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
 	  || { rc=$$?; [ $$rc -eq 3 ] && echo "[cluster] up without the real node (see above)"; [ $$rc -eq 3 ]; }
 
 cluster-down: ## Stop the local cluster; leaves no process behind
