@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from bench.killstorm import SHAPES, children, succeeded
+from bench.killstorm import SHAPES, children, restart_apiserver, succeeded
 from hack import cluster as local  # the local control plane
 from hack.relay import Partition
 from mpijob import keys
@@ -270,23 +270,6 @@ def failover(args: argparse.Namespace, replicas: list[Replica], api: client.ApiC
     return 0 if ok else 1
 
 
-def restart_apiserver(outage: float) -> float:
-    """SIGKILL the kube-apiserver, start it again ``outage`` s later with the same arguments;
-    returns when it answers (monotonic)."""
-    os.environ["MPIJOB_CLUSTER_DIR"] = str(CLUSTER_DIR)
-    state = local.State.load()
-    assert state is not None, "no local cluster state"
-    pid = state.pids["kube-apiserver"]
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    os.kill(pid, signal.SIGKILL)
-    while local.alive(pid):
-        time.sleep(0.05)
-    time.sleep(outage)
-    local.start("kube-apiserver", [a.decode() for a in argv], state)
-    wait_for(lambda: local.healthy(state), 60, "the API server", step=0.05)
-    return time.monotonic()
-
-
 def has_pods(core: client.CoreV1Api, job: str, count: int, *, bound: bool) -> bool:
     """``job`` has ``count`` pods (bound to nodes, with ``bound``)."""
     try:
@@ -322,7 +305,7 @@ def apiserver_restarts(args: argparse.Namespace, api: client.ApiClient) -> int:
                 topology_job(f"flight-{run}-{j}", (2, 8), succeed_after="60s"),
             )
         time.sleep(8)
-        back = restart_apiserver(args.outage)
+        back = restart_apiserver(args.outage, CLUSTER_DIR)
         name = f"after-{run}"
         objects.create_namespaced_custom_object(
             keys.GROUP, keys.VERSION, NAMESPACE, keys.PLURAL, mpijob(name, workers=2)

@@ -108,9 +108,10 @@ class Operator:
             self.proc.wait(timeout=30)
 
 
-def restart_apiserver(outage: float) -> None:
-    """SIGKILL the kube-apiserver and start it again with the same arguments."""
-    os.environ["MPIJOB_CLUSTER_DIR"] = str(CLUSTER_DIR)
+def restart_apiserver(outage: float, cluster_dir: Path = CLUSTER_DIR) -> float:
+    """SIGKILL the kube-apiserver of the cluster in ``cluster_dir``, start it again ``outage`` s
+    later with the same arguments; returns when it answers (monotonic)."""
+    os.environ["MPIJOB_CLUSTER_DIR"] = str(cluster_dir)
     state = local.State.load()
     assert state is not None, "no local cluster state"
     pid = state.pids["kube-apiserver"]
@@ -121,6 +122,7 @@ def restart_apiserver(outage: float) -> None:
     time.sleep(outage)
     local.start("kube-apiserver", [a.decode() for a in argv], state)
     local.wait_for("kube-apiserver", lambda: local.healthy(state), timeout=60)
+    return time.monotonic()
 
 
 class Sampler(threading.Thread):
