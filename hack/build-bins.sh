@@ -205,8 +205,8 @@ build_kueue() {
   rm -rf "$kueue_dir"; mv "$kueue_dir.tmp" "$kueue_dir"
 }
 
-# Volcano's scheduler and controller manager, on request (not run by the local cluster yet: the
-# stand-in of tests/support/upstream_e2e.py still plays the scheduler; docs/compatibility.md).
+# Volcano's scheduler and controller manager, on request (hack/volcano.py runs them for the tests
+# and with VOLCANO=1 make cluster; docs/compatibility.md).
 # Its go.mod replaces volcano.sh/apis with a directory of its repository that the module zip
 # leaves out: the published volcano.sh/apis of VOLCANO_APIS_VERSION stands in. Its k8s.io
 # pins are kept, each at the nearest patch the proxy serves; pins of modules the proxy has no

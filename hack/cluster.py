@@ -9,7 +9,8 @@ plus ``--real-nodes`` (env ``REAL_NODES``, default 2) real nodes that run real c
 harmless, ``down`` leaves no process, mount, veth or cgroup behind.
 
 Used by ``make cluster``/``make cluster-down``/``make demo`` and by the test fixtures. With
-``--kueue`` (``KUEUE=1 make cluster``) Kueue runs beside it (``hack/kueue.py``).
+``--kueue`` (``KUEUE=1 make cluster``) Kueue runs beside it (``hack/kueue.py``), with ``--volcano``
+(``VOLCANO=1``) Volcano's scheduler and controllers (``hack/volcano.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from hack import dra, images, realnode, tls
+from hack import dra, images, realnode, tls, volcano
 from hack import kueue as queueing
 from hack.common import (
     COMPONENTS,
@@ -285,7 +286,9 @@ def third_party_crds() -> list[Path]:
         sp / "manifests/coscheduling/crd.yaml",
         # ElasticQuota, which the PodGroup controller also watches.
         sp / "manifests/capacityscheduling/crd.yaml",
-        HACK / "crds/volcano-podgroups.yaml",
+        # Volcano's PodGroup, so --gang-scheduling volcano finds its kind with or without
+        # Volcano's scheduler running (hack/volcano.py applies the rest of its CRDs).
+        *volcano.crd_files((volcano.PODGROUP_CRD,)),
     ]
 
 
@@ -362,7 +365,8 @@ class Components:
     """What runs beside the control plane and the simulated nodes; each one optional.
 
     ``dra``: the simulated NVIDIA DRA driver's DeviceClass and ResourceSlices (hack/dra.py);
-    ``kueue``: the Kueue manager (hack/kueue.py); ``real_nodes``: that many kubelet + containerd
+    ``kueue``: the Kueue manager (hack/kueue.py); ``volcano``: Volcano's scheduler and
+    controllers (hack/volcano.py); ``real_nodes``: that many kubelet + containerd
     nodes running real containers (hack/realnode.py), holding ``images`` (hack/images.py).
     """
 
@@ -370,6 +374,7 @@ class Components:
     kueue: bool = False
     real_nodes: int = 0
     images: tuple[str, ...] = images.ALL
+    volcano: bool = False
 
 
 def up(
@@ -383,12 +388,13 @@ def up(
     *,
     dra_driver: bool = True,
     node_images: Sequence[str] = images.ALL,
+    volcano_scheduler: bool = False,
 ) -> State:
     """The cluster running with ``nodes`` simulated nodes and the components asked for."""
     unknown = sorted(set(node_images) - set(images.ALL))
     if unknown:
         raise SystemExit(f"[cluster] error: unknown image(s) {unknown}; any of {images.ALL}")
-    parts = Components(dra_driver, kueue, real_nodes, tuple(node_images))
+    parts = Components(dra_driver, kueue, real_nodes, tuple(node_images), volcano_scheduler)
     try:
         state = ensure_control_plane(audit_log, users)
         ensure_nodes(state, nodes, topology, gpus)
@@ -400,6 +406,8 @@ def up(
         raise
     if parts.kueue:
         ensure_kueue(state)
+    if parts.volcano:
+        volcano.ensure(state)
     # Last: its failure leaves everything else up.
     ensure_real_nodes(state, parts.real_nodes, parts.images)
     return state
@@ -810,6 +818,12 @@ def main() -> int:
         help="also run Kueue (hack/kueue.py), with a ClusterQueue for the GPUs (env KUEUE=1)",
     )
     p_up.add_argument(
+        "--volcano",
+        action="store_true",
+        default=os.environ.get("VOLCANO", "") == "1",
+        help="also run Volcano's scheduler and controllers (hack/volcano.py; env VOLCANO=1)",
+    )
+    p_up.add_argument(
         "--dra",
         action=argparse.BooleanOptionalAction,
         default=os.environ.get("DRA", "1") != "0",
@@ -846,6 +860,7 @@ def main() -> int:
                 real_nodes=args.real_nodes,
                 dra_driver=args.dra,
                 node_images=args.images,
+                volcano_scheduler=args.volcano,
             )
         except realnode.NodeError as e:
             # The control plane and the kwok nodes are up: only what needs a real node fails.

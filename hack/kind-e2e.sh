@@ -28,7 +28,7 @@ kubectl apply -f hack/kwok/stages.yaml
 .venv/bin/python -m hack.cluster node-manifests --nodes "${NODES:-4}" | kubectl apply -f -
 # PodGroup APIs: scheduler-plugins' and Volcano's.
 kubectl apply --server-side -f "https://raw.githubusercontent.com/kubernetes-sigs/scheduler-plugins/v$SCHED_PLUGINS_VERSION/manifests/coscheduling/crd.yaml"
-kubectl apply --server-side -f hack/crds/volcano-podgroups.yaml
+kubectl apply --server-side -f "https://raw.githubusercontent.com/volcano-sh/volcano/v$VOLCANO_VERSION/config/crd/volcano/bases/scheduling.volcano.sh_podgroups.yaml"
 kubectl wait --for=condition=Ready node -l type=kwok --timeout=120s
 
 MPIJOB_TEST_KUBECONFIG=$KUBECONFIG_E2E .venv/bin/python -m pytest -m integration "$@"

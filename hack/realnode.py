@@ -487,8 +487,8 @@ def up(
     t0 = time.monotonic()
     try:
         preflight(bins)
-        for name in node_images:
-            images.ensure(name)
+        archives = [images.ensure(name) for name in node_images]
+        check_disk(root, count, archives)
     except SystemExit as e:
         (root / "realnode").mkdir(parents=True, exist_ok=True)
         (root / "realnode" / "error.txt").write_text(str(e.code))
@@ -509,6 +509,33 @@ def up(
         error.write_text(str(e.code) if isinstance(e, SystemExit) else repr(e))
         raise
     say(f"{count} real node(s) Ready in {time.monotonic() - t0:.1f}s (pods in {st.subnet})")
+
+
+# Room beyond the images for etcd, the logs and the containers' own writes.
+DISK_MARGIN = 2 << 30
+
+
+def check_disk(root: Path, count: int, archives: Sequence[Path]) -> None:
+    """Refuses to start nodes whose images the disk cannot hold, naming the shortfall: a full
+    disk otherwise fails later and everywhere at once (etcd, the kubelets, every test)."""
+    # Each node's containerd keeps an image twice: its layers and their unpacked snapshot.
+    per_node = 2 * sum(a.stat().st_size for a in archives)
+    need = DISK_MARGIN
+    for i in range(count):
+        marker = root / "realnode" / f"node-{i}" / "containerd" / "imported.json"
+        held = set(json.loads(marker.read_text()).values()) if marker.exists() else set()
+        if not {a.name for a in archives} <= held:
+            need += per_node
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        gib = 1 << 30
+        raise NodeError(
+            f"{count} real node(s) need about {need / gib:.1f} GiB free under {root} for their "
+            f"images (each node holds them twice: layers and unpacked) and their work; "
+            f"{free / gib:.1f} GiB is free. Free disk space (old clusters: `make cluster-down`, "
+            f"then remove their .cluster/realnode), or start fewer nodes (REAL_NODES=1 or 0)."
+        )
 
 
 def _up(

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the integration tests need beyond the virtualenv, made present on a fresh machine:
 # Prometheus (tests/integration/test_monitoring.py starts it on 127.0.0.1 itself), the local
-# control plane's binaries and Kueue's (tests/integration/test_kueue.py runs it beside them),
-# upstream's e2e suite (tests/integration/test_upstream_e2e.py) and, unless REAL_NODES=0, the
+# control plane's binaries, Kueue's (tests/integration/test_kueue.py runs it beside them) and
+# Volcano's (the tests' cluster runs its scheduler, hack/volcano.py), upstream's e2e suite (tests/integration/test_upstream_e2e.py) and, unless REAL_NODES=0, the
 # real node's packages and images.
 # Usage: hack/test-deps.sh (run by `make test` and `make test-integration`).
 set -euo pipefail
@@ -32,6 +32,7 @@ if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
   hack/build-bins.sh
   hack/build-bins.sh kueue
   hack/build-bins.sh e2e
+  hack/build-bins.sh volcano
   if [ "${REAL_NODES:-1}" != 0 ]; then
     python3 -m hack.images build  # standard library only
   fi

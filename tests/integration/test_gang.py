@@ -1,5 +1,5 @@
-"""Gang scheduling on the local cluster: PodGroups for the real Coscheduling scheduler and for
-Volcano's API, and our own all-or-nothing admission when no gang scheduler runs.
+"""Gang scheduling on the local cluster: PodGroups for the real Coscheduling scheduler and the
+real Volcano scheduler, and our own all-or-nothing admission when no gang scheduler runs.
 
 Counterparts of upstream TestMPIJobWithSchedulerPlugins, TestMPIJobWithVolcanoScheduler and the
 e2e "should create pending pods" cases, plus the WaitForWorkersReady deadlock (mpi-operator#608).
@@ -113,6 +113,48 @@ def test_volcano_pod_group_and_decoration_follow_the_job(
         return spec["minMember"] == 2 and spec["queue"] == "queue-for-mpijob"
 
     wait_until(updated, what="minAvailable and queue propagated")
+
+
+def test_volcano_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """The real Volcano scheduler (hack/volcano.py) with our PodGroup: it refuses the group while
+    its minResources exceed what is free, binds no pod meanwhile, and binds every pod once the
+    capacity frees."""
+    start_operator("--gang-scheduling", "volcano")
+    for node in ("gpu-node-0", "gpu-node-1"):  # take every GPU of two nodes
+        hold(crds, namespace, node)
+    mpijobs.create(
+        mpijob("vgang", workers=3, gpus=8, run_policy={"schedulingPolicy": {"queue": "default"}})
+    )
+    wait_until(lambda: len(job_pods(crds, namespace, "vgang")) == 4, what="3 workers + launcher")
+
+    def refused() -> list[dict[str, Any]] | None:
+        assert not [p.metadata.name for p in job_pods(crds, namespace, "vgang") if p.spec.node_name]
+        status = pod_group(crds, VOLCANO, namespace, "vgang").get("status") or {}
+        found = [
+            c
+            for c in status.get("conditions") or []
+            if c["type"] == "Unschedulable" and c["status"] == "True"
+        ]
+        return found or None
+
+    verdict = wait_until(refused, timeout=60, what="Volcano's verdict: the group does not fit")
+    assert verdict[0]["reason"] == "NotEnoughResources", verdict
+    for node in ("gpu-node-0", "gpu-node-1"):
+        crds.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "vgang")),
+        timeout=90,
+        what="the whole gang bound by Volcano once capacity freed",
+    )
+    mpijobs.wait_condition("vgang", "Running", timeout=60)
+    bound_by = {
+        e.source.component or e.reporting_component
+        for e in crds.core.list_namespaced_event(namespace).items
+        if e.reason == "Scheduled" and e.involved_object.name.startswith("vgang-")
+    }
+    assert bound_by == {"volcano"}, bound_by
 
 
 def test_wait_for_workers_ready_with_a_gang_completes(

@@ -61,7 +61,6 @@ def test_upstream_e2e_suite_passes(
     with (
         e2e.real_node_only(cluster, node),
         e2e.sched_plugins_scheduler(cluster, tmp_path),
-        e2e.VolcanoStandIn(cluster, node),
         e2e.UnconditionalSpecUpdates(cluster, tmp_path) as webhook,
     ):
         e2e.wait_available(cluster)

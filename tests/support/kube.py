@@ -104,8 +104,9 @@ def start_cluster() -> Cluster:
     """The cluster named by MPIJOB_TEST_KUBECONFIG, else the local one (started on demand)."""
     if os.environ.get("MPIJOB_TEST_KUBECONFIG"):
         return Cluster(Path(os.environ["MPIJOB_TEST_KUBECONFIG"]), local=False)
-    # The audit log says which replica wrote what (tests/support/audit.py).
-    up = [sys.executable, "-m", "hack.cluster", "up", "--audit-log"]
+    # The audit log says which replica wrote what (tests/support/audit.py); Volcano's real
+    # scheduler runs for the gang tests and upstream's Volcano spec.
+    up = [sys.executable, "-m", "hack.cluster", "up", "--audit-log", "--volcano"]
     result = subprocess.run(up, cwd=ROOT, check=False)
     # 3: the control plane is up but a real node is not; only the tests that need one fail
     # (the real_node fixture reports why).

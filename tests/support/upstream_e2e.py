@@ -13,10 +13,9 @@ and what stands in for each here:
 - **scheduler-plugins' scheduler**, installed by upstream's suite as a second scheduler named
   ``scheduler-plugins-scheduler``: the same scheduler-plugins build the local cluster runs, started
   under that name with the Coscheduling profile of ``hack/cluster.py``.
-- **Volcano's scheduler**, which builds but does not run here yet (docs/compatibility.md):
-  :class:`VolcanoStandIn` admits a Volcano PodGroup as Volcano's ``enqueue`` and gang ``allocate``
-  do for the one thing the suite's Volcano spec checks, and binds its pods only then: the
-  group's ``minResources`` must fit the node's allocatable and ``minMember`` pods must exist.
+- **Volcano's scheduler**: the real one, built from the Go module proxy and run by the test
+  cluster with Volcano's own CRDs, scheduler configuration and queue controller
+  (hack/volcano.py).
 - **An update of the Deployment that cannot lose a race**: the suite reads the Deployment and
   updates it without retrying, right after the previous spec edited it, so the Deployment
   controller's status writes fail that update with 409 Conflict now and then.
@@ -37,12 +36,10 @@ import os
 import re
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,8 +50,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from mpijob import keys
-from mpijob.pods.quantity import Quantity
 from support.kube import ROOT, Cluster
 from support.operator import free_port
 from support.wait import wait_until
@@ -296,90 +291,6 @@ def sched_plugins_scheduler(cluster: Cluster, log_dir: Path) -> Iterator[None]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-# --- Volcano ------------------------------------------------------------------------------------
-
-
-class VolcanoStandIn:
-    """Binds the pods of a Volcano PodGroup once the group could be admitted (module docstring)."""
-
-    def __init__(self, cluster: Cluster, node: str) -> None:
-        api = _new_api(cluster)
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.node = node
-        self.bound = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="volcano-stand-in", daemon=True)
-
-    def __enter__(self) -> VolcanoStandIn:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                self._pass()
-            except Exception as exc:  # a transient API error: the next pass sees the state anew
-                print(f"[volcano-stand-in] {exc!r}", file=sys.stderr)
-
-    def _pass(self) -> None:
-        pods = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.schedulerName={VOLCANO_SCHEDULER}"
-        ).items
-        groups: dict[tuple[str, str], list[client.V1Pod]] = defaultdict(list)
-        for p in pods:
-            group = (p.metadata.annotations or {}).get(keys.VOLCANO_GROUP_NAME_ANNOTATION)
-            if group and not p.metadata.deletion_timestamp:
-                groups[(p.metadata.namespace, group)].append(p)
-        if not groups:
-            return
-        allocatable = self.core.read_node(self.node).status.allocatable or {}
-        for (namespace, name), members in groups.items():
-            pending = [p for p in members if not p.spec.node_name]
-            if not pending:
-                continue
-            try:
-                group = self.custom.get_namespaced_custom_object(
-                    "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", name
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    continue
-                raise
-            if admitted(group.get("spec") or {}, len(members), allocatable):
-                for p in pending:
-                    self._bind(p)
-
-    def _bind(self, pod: client.V1Pod) -> None:
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=pod.metadata.name),
-            target=client.V1ObjectReference(kind="Node", name=self.node),
-        )
-        # The generated client cannot read a Binding's (empty) reply: take it raw.
-        self.core.create_namespaced_binding(pod.metadata.namespace, body, _preload_content=False)
-        self.bound += 1
-
-
-def admitted(spec: dict[str, Any], members: int, allocatable: dict[str, str]) -> bool:
-    """Whether Volcano would admit the group: ``minMember`` pods exist and ``minResources`` fits
-    the node's allocatable (a resource the node lacks fits only when nothing of it is asked)."""
-    if members < int(spec.get("minMember") or 0):
-        return False
-    for resource, wanted in (spec.get("minResources") or {}).items():
-        # Quantity keeps no order of its own: its exact values are compared.
-        need = Quantity.parse(wanted).value
-        if resource not in allocatable:
-            if need > 0:
-                return False
-        elif need > Quantity.parse(allocatable[resource]).value:
-            return False
-    return True
 
 
 # --- the real node ------------------------------------------------------------------------------
