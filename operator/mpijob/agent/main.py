@@ -21,6 +21,8 @@ nodes); a dry run starts no daemon and prints the status patch.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -53,7 +55,7 @@ def run(
     once: bool,
     interval: float,
     echo: Callable[[str], None] = click.echo,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
     beat: Callable[[], None] = lambda: None,
     check: PodCheck | None = None,
     steps: Sequence[Callable[[], bool]] = (),
@@ -62,7 +64,8 @@ def run(
 
     ``beat`` is called on every turn of the loop (the health endpoint's proof of life);
     ``check``, when given, checks the node's placed pods after each reading of the topology;
-    ``steps`` run after that on every turn, and one returning False fails ``once``.
+    ``steps`` run after that on every turn, and one returning False fails ``once``. A ``sleep``
+    that returns true (``threading.Event.wait`` once set) ends the loop with 0: the agent stops.
     """
     published: str | None = None
     while True:
@@ -94,7 +97,9 @@ def run(
             failed = not step() or failed
         if once:
             return 1 if failed else 0
-        sleep(interval)
+        if sleep(interval):
+            logger.info("Stopped on a signal node=%s", node)
+            return 0
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -203,6 +208,11 @@ def main(
         steps.append(
             _share_step(nvml, node, dry_run, mps and not simulate and not dry_run, mps_root)
         )
+    # In its container the agent is PID 1, which the kernel sends no default SIGTERM action:
+    # without a handler every rollout or node drain would wait out the grace period (30 s).
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     raise SystemExit(
         run(
             nvml,
@@ -210,6 +220,7 @@ def main(
             annotate=annotate,
             once=once,
             interval=interval,
+            sleep=stop.wait,
             beat=lambda: last.__setitem__(0, time.monotonic()),
             check=check,
             steps=steps,

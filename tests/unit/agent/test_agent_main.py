@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 
 import pynvml
@@ -197,3 +201,31 @@ def test_a_turn_runs_the_pod_check_then_the_steps_and_a_failed_step_fails_once()
     )
     assert (code, order, check.steps) == (1, ["check", "share"], 1)
     assert len(check.index_uuids) == 8
+
+
+def test_the_loop_ends_with_zero_when_its_sleep_is_cut_short_by_a_stop() -> None:
+    fake = FakeNvml(topologies.load("dgx1-v100"))
+    recorder = Recorder()
+    stop = threading.Event()
+    stop.set()
+    code = main.run(fake, node="n", annotate=recorder, once=False, interval=30, sleep=stop.wait)
+    assert code == 0
+    assert len(recorder.calls) == 1
+
+
+def test_sigterm_stops_the_agent_at_once_with_exit_zero() -> None:
+    """As PID 1 in its container the agent has no default SIGTERM action: it must handle it, or
+    every rollout and drain waits out the grace period."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from mpijob.agent.main import main; main()", "--simulate",
+         "dgx1-v100", "--dry-run", "--interval", "300", "--health-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the first reading is printed: the loop is sleeping now
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert "Stopped on a signal" in out
