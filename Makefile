@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -129,6 +129,9 @@ bench-failover: install ## Two replicas through 20 leadership changes (freeze, k
 
 bench-apiserver-restart: install ## The API server killed and restarted 20 s later, 3 times: a job created after it is back, seconds until its pods (median)
 	REAL_NODES=0 $(PY) -m bench.failover --restarts 3
+
+bench-soak: install ## 10,000 MPIJob lifecycles through one operator process, own cluster: RSS and metric series after 1,000 and 10,000 (within 10 %)
+	REAL_NODES=0 $(PY) -m bench.soak
 
 bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
 	$(PY) -m bench.placement
