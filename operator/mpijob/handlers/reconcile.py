@@ -37,7 +37,7 @@ from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
 from mpijob.objects import about
 from mpijob.placement.fabric import Fabric
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, NotFound
 from mpijob.platform.workers import OwnershipError
 from mpijob.settings import OperatorSettings
 
@@ -118,7 +118,13 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if plan.requeue_after is not None:
         rt.workers.enqueue_after(key, plan.requeue_after)
     if result.changed:
-        await _write_status(rt, key, body, result.status.to_body())
+        try:
+            await _write_status(rt, key, body, result.status.to_body())
+        except NotFound:
+            # Deleted while this sync ran (the cache had not heard yet): nothing is left to
+            # report on, and the deletion's own event queues the sync that releases its GPUs.
+            log.debug("MPIJob %s/%s was deleted during its sync", *key)
+            return
         if result.status.finished != job.status.finished:
             # The watch event of our own status write asks for no sync (see watches), but a job
             # that has just finished needs one more: its cleanup and release read the status.

@@ -398,3 +398,16 @@ async def test_a_deleted_node_under_a_placed_job_releases_it_and_says_why() -> N
     assert (admitted["status"], admitted["reason"]) == ("False", keys.REASON_NODE_LOST)
     assert "node n1 was deleted" in admitted["message"]
     assert [(e.type, e.reason) for e in recorder.events] == [("Warning", keys.REASON_NODE_LOST)]
+
+
+async def test_a_job_deleted_during_its_sync_ends_the_sync_quietly_not_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cache still holds the job when the API has deleted it: the status write's 404 ends
+    the sync (no exception to retry on, no warning, no Event); the deletion's event follows."""
+    rt, kube, recorder = runtime(valid_job())
+    kube.remove("MPIJob", "bar", "foo")
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert any(verb == "replace_status" for verb, _ in kube.requests)
+    assert recorder.events == []
+    assert "WARNING" not in caplog.text
