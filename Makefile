@@ -49,13 +49,24 @@ cluster-down: ## Stop the local cluster; leaves no process behind
 cluster-status: install ## Show the local cluster's processes and memory
 	$(PY) -m hack.cluster status
 
+# The suite in two phases on one local cluster (tests/support/lanes.py): first what may run side by
+# side, over TEST_WORKERS pytest-xdist workers (each lane of tests that share something on one
+# worker), then the exclusive tests, alone. Both phases run even when the first fails.
+TEST_WORKERS ?= 3
+define pytest_phases
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "$(1)not exclusive"; \
+	  first=$$?; \
+	  $(PY) -m pytest -p no:xdist --durations=10 -m "$(1)exclusive"; second=$$?; \
+	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
+endef
+
 # Before the tests: refuse beside an operator that would also reconcile their jobs, check that
 # pytest collects every test file, install Prometheus and build the control plane if missing.
 test: install ## Run unit and integration tests (installs Prometheus, builds and starts the local cluster)
 	$(PY) -m hack.stray_operators
 	$(PY) -m hack.check_collected
 	bash hack/test-deps.sh
-	$(PY) -m pytest
+	$(call pytest_phases,)
 
 test-unit: install ## Run the unit tests only (no cluster)
 	$(PY) -m pytest -m unit
@@ -63,7 +74,7 @@ test-unit: install ## Run the unit tests only (no cluster)
 test-integration: install ## Run the integration tests only (the same set-up as make test)
 	$(PY) -m hack.stray_operators
 	bash hack/test-deps.sh
-	$(PY) -m pytest -m integration
+	$(call pytest_phases,integration and )
 
 lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generated dashboards and docs/reference.md up to date
 	$(VENV)/bin/ruff check operator tests bench hack dashboards docs

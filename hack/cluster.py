@@ -484,11 +484,12 @@ def ensure_control_plane(audit_log: bool, users: Sequence[str]) -> State:
 def running_cluster(audit_log: bool, users: Sequence[str]) -> State | None:
     """The running cluster when it is healthy and what this file starts; stops a stale one."""
     state = State.load()
-    if state and healthy(state) and (why := restart_reason(state)):
+    up = state is not None and healthy(state, patience=30)
+    if state and up and (why := restart_reason(state)):
         say(f"{why}; restarting it")
         down(quiet=True)
         return None
-    if state and healthy(state):
+    if state and up:
         say(f"already running at {server_url(state)}")
         tokens = (state_dir() / "pki" / "tokens.csv").read_text() if users else ""
         if any(f"{user_token(u)}," not in tokens for u in users) or (

@@ -144,10 +144,18 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return 0, str(e)
 
 
-def healthy(state: State) -> bool:
+def healthy(state: State, patience: float = 0) -> bool:
+    """Every process alive and the API server ready; with ``patience``, an API server that is
+    slow to answer (a busy machine) is asked again for that many seconds before it counts as
+    not ready: a running cluster taken for a stale one would be torn down."""
     if not all(alive(state.pids.get(c, -1)) for c in COMPONENTS):
         return False
-    return get(server_url(state) + "/readyz")[0] == 200
+    deadline = time.monotonic() + patience
+    while get(server_url(state) + "/readyz")[0] != 200:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 def wait_for(what: str, check: Any, timeout: float, proc: str | None = None) -> None:

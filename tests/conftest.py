@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from support import lanes
 from support.kube import ROOT, Cluster, start_cluster
 from support.kueue import Kueue, start_kueue, stop_kueue
 from support.mpijobs import MPIJobs
@@ -26,11 +27,19 @@ TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unplaced = []
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(TESTS)
         tier = rel.parts[0]
         if tier in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, tier))
+        if tier == "integration" and not any(item.get_closest_marker(n) for n in lanes.NAMES):
+            unplaced.append(item.nodeid)
+    if unplaced:
+        raise pytest.UsageError(
+            "integration tests without a lane (add one of tests/support/lanes.py's marks to the "
+            f"module's pytestmark): {', '.join(unplaced[:5])}"
+        )
     # Fast tiers first: a broken builder fails in seconds, before any cluster starts.
     items.sort(key=lambda i: i.get_closest_marker("integration") is not None)
 

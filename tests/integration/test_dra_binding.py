@@ -18,6 +18,7 @@ from mpijob import keys
 from mpijob.desired import claims
 from mpijob.placement import allocator, codec
 from mpijob.placement.tables import mask_of, tables_for
+from support import lanes
 from support.gpus import hold_by_claim
 from support.jobs import mpijob
 from support.kube import Cluster
@@ -25,7 +26,7 @@ from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
 
 NODE = "gpu-node-0"
 

@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client
 
 from mpijob import keys
+from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
@@ -34,7 +35,7 @@ from support.operator import OperatorProcess
 from support.realnode import on_real_node, pods, ready_real_node
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, lanes.REAL_NODES]
 
 TIMEOUT = 180
 SSHD = "/usr/sbin/sshd -De -f /home/mpiuser/.sshd_config"
@@ -322,6 +323,7 @@ def gpu_job(name: str, policy: str | None) -> dict[str, Any]:
     )
 
 
+@lanes.GPUS  # simulated GPUs, not the real nodes
 def test_workers_left_running_after_success_say_so_and_hold_gpus(
     operator: OperatorProcess, mpijobs: MPIJobs, crds: Cluster, namespace: str
 ) -> None:
@@ -349,6 +351,7 @@ def test_workers_left_running_after_success_say_so_and_hold_gpus(
     )
 
 
+@lanes.GPUS  # simulated GPUs, not the real nodes
 def test_the_admins_default_clean_pod_policy_frees_the_gpus_of_jobs_that_set_none(
     start_operator: Callable[..., OperatorProcess],
     mpijobs: MPIJobs,

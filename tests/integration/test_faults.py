@@ -18,13 +18,14 @@ import pytest
 from kubernetes.client import ApiException
 
 from mpijob import keys
+from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import stays, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, lanes.EXCLUSIVE]
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 

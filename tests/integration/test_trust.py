@@ -18,12 +18,13 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
+from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.EXCLUSIVE]
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "tenant@example.com"
@@ -178,7 +179,13 @@ def agent_on(cluster: Cluster, node: str | None) -> client.CoreV1Api:
 @pytest.fixture
 def agent_policy(crds: Cluster) -> Iterator[None]:
     roles = list(yaml.safe_load_all((ROOT / "manifests/base/rbac/agent.yaml").read_text()))
-    crds.apply(next(d for d in roles if d["kind"] == "ClusterRole"))
+    role = next(d for d in roles if d["kind"] == "ClusterRole")
+    # Made here, removed here: left behind without an install's labels, Helm would refuse to
+    # adopt it into a release (test_helm.py).
+    made_role = not crds.kubectl(
+        "get", "clusterrole", role["metadata"]["name"], "--ignore-not-found", "-o", "name"
+    )
+    crds.apply(role)
     crds.kubectl(
         "create",
         "clusterrolebinding",
@@ -202,6 +209,8 @@ def agent_policy(crds: Cluster) -> Iterator[None]:
     finally:
         crds.kubectl("delete", "-f", str(AGENT_POLICY), "--ignore-not-found")
         crds.kubectl("delete", "clusterrolebinding", "test-mpijob-agent", "--ignore-not-found")
+        if made_role:
+            crds.kubectl("delete", "clusterrole", role["metadata"]["name"], "--ignore-not-found")
 
 
 def test_the_node_agent_may_change_only_its_own_node_and_its_pods(

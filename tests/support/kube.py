@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -101,9 +102,26 @@ def kubectl_binary() -> str:
 
 
 def start_cluster() -> Cluster:
-    """The cluster named by MPIJOB_TEST_KUBECONFIG, else the local one (started on demand)."""
+    """The cluster named by MPIJOB_TEST_KUBECONFIG, else the local one (started on demand, once
+    per test run however many pytest-xdist workers ask)."""
     if os.environ.get("MPIJOB_TEST_KUBECONFIG"):
         return Cluster(Path(os.environ["MPIJOB_TEST_KUBECONFIG"]), local=False)
+    logs = ROOT / ".test-logs"
+    logs.mkdir(exist_ok=True)
+    # xdist gives every worker of one run the same id: the first worker starts (or checks) the
+    # cluster, the others wait for it and use it. A second `up` while tests run would be
+    # harmless at best; under load it could take a slow API server for a stale one.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+    started = logs / "cluster-started-by"
+    with (logs / "cluster.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not run or not started.exists() or started.read_text() != run:
+            _up()
+            started.write_text(run)
+    return Cluster(ROOT / ".cluster" / "kubeconfig", local=True)
+
+
+def _up() -> None:
     # The audit log says which replica wrote what (tests/support/audit.py); Volcano's real
     # scheduler runs for the gang tests and upstream's Volcano spec.
     up = [sys.executable, "-m", "hack.cluster", "up", "--audit-log", "--volcano"]
@@ -116,4 +134,3 @@ def start_cluster() -> Cluster:
             "Integration tests need a real API server: fix the cluster, or point "
             "MPIJOB_TEST_KUBECONFIG at one."
         )
-    return Cluster(ROOT / ".cluster" / "kubeconfig", local=True)
