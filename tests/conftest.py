@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -33,15 +34,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = rel.parts[0]
         if tier in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, tier))
-        if tier == "integration" and not any(item.get_closest_marker(n) for n in lanes.NAMES):
-            unplaced.append(item.nodeid)
+        if tier == "integration":
+            where = lanes.lane(item.nodeid)
+            if where is None:
+                unplaced.append(rel.name)
+            elif where == lanes.EXCLUSIVE:
+                item.add_marker(pytest.mark.exclusive)
     if unplaced:
         raise pytest.UsageError(
-            "integration tests without a lane (add one of tests/support/lanes.py's marks to the "
-            f"module's pytestmark): {', '.join(unplaced[:5])}"
+            "integration test modules without a lane (add them to tests/support/lanes.py's "
+            f"MODULES): {', '.join(sorted(set(unplaced)))}"
         )
     # Fast tiers first: a broken builder fails in seconds, before any cluster starts.
     items.sort(key=lambda i: i.get_closest_marker("integration") is not None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with the lanes as scopes: every test of a serial lane goes to one
+    worker, in order; any other test is a scope of its own (tests/support/lanes.py)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            where = lanes.lane(nodeid)
+            return where if where in lanes.SERIAL else nodeid
+
+    return LaneScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

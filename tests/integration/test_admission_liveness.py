@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from support import lanes
 from support.gpus import hold
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 #: The API server's limit on an object's annotations, keys and values together.

@@ -21,12 +21,11 @@ from mpijob.agent.gpu_actual import GpuActual
 from mpijob.agent.podresources import Verdict
 from mpijob.agent.podresources_v1 import api_pb2, api_pb2_grpc
 from mpijob.agent.publish import AgentKube
-from support import lanes
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.GPUS]
+pytestmark = pytest.mark.integration
 
 NODE = "gpu-node-3"
 

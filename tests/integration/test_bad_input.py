@@ -13,14 +13,13 @@ import pytest
 import yaml
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 INVALID = Path(__file__).resolve().parents[1] / "data" / "invalid"
 

@@ -16,14 +16,13 @@ from matplotlib.colors import to_rgb
 
 from mpijob import keys
 from mpijob.console import plot
-from support import lanes
 from support.gpus import hold
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 ANSI = re.compile(r"\x1b\[")
 WORKERS = 4

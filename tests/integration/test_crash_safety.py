@@ -8,14 +8,13 @@ from collections import Counter
 import pytest
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 WORKERS = 40
 

@@ -21,13 +21,12 @@ from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.handlers.startup import detect_gpu_binding
 from mpijob.placement import codec
 from mpijob.platform.kube import Kube
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.GPUS]
+pytestmark = pytest.mark.integration
 
 NOW = datetime(2024, 5, 1, tzinfo=UTC)
 

@@ -18,7 +18,6 @@ from mpijob import keys
 from mpijob.desired import claims
 from mpijob.placement import allocator, codec
 from mpijob.placement.tables import mask_of, tables_for
-from support import lanes
 from support.gpus import hold_by_claim
 from support.jobs import mpijob
 from support.kube import Cluster
@@ -26,7 +25,7 @@ from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 NODE = "gpu-node-0"
 

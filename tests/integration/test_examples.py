@@ -16,13 +16,12 @@ import pytest
 import yaml
 
 from mpijob import keys
-from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 #: Examples holding GPU shares need --fractional-gpus and core_mem nodes: test_fractional.py runs
 #: them.

@@ -19,13 +19,12 @@ import pytest
 
 from mpijob import keys
 from mpijob.placement import fabric
-from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.EXCLUSIVE]
+pytestmark = pytest.mark.integration
 
 CLIQUES = ("7d1c0ffe.0", "7d1c0ffe.1")
 TRAYS = [f"gb-{c}-{t:02d}" for c in range(len(CLIQUES)) for t in range(18)]

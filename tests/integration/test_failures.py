@@ -27,7 +27,6 @@ import yaml
 from kubernetes import client
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
@@ -35,7 +34,7 @@ from support.operator import OperatorProcess
 from support.realnode import on_real_node, pods, ready_real_node
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.REAL_NODES]
+pytestmark = [pytest.mark.integration]
 
 TIMEOUT = 180
 SSHD = "/usr/sbin/sshd -De -f /home/mpiuser/.sshd_config"
@@ -323,7 +322,6 @@ def gpu_job(name: str, policy: str | None) -> dict[str, Any]:
     )
 
 
-@lanes.GPUS  # simulated GPUs, not the real nodes
 def test_workers_left_running_after_success_say_so_and_hold_gpus(
     operator: OperatorProcess, mpijobs: MPIJobs, crds: Cluster, namespace: str
 ) -> None:
@@ -351,7 +349,6 @@ def test_workers_left_running_after_success_say_so_and_hold_gpus(
     )
 
 
-@lanes.GPUS  # simulated GPUs, not the real nodes
 def test_the_admins_default_clean_pod_policy_frees_the_gpus_of_jobs_that_set_none(
     start_operator: Callable[..., OperatorProcess],
     mpijobs: MPIJobs,

@@ -18,14 +18,13 @@ import pytest
 from kubernetes.client import ApiException
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import stays, wait_until
 
-pytestmark = [pytest.mark.integration, lanes.EXCLUSIVE]
+pytestmark = pytest.mark.integration
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 

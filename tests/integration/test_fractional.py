@@ -36,7 +36,6 @@ from kubernetes.client.exceptions import ApiException
 from mpijob import keys
 from mpijob.shares.pod_edits import ADMITTED, MUTATE_ID, WEBHOOK_CONFIGURATION, client_env
 from mpijob.shares.request import Placed, Share
-from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
@@ -44,7 +43,7 @@ from support.realnode import ROLE, exit_codes, in_node, node_mount_points, ready
 from support.tenants import bind_tenant
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.EXCLUSIVE]
+pytestmark = pytest.mark.integration
 
 NODES = ("share-node-0", "share-node-1", "share-node-2")
 BINPACK = {"share-node-0", "share-node-2"}

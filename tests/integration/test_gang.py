@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from support import lanes
 from support.gpus import hold
 from support.jobs import mpijob
 from support.kube import Cluster, wait_all_refused
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 SCHED = ("scheduling.x-k8s.io/v1alpha1", "PodGroup")
 VOLCANO = ("scheduling.volcano.sh/v1beta1", "PodGroup")

@@ -18,14 +18,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 
 def topology_job(name: str, *, succeed_after: str = "3s") -> dict[str, Any]:

@@ -9,14 +9,13 @@ import pytest
 from kubernetes import client
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 CHILDREN = ("Service/heal", "ConfigMap/heal-config", "Secret/heal-ssh", "Pod/heal-worker-1")
 

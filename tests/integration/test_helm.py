@@ -18,13 +18,12 @@ import yaml
 
 from hack import gen_chart, incluster
 from mpijob import keys
-from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.REAL_NODES]
+pytestmark = pytest.mark.integration
 
 NS = incluster.NAMESPACE
 RELEASE = incluster.RELEASE

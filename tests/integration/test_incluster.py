@@ -32,14 +32,13 @@ from kubernetes.client.exceptions import ApiException
 
 from hack import incluster
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
 from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.realnode, lanes.REAL_NODES]
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 NS = incluster.NAMESPACE
 OPERATOR = incluster.OPERATOR

@@ -18,13 +18,12 @@ import pytest
 import yaml
 
 from mpijob import cli, keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 
-pytestmark = [pytest.mark.integration, lanes.REAL_NODES]
+pytestmark = pytest.mark.integration
 
 OVERLAYS = ROOT / "manifests" / "overlays"
 RBAC = ROOT / "manifests" / "base" / "rbac" / "operator.yaml"

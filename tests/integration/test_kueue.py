@@ -19,7 +19,6 @@ import pytest
 from mpijob import keys
 from mpijob.placement import allocator, codec
 from mpijob.placement.scoring import ring_gbps
-from support import lanes
 from support.gpus import hold, hold_by_claim
 from support.jobs import mpijob
 from support.kube import Cluster
@@ -27,7 +26,7 @@ from support.kueue import PRIORITY_LABEL, QUEUE_LABEL, Kueue, condition
 from support.mpijobs import MPIJobs
 from support.wait import stays, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.EXCLUSIVE]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 SUCCEED_AFTER = "mpijob.io/sim-succeed-after"
 POOL = "mpijob.io/test-pool"

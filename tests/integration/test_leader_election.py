@@ -25,7 +25,7 @@ import yaml
 
 from hack.relay import Partition
 from mpijob import keys
-from support import audit, lanes
+from support import audit
 from support.gpu_sampler import GpuSampler
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster
@@ -33,7 +33,7 @@ from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import stays, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.EXCLUSIVE]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 LEASE_SECONDS = 15
 #: 6 jobs of 2 workers x 4 GPUs: 48 GPUs asked of the cluster's 32; each launcher succeeds 8 s

@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import stays, wait_until
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 WORKER_SELECTOR = "training.kubeflow.org/job-role=worker"
 

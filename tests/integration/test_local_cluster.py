@@ -13,11 +13,10 @@ import pytest
 from kubernetes import client
 
 from mpijob import keys
-from support import lanes
 from support.kube import Cluster, wait_all_refused
 from support.wait import stays, wait_until
 
-pytestmark = [pytest.mark.integration, lanes.GPUS]
+pytestmark = pytest.mark.integration
 
 
 def pod(name: str, gpus: int, **extra: Any) -> client.V1Pod:

@@ -25,14 +25,13 @@ import pytest
 import yaml
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import ROOT
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess, free_port
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 SCRAPE_JOB = "mpijob-operator-metrics"
 #: Grafana's variables, as the dashboard resolves them: every job, a window covering the run.

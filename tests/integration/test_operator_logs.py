@@ -16,14 +16,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 REFUSAL = "Events are refused in this namespace"
 #: klog's header and its first pair (the logger), as Kubernetes' log tooling reads them.

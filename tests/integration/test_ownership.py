@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 
-pytestmark = [pytest.mark.integration, lanes.FREE]
+pytestmark = pytest.mark.integration
 
 META = client.V1ObjectMeta
 BUSYBOX = [client.V1Container(name="main", image="busybox")]

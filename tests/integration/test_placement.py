@@ -18,14 +18,13 @@ import yaml
 from mpijob import keys
 from mpijob.placement import allocator, codec
 from mpijob.placement.scoring import ring_gbps
-from support import lanes
 from support.gpus import hold
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
 

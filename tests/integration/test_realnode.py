@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from mpijob import keys
-from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
@@ -31,7 +30,7 @@ from support.realnode import (
 )
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.realnode, lanes.REAL_NODES]
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 TIMEOUT = 180
 

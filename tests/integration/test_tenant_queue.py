@@ -20,7 +20,6 @@ import pytest
 from kubernetes import client, watch
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
@@ -28,7 +27,7 @@ from support.operator import OperatorProcess
 from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.GPUS]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 HOSTILE = "hostile-a@example.com"
 VICTIM = "victim@example.com"

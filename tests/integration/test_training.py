@@ -21,14 +21,13 @@ import pytest
 import yaml
 
 from mpijob import keys
-from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.realnode import ROLE, exit_codes, launcher_log, pods, ready_real_node
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.realnode, lanes.REAL_NODES]
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 # The image's first import of torch in a fresh container and the benchmark's few iterations of a
 # small model take well under a minute per rank on a 2-core machine; the rest is slack for a

@@ -18,13 +18,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
-from support import lanes
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus"), lanes.EXCLUSIVE]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "tenant@example.com"

@@ -24,12 +24,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hack import incluster
-from support import lanes
 from support import upstream_e2e as e2e
 from support.kube import Cluster
 from support.realnode import ready_real_node
 
-pytestmark = [pytest.mark.integration, pytest.mark.realnode, lanes.EXCLUSIVE]
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 # The suite waits up to 200 s per step (its foreverTimeout); fourteen specs pass in a few minutes.
 SUITE_TIMEOUT = 1800

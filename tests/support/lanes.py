@@ -1,10 +1,11 @@
 """Which lane each integration test runs in when ``make test`` runs them side by side.
 
 ``make test`` runs the suite in two phases on one local cluster (docs/development.md, "Test
-lanes"): first every test not marked :data:`EXCLUSIVE`, spread over pytest-xdist workers, then
-the :data:`EXCLUSIVE` ones one at a time with nothing beside them. In the first phase each test
-has its own namespace and its own operator (watching only that namespace), and tests that share
-something the namespace does not fence run in one lane, one after another:
+lanes"): first every test not in :data:`EXCLUSIVE`, spread over pytest-xdist workers, then the
+:data:`EXCLUSIVE` ones one at a time with nothing beside them. In the first phase each test has
+its own namespace and its own operator (watching only that namespace), and the tests of a lane
+share something the namespace does not fence, so a lane runs on one worker, one test after
+another:
 
 - :data:`GPUS`: tests that take GPUs of the simulated nodes. An operator sees only its own
   namespace's pods and claims, so two of them would hand out the same GPUs; many also wait for
@@ -14,21 +15,72 @@ something the namespace does not fence run in one lane, one after another:
   cluster-wide webhooks and RBAC have fixed names).
 - :data:`FREE`: tests that touch nothing beyond their namespace; they run anywhere.
 - :data:`EXCLUSIVE`: tests that change what every other test sees (nodes added, cordoned or
-  lost, cluster-wide webhooks such as Kueue's, an operator watching every namespace, an audit
-  check of every operator's writes).
+  lost, Kueue's cluster-wide webhooks, an operator watching every namespace, an audit check of
+  every operator's writes).
 
-Every integration module says which (``tests/conftest.py`` refuses one that does not); a test
-that differs from its module says so itself.
+The lanes are a table, not marks on the tests, because xdist's scheduler sees only test ids:
+:func:`lane` reads a test's lane from its id. Every integration module is in :data:`MODULES`
+(``tests/conftest.py`` refuses one that is not); :data:`TESTS` names the tests whose lane
+differs from their module's.
 """
 
 from __future__ import annotations
 
-import pytest
+GPUS = "gpus"
+REAL_NODES = "real-nodes"
+FREE = "free"
+EXCLUSIVE = "exclusive"
+#: Lanes whose tests run one after another on one worker.
+SERIAL = (GPUS, REAL_NODES)
 
-GPUS = pytest.mark.xdist_group("gpus")
-REAL_NODES = pytest.mark.xdist_group("real-nodes")
-FREE = pytest.mark.lane_free
-EXCLUSIVE = pytest.mark.exclusive
+MODULES: dict[str, str] = {
+    "test_admission_liveness.py": GPUS,
+    "test_agent_reports_actual_gpus.py": GPUS,
+    "test_bad_input.py": FREE,
+    "test_console.py": GPUS,
+    "test_crash_safety.py": FREE,
+    "test_dra.py": GPUS,
+    "test_dra_binding.py": GPUS,
+    "test_examples.py": GPUS,
+    "test_fabric.py": EXCLUSIVE,  # adds 36 tray nodes and a ComputeDomain CRD
+    "test_failures.py": REAL_NODES,
+    "test_faults.py": EXCLUSIVE,  # a node lost, spare nodes added
+    "test_fractional.py": EXCLUSIVE,  # share nodes, a cluster-wide pod webhook
+    "test_gang.py": GPUS,
+    "test_gpu_quota.py": GPUS,
+    "test_healing.py": FREE,
+    "test_helm.py": REAL_NODES,
+    "test_incluster.py": REAL_NODES,
+    "test_install.py": REAL_NODES,
+    "test_kueue.py": EXCLUSIVE,  # Kueue's webhooks see every MPIJob and Job
+    "test_leader_election.py": EXCLUSIVE,  # audits every operator's writes
+    "test_lifecycle.py": FREE,
+    "test_local_cluster.py": GPUS,
+    "test_monitoring.py": GPUS,
+    "test_operator_logs.py": FREE,
+    "test_ownership.py": FREE,
+    "test_placement.py": GPUS,
+    "test_realnode.py": REAL_NODES,
+    "test_tenant_queue.py": GPUS,
+    "test_training.py": REAL_NODES,
+    "test_trust.py": EXCLUSIVE,  # the agent's cluster-wide RBAC and policies
+    "test_upstream_e2e.py": EXCLUSIVE,  # cordons the simulated nodes; watches every namespace
+}
+#: Tests whose lane is not their module's, by ``file::name`` (parameters left out).
+TESTS: dict[str, str] = {
+    # Simulated GPUs, not the real nodes.
+    "test_failures.py::test_workers_left_running_after_success_say_so_and_hold_gpus": GPUS,
+    "test_failures.py::test_the_admins_default_clean_pod_policy_frees_the_gpus_of_jobs_that_set_none": GPUS,  # noqa: E501
+}
 
-#: The marks that name a lane: an integration test must carry one.
-NAMES = ("xdist_group", "lane_free", "exclusive")
+
+def lane(nodeid: str) -> str | None:
+    """The lane of an integration test by its id (``tests/integration/test_x.py::test_y[p]``,
+    perhaps with a worker's suffix); None for a test outside the integration tier or a module
+    missing from :data:`MODULES`."""
+    path, _, name = nodeid.partition("::")
+    if not path.startswith("tests/integration/"):
+        return None
+    module = path.rsplit("/", 1)[-1]
+    test = name.split("[", 1)[0].split("@", 1)[0]
+    return TESTS.get(f"{module}::{test}") or MODULES.get(module)
