@@ -52,7 +52,7 @@ cluster-status: install ## Show the local cluster's processes and memory
 # The suite in two phases on one local cluster (tests/support/lanes.py): first what may run side by
 # side, over TEST_WORKERS pytest-xdist workers (each lane of tests that share something on one
 # worker), then the exclusive tests, alone. Both phases run even when the first fails.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 define pytest_phases
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "$(1)not exclusive"; \
 	  first=$$?; \

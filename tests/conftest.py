@@ -49,6 +49,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda i: i.get_closest_marker("integration") is not None)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown when it is off (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduling with the lanes as scopes: every test of a serial lane goes to one
     worker, in order; any other test is a scope of its own (tests/support/lanes.py)."""

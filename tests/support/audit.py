@@ -102,14 +102,27 @@ def first_write(found: list[dict[str, Any]], agent: str, after: datetime) -> dat
 
 def writes_outside_terms(found: list[dict[str, Any]], namespace: str) -> tuple[list[str], int]:
     """The writes (other than the Lease's) that a replica sent while it did not hold the
-    Lease, as ``verb resource/name by agent at time``; and how many writes were checked."""
+    Lease, as ``verb resource/name by agent at time``; and how many writes were checked.
+
+    Checked: every operator's writes in ``namespace``, and the cluster-scoped writes of the
+    replicas that spoke there (each reads its Lease there). Other namespaces belong to other
+    tests' operators, which may run meanwhile (tests/support/lanes.py)."""
     terms = lease_terms(found, namespace)
+    here = {
+        str(e.get("userAgent"))
+        for e in found
+        if (e.get("objectRef") or {}).get("namespace") == namespace
+        and str(e.get("userAgent", "")).startswith(OPERATOR_AGENT)
+    }
     bad, checked = [], 0
     for e in found:
         agent = e.get("userAgent", "")
         if e["verb"] not in WRITES or not agent.startswith(OPERATOR_AGENT):
             continue
         if _is_lease(e, namespace):
+            continue
+        where = (e.get("objectRef") or {}).get("namespace")
+        if (where and where != namespace) or (not where and agent not in here):
             continue
         checked += 1
         at = _time(e["requestReceivedTimestamp"])

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mpijob.platform.kube import ApiError, Conflict, Invalid
-from support import jobs
+from support import audit, jobs
 from support.fake_kube import FakeKube
 from support.virtual_time import virtual_time
 
@@ -126,3 +126,34 @@ async def test_calls_with_latency_overlap_on_virtual_time() -> None:
     await asyncio.gather(*(kube.get("v1", "ConfigMap", "ns", "c") for _ in range(3)))
     assert loop.time() - start == pytest.approx(1.0)
     assert kube.most_in_flight == 3
+
+
+def _audit(verb: str, agent: str, resource: str, namespace: str | None, at: str) -> dict:
+    ref = {"resource": resource, "name": "x", **({"namespace": namespace} if namespace else {})}
+    stamp = f"2026-11-27T10:00:{at}Z"
+    return {
+        "verb": verb,
+        "userAgent": f"mpijob-operator/{agent}",
+        "objectRef": ref,
+        "requestReceivedTimestamp": stamp,
+        "stageTimestamp": stamp,
+        "responseStatus": {"code": 200},
+    }
+
+
+def test_the_lease_audit_checks_this_namespace_and_its_replicas_not_other_tests() -> None:
+    found = [
+        _audit("update", "a", "leases", "mine", "00"),  # a holds from 0 s
+        _audit("get", "b", "leases", "mine", "01"),  # b, the standby, reads the Lease here
+        _audit("create", "a", "pods", "mine", "02"),  # the holder: fine
+        _audit("create", "b", "pods", "mine", "03"),  # not the holder: flagged
+        _audit("patch", "b", "nodes", None, "04"),  # cluster-scoped, by a replica here: flagged
+        _audit("create", "c", "pods", "theirs", "05"),  # another test's operator: not ours
+        _audit("patch", "c", "nodes", None, "06"),  # ... cluster-scoped: not ours either
+    ]
+    bad, checked = audit.writes_outside_terms(found, "mine")
+    assert checked == 3
+    assert [line.split(" at ")[0] for line in bad] == [
+        "create pods/x by mpijob-operator/b",
+        "patch nodes/x by mpijob-operator/b",
+    ]
