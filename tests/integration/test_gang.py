@@ -36,13 +36,34 @@ def pod_group(cluster: Cluster, kind: tuple[str, str], ns: str, name: str) -> di
     )
 
 
+TWO_NODES = ("gpu-node-0", "gpu-node-1")
+
+
+def hold_two_nodes(cluster: Cluster, namespace: str) -> None:
+    """Take every GPU of two of the four nodes: a gang of three whole nodes cannot fit."""
+    for node in TWO_NODES:
+        hold(cluster, namespace, node)
+
+
+def free_two_nodes_and_see_the_gang_run(
+    cluster: Cluster, namespace: str, mpijobs: MPIJobs, job: str
+) -> None:
+    for node in TWO_NODES:
+        cluster.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: all(p.spec.node_name for p in job_pods(cluster, namespace, job)),
+        timeout=90,
+        what="the whole gang bound once capacity freed",
+    )
+    mpijobs.wait_condition(job, "Running", timeout=60)
+
+
 def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
     """Counterpart of upstream e2e 'with scheduler-plugins ... should create pending pods'."""
     start_operator("--gang-scheduling", "default-scheduler")
-    for node in ("gpu-node-0", "gpu-node-1"):  # take every GPU of two nodes
-        hold(crds, namespace, node)
+    hold_two_nodes(crds, namespace)
     mpijobs.create(mpijob("gang", workers=3, gpus=8))  # needs three whole nodes; two are free
     group = pod_group(crds, SCHED, namespace, "gang")
     assert group["spec"]["minMember"] == 4
@@ -52,14 +73,7 @@ def test_coscheduling_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
         assert p.spec.scheduler_name == "default-scheduler"
 
     wait_all_refused(lambda: job_pods(crds, namespace, "gang"), 4, "the gang of 4")
-    for node in ("gpu-node-0", "gpu-node-1"):
-        crds.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
-    wait_until(
-        lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "gang")),
-        timeout=90,
-        what="the whole gang bound once capacity freed",
-    )
-    mpijobs.wait_condition("gang", "Running", timeout=60)
+    free_two_nodes_and_see_the_gang_run(crds, namespace, mpijobs, "gang")
 
 
 def test_schedule_timeout_updates_reach_the_pod_group(
@@ -122,8 +136,7 @@ def test_volcano_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
     its minResources exceed what is free, binds no pod meanwhile, and binds every pod once the
     capacity frees."""
     start_operator("--gang-scheduling", "volcano")
-    for node in ("gpu-node-0", "gpu-node-1"):  # take every GPU of two nodes
-        hold(crds, namespace, node)
+    hold_two_nodes(crds, namespace)
     mpijobs.create(
         mpijob("vgang", workers=3, gpus=8, run_policy={"schedulingPolicy": {"queue": "default"}})
     )
@@ -141,14 +154,7 @@ def test_volcano_keeps_a_gang_that_cannot_fit_pending_then_binds_it_all(
 
     verdict = wait_until(refused, timeout=60, what="Volcano's verdict: the group does not fit")
     assert verdict[0]["reason"] == "NotEnoughResources", verdict
-    for node in ("gpu-node-0", "gpu-node-1"):
-        crds.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
-    wait_until(
-        lambda: all(p.spec.node_name for p in job_pods(crds, namespace, "vgang")),
-        timeout=90,
-        what="the whole gang bound by Volcano once capacity freed",
-    )
-    mpijobs.wait_condition("vgang", "Running", timeout=60)
+    free_two_nodes_and_see_the_gang_run(crds, namespace, mpijobs, "vgang")
     bound_by = {
         e.source.component or e.reporting_component
         for e in crds.core.list_namespaced_event(namespace).items
