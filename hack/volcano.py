@@ -93,16 +93,17 @@ def queue_open(state: local.State) -> bool:
 
 
 def ensure(state: local.State) -> None:
-    """Volcano running against the cluster of ``state``; harmless when it already is."""
+    """Volcano running against the cluster of ``state``; harmless when it already is. Its CRDs
+    are applied either way: a test that plays a HyperNode CRD appearing deletes Volcano's."""
+    files = crd_files()
+    local.kubectl(state, "apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
+    local.wait_established(state, [f"crd/{crd_name(f)}" for f in files])
     if running(state):
         return
     t0 = time.monotonic()
     if not all(p.exists() for p in binaries().values()):
         local.say(f"Volcano v{version()} missing; building it (hack/build-bins.sh volcano)")
         subprocess.run([str(local.HACK / "build-bins.sh"), "volcano"], check=True)
-    files = crd_files()
-    local.kubectl(state, "apply", "--server-side", *[a for f in files for a in ("-f", str(f))])
-    local.wait_established(state, [f"crd/{crd_name(f)}" for f in files])
     for port in ("vc-scheduler-metrics", "vc-scheduler-healthz", "vc-controllers"):
         state.ports[port] = local.free_port()
     state.save()

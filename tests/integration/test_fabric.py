@@ -12,6 +12,8 @@ scheduler allocates it on the worker's tray; no IMEX daemon runs.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -304,4 +306,6 @@ def test_hypernodes_are_the_fabric_once_volcanos_crd_appears(
         assert decision["spec"]["ringGBps"] == fabric.NVL72_GBPS
         assert "in rack rack-" in decision["spec"]["summary"]
     finally:
-        racks.kubectl("delete", "crd", HYPERNODE_CRD, "--ignore-not-found", "--wait=false")
+        racks.kubectl("delete", "crd", HYPERNODE_CRD, "--ignore-not-found", "--wait=true")
+        if racks.local:  # Volcano's own CRD back, for its scheduler (hack/volcano.py)
+            subprocess.run([sys.executable, "-m", "hack.volcano", "up"], cwd=ROOT, check=True)
