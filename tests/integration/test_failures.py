@@ -273,6 +273,11 @@ def test_wait_for_workers_ready_holds_across_suspend_an_operator_restart_and_res
     ready_real_node(crds)
     operator = start_operator()
     body = pi_job("wait", launcherCreationPolicy="WaitForWorkersReady")
+    # pi ends in about 3 s: a launcher that waits first stays Running long enough to be seen
+    # Running and suspended, however late a busy machine's sync comes.
+    launcher = containers(body, "Launcher")[0]
+    launcher["args"] = ["-c", 'sleep 10 && exec mpirun "$@"', "mpirun", *launcher["args"]]
+    launcher["command"] = ["sh"]
     crds.apply(on_real_node(body), namespace=namespace)
     mpijobs.wait_condition("wait", keys.COND_RUNNING, timeout=TIMEOUT)
 

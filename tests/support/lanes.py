@@ -10,11 +10,10 @@ another:
 - :data:`GPUS`: tests that take GPUs of the simulated nodes. An operator sees only its own
   namespace's pods and claims, so two of them would hand out the same GPUs; many also wait for
   every GPU to be idle (the ``idle_gpus`` fixture) or expect a particular node.
-- :data:`REAL_NODES`: tests that run real MPI jobs and training on the two real nodes, whose
-  few cores they share.
-- :data:`INSTALLS`: tests that install the operator into ``mpi-operator`` as users do (its
-  Deployment, Lease, cluster-wide webhooks and RBAC have fixed names; each install removes the
-  one before).
+- :data:`REAL_NODES`: tests that run real containers on the two real nodes, whose four cores
+  their pods' requests fill (an upstream pi job asks for three), and tests that install the
+  operator into ``mpi-operator`` as users do (its Deployment, Lease, cluster-wide webhooks and
+  RBAC have fixed names; each install removes the one before).
 - :data:`FREE`: tests that touch nothing beyond their namespace; they run anywhere.
 - :data:`EXCLUSIVE`: tests that change what every other test sees (nodes added, cordoned or
   lost, Kueue's cluster-wide webhooks, an operator watching every namespace, an audit check of
@@ -30,11 +29,10 @@ from __future__ import annotations
 
 GPUS = "gpus"
 REAL_NODES = "real-nodes"
-INSTALLS = "installs"
 FREE = "free"
 EXCLUSIVE = "exclusive"
 #: Lanes whose tests run one after another on one worker.
-SERIAL = (GPUS, REAL_NODES, INSTALLS)
+SERIAL = (GPUS, REAL_NODES)
 
 MODULES: dict[str, str] = {
     "test_admission_liveness.py": GPUS,
@@ -52,9 +50,9 @@ MODULES: dict[str, str] = {
     "test_gang.py": GPUS,
     "test_gpu_quota.py": GPUS,
     "test_healing.py": FREE,
-    "test_helm.py": INSTALLS,
-    "test_incluster.py": INSTALLS,
-    "test_install.py": INSTALLS,
+    "test_helm.py": REAL_NODES,
+    "test_incluster.py": REAL_NODES,
+    "test_install.py": REAL_NODES,
     "test_kueue.py": EXCLUSIVE,  # Kueue's webhooks see every MPIJob and Job
     "test_leader_election.py": GPUS,
     "test_lifecycle.py": FREE,
