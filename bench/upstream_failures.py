@@ -42,7 +42,7 @@ from kubernetes import client, config
 
 from hack import cluster, realnode
 from hack.common import ROOT
-from integration.test_failures import SSHD, containers, fails_at_once, gpu_job, pi_job
+from integration.test_failures import containers, fails_at_once, gpu_job, oom_job, pi_job
 from mpijob import keys
 
 OUT = ROOT / ".bench" / "upstream-failures"
@@ -237,14 +237,7 @@ def real(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def oom(run: Run) -> None:
-    ranks = "mpirun -n 2 sh -c 'touch /tmp/go; exec sleep 120'; exit 1"
-    body = fails_at_once(pi_job("oom"), ["sh", "-c", ranks])
-    worker = containers(body, "Worker")[0]
-    worker["command"] = ["sh", "-c"]
-    worker["args"] = [f"{SSHD} & until [ -e /tmp/go ]; do sleep 0.2; done; exec tail /dev/zero"]
-    body = real(body)
-    containers(body, "Worker")[0]["resources"]["limits"]["memory"] = "64Mi"
-    run.apply(body)
+    run.apply(oom_job())
     outcome = run.wait(lambda: run.finished("oom"), TIMEOUT, "MPIJob oom finished")
     run.say(f"outcome: {outcome}")
     time.sleep(5)  # Events and the last pod updates

@@ -112,15 +112,9 @@ def worker_pods(cluster: Cluster, namespace: str, job: str) -> list[client.V1Pod
 # --- on the real nodes ---------------------------------------------------------------------------
 
 
-@pytest.mark.realnode
-def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get(
-    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
-) -> None:
-    """Each worker serves SSH; once mpirun's rank has started there, the worker's main process
-    reads /dev/zero into memory (``tail`` keeps a line that never ends) past a 64 MiB limit:
-    the kernel's OOM killer ends it, the launcher's mpirun loses its ranks and its Job fails
-    (backoffLimit 0)."""
-    ready_real_node(crds)
+def oom_job() -> dict[str, Any]:
+    """pi on the real node, its workers reading /dev/zero into memory past a 64 MiB limit once
+    mpirun's ranks have started there (``bench/upstream_failures.py`` sends the same job)."""
     # Open MPI 5.0.7's mpirun was seen to exit 0 after "PRTE has lost communication with a
     # remote daemon" (the job then Succeeded, as upstream's would): the ranks sleep for 120 s,
     # so the launcher fails whenever mpirun returns before that.
@@ -130,9 +124,20 @@ def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get
     worker["command"] = ["sh", "-c"]
     worker["args"] = [f"{SSHD} & until [ -e /tmp/go ]; do sleep 0.2; done; exec tail /dev/zero"]
     body = on_real_node(body)
-    worker = containers(body, "Worker")[0]
-    worker["resources"]["limits"]["memory"] = "64Mi"
-    crds.apply(body, namespace=namespace)
+    containers(body, "Worker")[0]["resources"]["limits"]["memory"] = "64Mi"
+    return body
+
+
+@pytest.mark.realnode
+def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """Each worker serves SSH; once mpirun's rank has started there, the worker's main process
+    reads /dev/zero into memory (``tail`` keeps a line that never ends) past a 64 MiB limit:
+    the kernel's OOM killer ends it, the launcher's mpirun loses its ranks and its Job fails
+    (backoffLimit 0)."""
+    ready_real_node(crds)
+    crds.apply(oom_job(), namespace=namespace)
 
     try:
         failed = mpijobs.wait_condition("oom", keys.COND_FAILED, timeout=TIMEOUT)

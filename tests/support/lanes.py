@@ -10,10 +10,11 @@ another:
 - :data:`GPUS`: tests that take GPUs of the simulated nodes. An operator sees only its own
   namespace's pods and claims, so two of them would hand out the same GPUs; many also wait for
   every GPU to be idle (the ``idle_gpus`` fixture) or expect a particular node.
-- :data:`REAL_NODES`: tests that run real containers on the two real nodes, whose four cores
-  their pods' requests fill (an upstream pi job asks for three), and tests that install the
-  operator into ``mpi-operator`` as users do (its Deployment, Lease, cluster-wide webhooks and
-  RBAC have fixed names; each install removes the one before).
+- :data:`REAL_NODES`: tests that run real containers on the two real nodes, which have this
+  machine's two cores each (real MPI, training, the operator's own image), and tests that
+  install the operator into ``mpi-operator`` as users do (its Deployment, Lease, cluster-wide
+  webhooks and RBAC have fixed names; each install removes the one before). One real workload
+  at a time keeps those tests' timing what it is when they run alone.
 - :data:`FREE`: tests that touch nothing beyond their namespace; they run anywhere.
 - :data:`EXCLUSIVE`: tests that change what every other test sees (nodes added, cordoned or
   lost, Kueue's cluster-wide webhooks, an operator watching every namespace, an audit check of
