@@ -21,8 +21,9 @@ nodes); a dry run starts no daemon and prints the status patch.
 from __future__ import annotations
 
 import logging
+import select
 import signal
-import threading
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -65,7 +66,7 @@ def run(
     ``beat`` is called on every turn of the loop (the health endpoint's proof of life);
     ``check``, when given, checks the node's placed pods after each reading of the topology;
     ``steps`` run after that on every turn, and one returning False fails ``once``. A ``sleep``
-    that returns true (``threading.Event.wait`` once set) ends the loop with 0: the agent stops.
+    that returns true (a stop signal arrived) ends the loop with 0: the agent stops.
     """
     published: str | None = None
     while True:
@@ -210,9 +211,6 @@ def main(
         )
     # In its container the agent is PID 1, which the kernel sends no default SIGTERM action:
     # without a handler every rollout or node drain would wait out the grace period (30 s).
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     raise SystemExit(
         run(
             nvml,
@@ -220,12 +218,32 @@ def main(
             annotate=annotate,
             once=once,
             interval=interval,
-            sleep=stop.wait,
+            sleep=_StoppableSleep(signal.SIGTERM, signal.SIGINT),
             beat=lambda: last.__setitem__(0, time.monotonic()),
             check=check,
             steps=steps,
         )
     )
+
+
+class _StoppableSleep:
+    """A sleep that returns True as soon as one of ``signals`` arrives, even one that came while
+    the loop was busy. The handlers do nothing in Python: the interpreter writes each signal to a
+    socket the sleep waits on. (A handler that sets a threading.Event deadlocks when the signal
+    lands while the loop holds that Event's lock; a blocked signal mask would be inherited by the
+    MPS daemon the agent starts.)"""
+
+    def __init__(self, *signals: signal.Signals) -> None:
+        self._wake, self._woken = socket.socketpair()
+        for end in (self._wake, self._woken):
+            end.setblocking(False)
+        signal.set_wakeup_fd(self._woken.fileno(), warn_on_full_buffer=False)
+        for sig in signals:
+            signal.signal(sig, lambda *_: None)
+
+    def __call__(self, seconds: float) -> bool:
+        ready, _, _ = select.select([self._wake], [], [], seconds)
+        return bool(ready)
 
 
 def _share_step(nvml: Any, node: str, dry_run: bool, mps: bool, root: str) -> Callable[[], bool]:

@@ -229,3 +229,18 @@ def test_sigterm_stops_the_agent_at_once_with_exit_zero() -> None:
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
     assert "Stopped on a signal" in out
+
+
+def test_a_stop_signal_that_lands_while_the_loop_is_busy_ends_the_next_sleep_at_once() -> None:
+    """The stop is taken by the sleep itself, so a signal between two sleeps is not lost and no
+    handler runs code that could wait on a lock the interrupted loop holds."""
+    old_fd = signal.set_wakeup_fd(-1)
+    old_handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        sleep = main._StoppableSleep(signal.SIGUSR1)
+        assert sleep(0) is False
+        signal.raise_signal(signal.SIGUSR1)  # lands while nothing sleeps
+        assert sleep(30) is True
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGUSR1, old_handler)
