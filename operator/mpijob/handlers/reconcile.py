@@ -19,6 +19,7 @@ only when it changed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -238,35 +239,95 @@ async def _apply_all(
     gate: admission_gate.Gate,
 ) -> bool:
     """Run the plan's actions in order; False when a refused worker gave the placement back
-    (the sync ends there)."""
+    (the sync ends there). Pod creations next to each other go out together, in batches that
+    start at one and double (:func:`_batches`), as the Job controller creates its pods: a job
+    of 1,024 workers waits for the client's rate limit, not for 1,024 round trips in a row.
+    The first error of a batch (in the plan's order) is handled as one action's error was;
+    the batches after it are not sent."""
     versions: dict[tuple[str, str], str] = {}
-    for action in actions:
-        try:
-            await _apply(rt, key, job, body, action, versions)
-        except ApiError as e:
-            refused = admission_gate.refused_worker(action, e.status)
-            if gate.decision is None or not refused:
-                raise
-            # Its GPUs must not stay reserved for pods that cannot exist: give them back, with
-            # the workers created so far (observed again: this sync's creations included).
-            why = (
-                f"the API server refused worker pod {refused}: "
-                f"{e.message}; its placement is released and the job is queued again in "
-                f"{int(rt.settings.placement_release_seconds)}s"
-            )
-            again = rt.cache.observe(key, job)
-            replacement = admission_gate.place_anew(
-                job,
-                again.pods,
-                again.claims,
-                rt.cache.decision(key),
-                why,
-                keys.REASON_WORKERS_REFUSED,
-                datetime.now(UTC),
-            )
-            await _replace(rt, key, job, body, replacement)
-            return False
+    for batch in _batches(actions):
+        failed = await _attempt(rt, key, job, body, batch, versions)
+        if failed is None:
+            continue
+        action, error = failed
+        refused = admission_gate.refused_worker(action, error.status)
+        if gate.decision is None or not refused:
+            raise error
+        # Its GPUs must not stay reserved for pods that cannot exist: give them back, with
+        # the workers created so far (observed again: this sync's creations included).
+        why = (
+            f"the API server refused worker pod {refused}: "
+            f"{error.message}; its placement is released and the job is queued again in "
+            f"{int(rt.settings.placement_release_seconds)}s"
+        )
+        again = rt.cache.observe(key, job)
+        replacement = admission_gate.place_anew(
+            job,
+            again.pods,
+            again.claims,
+            rt.cache.decision(key),
+            why,
+            keys.REASON_WORKERS_REFUSED,
+            datetime.now(UTC),
+        )
+        await _replace(rt, key, job, body, replacement)
+        return False
     return True
+
+
+async def _attempt(
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    body: JSON,
+    batch: list[sync.Action],
+    versions: dict[tuple[str, str], str],
+) -> tuple[sync.Action, ApiError] | None:
+    """Run one batch (one action, or pod creations together); the first API error in the
+    plan's order with its action, or None. Any other error is raised."""
+    if len(batch) == 1:
+        try:
+            await _apply(rt, key, job, body, batch[0], versions)
+        except ApiError as e:
+            return batch[0], e
+        return None
+    outcomes = await asyncio.gather(
+        *(_apply(rt, key, job, body, action, versions) for action in batch),
+        return_exceptions=True,
+    )
+    for action, outcome in zip(batch, outcomes, strict=True):
+        if isinstance(outcome, ApiError):
+            return action, outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return None
+
+
+#: The most pod creations one batch sends at once (the API client's connections are fewer).
+MAX_CREATE_BATCH = 64
+
+
+def _is_pod_create(action: sync.Action) -> bool:
+    return isinstance(action, sync.Create) and action.obj.get("kind") == "Pod"
+
+
+def _batches(actions: Sequence[sync.Action]) -> list[list[sync.Action]]:
+    """The actions in order, each alone, except runs of pod creations: those in batches of 1,
+    2, 4, ... up to :data:`MAX_CREATE_BATCH`, each batch sent together."""
+    out: list[list[sync.Action]] = []
+    size = 1
+    for action in actions:
+        if not _is_pod_create(action):
+            out.append([action])
+            size = 1
+            continue
+        if out and _is_pod_create(out[-1][0]) and len(out[-1]) < size:
+            out[-1].append(action)
+            continue
+        if out and _is_pod_create(out[-1][0]):
+            size = min(size * 2, MAX_CREATE_BATCH)
+        out.append([action])
+    return out
 
 
 async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JSON) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mpijob import keys
+from mpijob.desired import sync
 from mpijob.desired.events import Event
 from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
@@ -166,6 +167,26 @@ async def test_the_first_sync_creates_every_child_in_upstream_order() -> None:
         "Pod/foo-worker-1",
         "Job/foo-launcher",
     ]
+
+
+async def test_a_large_job_s_workers_go_out_in_doubling_batches_in_upstream_order() -> None:
+    """Pod creations next to each other are sent together, 1, 2, 4, ... at most 64 at once
+    (the Job controller's slow start), every other action alone."""
+    body = valid_job()
+    body["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 200
+    rt, kube, _ = runtime(body)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.created() == [
+        "Service/foo",
+        "ConfigMap/foo-config",
+        "Secret/foo-ssh",
+        *(f"Pod/foo-worker-{i}" for i in range(200)),
+        "Job/foo-launcher",
+    ]
+    pod = sync.Create({"kind": "Pod"})
+    other = sync.Create({"kind": "Service"})
+    batches = reconcile._batches([other, *[pod] * 200, other, pod, pod])
+    assert [len(b) for b in batches] == [1, 1, 2, 4, 8, 16, 32, 64, 64, 9, 1, 1, 1]
 
 
 async def test_a_sync_before_the_watch_catches_up_creates_nothing_twice() -> None:
