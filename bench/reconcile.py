@@ -48,7 +48,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -195,19 +195,28 @@ class Watches:
 
     Feeds one queue of (arrival on the monotonic clock, kind, type, object). A watch the API
     server ends (it closes watchers that fall behind) resumes from the last resourceVersion, or
-    relists if that is too old.
+    relists if that is too old. ``paths`` adds kinds to :data:`WATCH_PATHS`; the kinds in
+    ``whole`` are read whole, the others as metadata only.
     """
 
-    def __init__(self, namespace: str, kinds: Iterable[str] = WATCH_PATHS) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        kinds: Iterable[str] = WATCH_PATHS,
+        paths: Mapping[str, str] | None = None,
+        whole: Iterable[str] = ("mpijobs",),
+    ) -> None:
         self.events: queue.Queue[tuple[float, str, str, dict[str, Any]]] = queue.Queue()
         self._streams: dict[str, Any] = {}
         self._stopped = threading.Event()
+        self._whole = frozenset(whole)
+        all_paths = {**WATCH_PATHS, **(paths or {})}
         self._server = cluster.server_url(cluster.State.load())  # type: ignore[arg-type]
         self._ctx = ssl.create_default_context(
             cafile=str(cluster.state_dir() / "pki/apiserver.crt")
         )
         for kind in kinds:
-            path = WATCH_PATHS[kind]
+            path = all_paths[kind]
             url = self._server + path.format(ns=namespace)
             threading.Thread(target=self._follow, args=(kind, url), daemon=True).start()
 
@@ -227,7 +236,7 @@ class Watches:
         # Metadata is enough for children; MPIJobs are read whole for their conditions.
         listing, watching = (
             ("application/json",) * 2
-            if kind == "mpijobs"
+            if kind in self._whole
             else (METADATA.format("List"), METADATA.format(""))
         )
         rv = ""
@@ -335,11 +344,19 @@ def audit_requests(user: str, since: float, until: float) -> Counter[str]:
     """Requests by ``user`` received in [since, until], as 'verb resource[/subresource]'.
 
     One audit ID is one request: a watch counts once however long it streams, and its events
-    and bookmarks are not requests.
+    and bookmarks are not requests. The log's rotated parts (``audit-<time>.log``, every
+    100 MB) are read too.
     """
     seen: dict[str, str] = {}
     needle = f'"username":"{user}"'
-    with (cluster.state_dir() / "logs" / "audit.log").open() as log:
+    for path in sorted((cluster.state_dir() / "logs").glob("audit*.log")):
+        if path.stat().st_mtime >= since:  # a part rotated before ``since`` holds nothing later
+            _audit_lines(path, needle, since, until, seen)
+    return Counter(seen.values())
+
+
+def _audit_lines(path: Path, needle: str, since: float, until: float, seen: dict[str, str]) -> None:
+    with path.open() as log:
         for line in log:
             if needle not in line:
                 continue
@@ -350,7 +367,6 @@ def audit_requests(user: str, since: float, until: float) -> Counter[str]:
                 what = ref.get("resource") or event["requestURI"].split("?")[0]
                 what += f"/{ref['subresource']}" if ref.get("subresource") else ""
                 seen[event["auditID"]] = f"{event['verb']} {what}"
-    return Counter(seen.values())
 
 
 # --- one run ------------------------------------------------------------------------------------
