@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -143,6 +143,9 @@ bench-apiserver-restart: install ## The API server killed and restarted 20 s lat
 
 bench-soak: install ## 10,000 MPIJob lifecycles through one operator process, own cluster: RSS and metric series after 1,000 and 10,000 (within 10 %)
 	REAL_NODES=0 $(PY) -m bench.soak
+
+bench-bigjob: install ## One MPIJob of 8,192 GPUs (1,024 workers x 8) on 1,024 kwok nodes in a fabric, own cluster: apply to placed, bound, Running; ours vs upstream (median of 3)
+	REAL_NODES=0 $(PY) -m bench.bigjob
 
 bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
 	$(PY) -m bench.placement
