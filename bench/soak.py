@@ -12,6 +12,10 @@ no job in flight: the operator's resident memory (VmRSS, MiB) and the number of 
 /metrics serves. A long-running operator must not grow with the number of jobs it has ever
 seen: the last checkpoint must be within ``--tolerance`` (10 %) of the first, or the run
 fails. Writes ``.bench/soak.json``.
+
+``--trace-memory`` runs the operator under ``bench.memtrace`` (tracemalloc, several times
+slower), takes a snapshot at each checkpoint and prints the allocations that grew most between
+the first and the last: where to look when the RSS grows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +36,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from bench import memtrace
 from hack import cluster
 from mpijob import keys
 
@@ -178,17 +185,18 @@ def start_cluster(env: dict[str, str]) -> client.ApiClient:
     return api
 
 
-def start_operator(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
-    """One operator process for the whole soak, once it serves /metrics."""
+def start_operator(env: dict[str, str], port: int, trace: Path | None) -> subprocess.Popen[bytes]:
+    """One operator process for the whole soak, once it serves /metrics; traced into ``trace``."""
     BENCH.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "mpijob", "run", "--namespace", NAMESPACE]
+    run = ["-m", "bench.memtrace", str(trace)] if trace else ["-m", "mpijob"]
+    argv = [sys.executable, *run, "run", "--namespace", NAMESPACE]
     argv += ["--monitoring-port", str(port), "--no-leader-elect"]
     kubeconfig = str(cluster.state_dir() / "kubeconfig")
     with (BENCH / "soak-operator.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env={**env, "KUBECONFIG": kubeconfig}
         )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while True:
         try:
             series(port)
@@ -199,15 +207,29 @@ def start_operator(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
             time.sleep(0.5)
 
 
+def snapshot(proc: subprocess.Popen[bytes], trace: Path, n: int) -> Path:
+    """The operator's ``n``-th tracemalloc snapshot (``bench.memtrace`` writes it on SIGUSR2)."""
+    path = trace / f"{n}.snap"
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"[soak] error: no memory snapshot {path}")
+        time.sleep(1)
+    return path
+
+
 def soak_run(
     api: client.ApiClient, proc: subprocess.Popen[bytes], port: int, checkpoints: list[int],
-    in_flight: int,
-) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
-    """The lifecycles, with a reading at each checkpoint; the readings and the failed jobs."""
+    in_flight: int, trace: Path | None,
+) -> tuple[list[dict[str, Any]], list[str], list[Path]]:  # fmt: skip
+    """The lifecycles, with a reading at each checkpoint: the readings, the failed jobs and, when
+    traced, a memory snapshot per checkpoint."""
     soak = Soak(api, in_flight)
     stop = threading.Event()
     threading.Thread(target=soak.watch, args=(stop,), daemon=True).start()
     readings: list[dict[str, Any]] = []
+    snapshots: list[Path] = []
     t0 = time.monotonic()
     try:
         for target in checkpoints:
@@ -221,13 +243,15 @@ def soak_run(
                 "series": series(port),
             }
             readings.append(reading)
+            if trace:
+                snapshots.append(snapshot(proc, trace, len(snapshots)))
             say(
                 f"{reading['lifecycles']} lifecycles in {reading['seconds']} s: "
                 f"RSS {reading['rss_mib']} MiB, {reading['series']} metric series"
             )
     finally:
         stop.set()
-    return readings, soak.failed
+    return readings, soak.failed, snapshots
 
 
 def main() -> int:
@@ -241,6 +265,9 @@ def main() -> int:
     )
     parser.add_argument("--in-flight", type=int, default=20, help="jobs at once (20)")
     parser.add_argument("--tolerance", type=float, default=0.10, help="allowed growth (0.10)")
+    parser.add_argument(
+        "--trace-memory", action="store_true", help="tracemalloc the operator (slow; diagnosis)"
+    )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
     checkpoints = args.checkpoints or sorted({min(1000, args.jobs), args.jobs})
@@ -248,9 +275,12 @@ def main() -> int:
     env = {**os.environ, "REAL_NODES": "0"}
     api = start_cluster(env)
     port = cluster.free_port()
-    proc = start_operator(env, port)
+    trace = BENCH / "soak-memtrace" if args.trace_memory else None
+    if trace:
+        shutil.rmtree(trace, ignore_errors=True)
+    proc = start_operator(env, port, trace)
     try:
-        readings, failed = soak_run(api, proc, port, checkpoints, args.in_flight)
+        readings, failed, snapshots = soak_run(api, proc, port, checkpoints, args.in_flight, trace)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -278,6 +308,9 @@ def main() -> int:
         f"{growth['rss']:+.1%}, series {growth['series']:+.1%} (allowed {args.tolerance:.0%}); "
         f"{len(failed)} job(s) did not succeed; {OUT}"
     )
+    if len(snapshots) > 1:
+        say("traced memory that grew most between the first and the last checkpoint:")
+        print("\n".join(memtrace.growth(snapshots[0], snapshots[-1])), file=sys.stderr)
     ok = all(abs(v) <= args.tolerance for v in growth.values()) and not failed
     return 0 if ok else 1
 
