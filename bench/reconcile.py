@@ -48,7 +48,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -56,6 +56,7 @@ from typing import Any
 
 import yaml
 
+from bench import profile as profiling
 from hack import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -372,7 +373,28 @@ def _audit_lines(path: Path, needle: str, since: float, until: float, seen: dict
 # --- one run ------------------------------------------------------------------------------------
 
 
-def run_once(run: str, jobs: int, workers: int, timeout: float, tag: str = "") -> dict[str, Any]:
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy samples ``pid`` into ``out`` (raw stacks) for the block, then its top costs are
+    printed; nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    argv = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid)]
+    # --nonblocking: the operator is not paused for each sample, so its timings stay its own.
+    argv += ["--format", "raw", "--rate", "100", "--nonblocking", "--output", str(out)]
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
+        spy.wait(timeout=60)
+    say("\n".join(profiling.top(out)))
+
+
+def run_once(
+    run: str, jobs: int, workers: int, timeout: float, tag: str = "", profile: Path | None = None
+) -> dict[str, Any]:
     namespace = f"bench-{run}"  # also the operator's user name, and its Lease's namespace
     kubectl("create", "namespace", namespace)
     kubeconfig = cluster.state_dir() / f"kubeconfig-{namespace}"
@@ -397,21 +419,22 @@ def run_once(run: str, jobs: int, workers: int, timeout: float, tag: str = "") -
         time.sleep(SETTLE_SECONDS)
         say(f"{run}: leading after {time.time() - started:.1f} s; applying {jobs} MPIJobs")
         manifests = yaml.safe_dump_all([mpijob(n, workers) for n in names])
-        applying, t0 = time.time(), time.monotonic()
-        kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=manifests)
-        applied = time.monotonic() - t0
-        seconds = None
-        while seconds is None and time.monotonic() - t0 < timeout:
-            with contextlib.suppress(queue.Empty):
-                arrival, *event = watches.events.get(timeout=1)
-                progress.apply(*event)
-                if not progress.missing():
-                    seconds = arrival - t0
-        done = time.time()
-        usage = proc_usage(proc.pid)
-        time.sleep(TAIL_SECONDS)
-        tail = time.time()
-        later = proc_usage(proc.pid)
+        with profiled(proc.pid, profile):
+            applying, t0 = time.time(), time.monotonic()
+            kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=manifests)
+            applied = time.monotonic() - t0
+            seconds = None
+            while seconds is None and time.monotonic() - t0 < timeout:
+                with contextlib.suppress(queue.Empty):
+                    arrival, *event = watches.events.get(timeout=1)
+                    progress.apply(*event)
+                    if not progress.missing():
+                        seconds = arrival - t0
+            done = time.time()
+            usage = proc_usage(proc.pid)
+            time.sleep(TAIL_SECONDS)
+            tail = time.time()
+            later = proc_usage(proc.pid)
     finally:
         stop(proc)
         watches.stop()
@@ -569,19 +592,20 @@ def slopes(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float | No
 
 
 def bench(
-    runs: list[str], jobs: int, workers: int, timeout: float, tag: str = ""
+    runs: list[str], jobs: int, workers: int, timeout: float, tag: str = "", profile: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Each run in turn on the running cluster, its namespace deleted after it."""
     results = {}
     for run in runs:
-        results[run] = run_once(run, jobs, workers, timeout, tag)
+        to = BENCH / f"profile-{run}{tag}.txt" if profile and run == "ours" else None
+        results[run] = run_once(run, jobs, workers, timeout, tag, to)
         t = time.monotonic()
         kubectl("delete", "namespace", f"bench-{run}", "--wait=true", f"--timeout={timeout:.0f}s")
         say(f"bench-{run} deleted in {time.monotonic() - t:.0f} s")
     return results
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -596,15 +620,27 @@ def main() -> int:
         help=f"the scale run: {SCALE_NODES} nodes, {' then '.join(map(str, SCALE_JOBS))} jobs, "
         f"{' and '.join(SCALE_RUNS)} (--jobs, --nodes and --only are then ignored)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample our operator with py-spy during the workload: .bench/profile-ours*.txt",
+    )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.scale:
         args.nodes, scales, runs = SCALE_NODES, list(SCALE_JOBS), list(SCALE_RUNS)
         args.timeout = max(args.timeout, 1200)
     else:
         scales, runs = [args.jobs], args.only or list(RUNS)
     if max(scales) * (args.workers + 1) > args.nodes * POD_CAPACITY:
-        parser.error(f"{max(scales) * (args.workers + 1)} pods do not fit on {args.nodes} nodes")
+        raise SystemExit(
+            f"[bench] error: {max(scales) * (args.workers + 1)} pods do not fit on "
+            f"{args.nodes} nodes (--nodes)"
+        )
     if any(run != "ours" for run in runs):
         upstream_binary()
     t0 = time.monotonic()
@@ -621,7 +657,7 @@ def main() -> int:
         version = json.loads(cluster.get(server + "/version")[1])["gitVersion"]
         for jobs in scales:
             tag = f"-{jobs}" if args.scale else ""
-            by_scale[jobs] = bench(runs, jobs, args.workers, args.timeout, tag)
+            by_scale[jobs] = bench(runs, jobs, args.workers, args.timeout, tag, args.profile)
     finally:
         if not args.keep_cluster:
             run_cluster("down")
