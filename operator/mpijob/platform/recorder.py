@@ -151,8 +151,13 @@ class Recorder:
         self._line.put(("ensure", uid), partial(self._ensure, obj, list(implied())))
 
     def forget(self, job: tuple[str, str]) -> None:
-        """The job (namespace, name) is deleted: nothing of it needs checking any more."""
-        self._ensured.pop(job, None)
+        """The job (namespace, name) is deleted: nothing of it needs checking or counting up any
+        more, so its Event series go too (the cap on them is for jobs that live long, not a
+        record of every job this process saw)."""
+        uid = self._ensured.pop(job, None)
+        if uid:
+            for key in [k for k in self._seen if k[0] == uid]:
+                del self._seen[key]
 
     async def drain(self) -> None:
         """Wait until every Event posted so far is sent (or failed)."""

@@ -226,9 +226,11 @@ async def test_a_deleted_job_is_forgotten_and_one_made_again_under_its_name_is_c
     for i in range(10_000):
         job = {**JOB, "metadata": {**JOB["metadata"], "name": f"j{i}", "uid": f"u{i}"}}
         recorder.ensure(job, list)
+        recorder.post(job, RUNNING)
         recorder.forget(("ns", f"j{i}"))
     await recorder.drain()
-    assert recorder._ensured == {}
+    assert len(created(api)) == 10_000
+    assert (recorder._ensured, recorder._seen) == ({}, {})
     checked: list[str] = []
     again = {**JOB, "metadata": {**JOB["metadata"], "uid": "u2"}}
     recorder.ensure(JOB, lambda: checked.append("u1") or [])
