@@ -1,15 +1,18 @@
-"""Runs ``python -m mpijob`` with tracemalloc on, for finding what a long-running operator keeps.
+"""Runs ``python -m mpijob`` so that what a long-running operator keeps can be found.
 
-``python -m bench.memtrace DIR run ...`` is ``python -m mpijob run ...`` with every allocation
-traced (``MEMTRACE_FRAMES`` frames each, default 12) and SIGUSR2 writing a snapshot to
-``DIR/<n>.snap`` (n counting from 0). ``bench.soak --trace-memory`` sends it at each checkpoint
-and prints what grew between the first and the last; ``top`` does the same for any two:
-``python -m bench.memtrace top A.snap B.snap``. Tracing slows the operator down several times:
-for finding growth, never for timing.
+``python -m bench.memtrace DIR run ...`` is ``python -m mpijob run ...`` where SIGUSR2 writes a
+reading ``DIR/<n>.json`` (n counting from 0): the Kubernetes objects alive in the process by
+kind, with a chain of what holds one of each, and the resident memory before and after
+``malloc_trim(0)`` (the part that is freed memory the C allocator had not given back). With
+``MEMTRACE_FRAMES`` above 0 (default 12) every allocation is traced too and ``DIR/<n>.snap`` is
+a tracemalloc snapshot; ``top`` prints what grew between two: ``python -m bench.memtrace top
+A.snap B.snap``. Tracing slows the operator down several times: for finding growth, never for
+timing. ``bench.soak --trace-memory`` takes a reading at each checkpoint.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import json
@@ -59,20 +62,77 @@ def _objects() -> dict[str, Any]:
             some = names.setdefault(kind, [])
             if len(some) < 5:
                 some.append(str(obj["metadata"].get("name")))
-    return {"kinds": dict(kinds.most_common()), "names": names}
+    return {"kinds": dict(kinds.most_common()), "names": names, "held_by": _holders(names)}
+
+
+def _describe(obj: object) -> str:
+    if isinstance(obj, dict):
+        return f"dict keys={list(obj)[:6]}"
+    if isinstance(obj, (list, tuple, set)):
+        return f"{type(obj).__name__} len={len(obj)}"
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return f"{type(obj).__module__}.{type(obj).__qualname__} {name or ''}".strip()
+
+
+def _holders(names: dict[str, list[str]], depth: int = 8) -> dict[str, list[str]]:
+    """For the first object of each kind: a chain of what refers to it, ``depth`` steps out
+    (each step the first referrer that is not a frame)."""
+    wanted = {kind: name[0] for kind, name in names.items() if name}
+    found: dict[str, object] = {}
+    objects = gc.get_objects()
+    for obj in objects:
+        if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+            kind = str(obj.get("kind") or "?")
+            if kind not in found and obj["metadata"].get("name") == wanted.get(kind):
+                found[kind] = obj
+    del objects
+    chains: dict[str, list[str]] = {}
+    # This function's own containers refer to what it looks at: they are no holders.
+    ignore = {id(found), id(chains)}
+    for kind in list(found):
+        here = found.pop(kind)
+        chain: list[str] = []
+        ignore.add(id(chain))
+        for _ in range(depth):
+            refs = [
+                r
+                for r in gc.get_referrers(here)
+                if id(r) not in ignore and not isinstance(r, FrameType)
+            ]
+            ignore.add(id(refs))
+            if not refs:
+                break
+            here = refs[0]
+            chain.append(_describe(here))
+        chains[kind] = chain
+    return chains
+
+
+def _rss_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) / 1024
 
 
 def _serve(out: Path) -> None:
     counter = itertools.count()
 
+    frames = int(os.environ.get("MEMTRACE_FRAMES", "12"))
+    libc = ctypes.CDLL("libc.so.6")
+
     def dump(signum: int, frame: FrameType | None) -> None:
-        path = out / f"{next(counter)}.snap"
-        path.with_suffix(".objects.json").write_text(json.dumps(_objects(), indent=1))
-        tracemalloc.take_snapshot().dump(str(path.with_suffix(".tmp")))
+        path = out / f"{next(counter)}.json"
+        reading: dict[str, Any] = _objects()
+        if frames:
+            tracemalloc.take_snapshot().dump(str(path.with_suffix(".snap")))
+        reading["rss_mib"] = _rss_mib()
+        libc.malloc_trim(0)
+        reading["rss_trimmed_mib"] = _rss_mib()
+        path.with_suffix(".tmp").write_text(json.dumps(reading, indent=1))
         path.with_suffix(".tmp").rename(path)  # whole or absent: the reader polls for it
 
     out.mkdir(parents=True, exist_ok=True)
-    tracemalloc.start(int(os.environ.get("MEMTRACE_FRAMES", "12")))
+    if frames:
+        tracemalloc.start(frames)
     signal.signal(signal.SIGUSR2, dump)
     sys.argv = ["mpijob", *sys.argv[2:]]
     runpy.run_module("mpijob", run_name="__main__", alter_sys=True)

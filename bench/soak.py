@@ -14,8 +14,9 @@ seen: the last checkpoint must be within ``--tolerance`` (10 %) of the first, or
 fails. Writes ``.bench/soak.json``.
 
 ``--trace-memory`` runs the operator under ``bench.memtrace`` (tracemalloc, several times
-slower), takes a snapshot at each checkpoint and prints the allocations that grew most between
-the first and the last: where to look when the RSS grows.
+slower; ``MEMTRACE_FRAMES=0`` for none), takes a reading at each checkpoint (objects alive, RSS
+after ``malloc_trim``) and prints the allocations that grew most between the first and the
+last: where to look when the RSS grows.
 """
 
 from __future__ import annotations
@@ -208,8 +209,8 @@ def start_operator(env: dict[str, str], port: int, trace: Path | None) -> subpro
 
 
 def snapshot(proc: subprocess.Popen[bytes], trace: Path, n: int) -> Path:
-    """The operator's ``n``-th tracemalloc snapshot (``bench.memtrace`` writes it on SIGUSR2)."""
-    path = trace / f"{n}.snap"
+    """The operator's ``n``-th memory reading (``bench.memtrace`` writes it on SIGUSR2)."""
+    path = trace / f"{n}.json"
     proc.send_signal(signal.SIGUSR2)
     deadline = time.monotonic() + 300
     while not path.exists():
@@ -245,6 +246,10 @@ def soak_run(
             readings.append(reading)
             if trace:
                 snapshots.append(snapshot(proc, trace, len(snapshots)))
+                reading["rss_trimmed_mib"] = json.loads(snapshots[-1].read_text())[
+                    "rss_trimmed_mib"
+                ]
+                say(f"  RSS after malloc_trim: {reading['rss_trimmed_mib']:.1f} MiB")
             say(
                 f"{reading['lifecycles']} lifecycles in {reading['seconds']} s: "
                 f"RSS {reading['rss_mib']} MiB, {reading['series']} metric series"
@@ -308,9 +313,10 @@ def main() -> int:
         f"{growth['rss']:+.1%}, series {growth['series']:+.1%} (allowed {args.tolerance:.0%}); "
         f"{len(failed)} job(s) did not succeed; {OUT}"
     )
-    if len(snapshots) > 1:
+    if len(snapshots) > 1 and snapshots[0].with_suffix(".snap").exists():
         say("traced memory that grew most between the first and the last checkpoint:")
-        print("\n".join(memtrace.growth(snapshots[0], snapshots[-1])), file=sys.stderr)
+        first_snap, last_snap = (p.with_suffix(".snap") for p in (snapshots[0], snapshots[-1]))
+        print("\n".join(memtrace.growth(first_snap, last_snap)), file=sys.stderr)
     ok = all(abs(v) <= args.tolerance for v in growth.values()) and not failed
     return 0 if ok else 1
 
