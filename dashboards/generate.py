@@ -285,6 +285,13 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
                 [(f"sum(mpi_operator_workqueue_depth{SEL})", "depth")],
             ),
             Chart(
+                "Events dropped",
+                "Events not sent because 1,000 were waiting already: jobs come faster than "
+                "--kube-api-qps leaves room for their Events. Per second.",
+                [rate("mpi_operator_events_dropped", "dropped")],
+                unit="ops",
+            ),
+            Chart(
                 "API requests by verb",
                 "Requests the operator sends to the Kubernetes API server, per second.",
                 [

@@ -53,6 +53,11 @@ QUEUE_DEPTH: Final = Gauge("mpi_operator_workqueue_depth", "MPIJob keys waiting 
 API_REQUESTS: Final = Counter(
     "mpi_operator_api_requests", "Requests sent to the Kubernetes API server", ["verb"]
 )
+EVENTS_DROPPED: Final = Counter(
+    "mpi_operator_events_dropped",
+    "Events not sent because 1,000 were waiting already (they came faster than the API rate "
+    "limit left room for)",
+)
 JOBS_RUNNING: Final = Gauge("mpi_operator_jobs_running", "MPIJobs whose Running condition is True")
 TIME_TO_RUNNING: Final = Histogram(
     "mpi_operator_job_time_to_running_seconds",

@@ -29,20 +29,32 @@ Work = Callable[[], Awaitable[None]]
 
 class Line:
     """Work done by one task, one piece at a time, in the order put; a piece put under a key
-    that still waits replaces it in place. The task ends when the line is empty."""
+    that still waits replaces it in place. The task ends when the line is empty.
 
-    def __init__(self, name: str) -> None:
+    With a ``limit``, at most that many pieces wait: a writer that cannot keep up (its requests
+    wait on a rate limit others come first in) must not hold ever more work in memory."""
+
+    def __init__(self, name: str, limit: int | None = None) -> None:
         self._name = name
+        self._limit = limit
         self._waiting: OrderedDict[Hashable, Work] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def put(self, key: Hashable, work: Work) -> None:
+    def has_room(self, key: Hashable) -> bool:
+        """Whether :meth:`put` under ``key`` would be taken."""
+        return self._limit is None or key in self._waiting or len(self._waiting) < self._limit
+
+    def put(self, key: Hashable, work: Work) -> bool:
+        """Line ``work`` up; False (and nothing done) when the line is full."""
+        if not self.has_room(key):
+            return False
         self._waiting[key] = work
         self._idle.clear()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=self._name)
+        return True
 
     async def drain(self) -> None:
         """Wait until every piece put so far is done (or failed)."""

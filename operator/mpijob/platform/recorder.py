@@ -27,6 +27,11 @@ write and its Event, or the API server goes away:
 
 The cost in requests: one list (a page per 500 Events) per start, plus one create for each
 Event found missing; nothing is written on the MPIJobs.
+
+At most :data:`MAX_WAITING` Events wait to be sent, as client-go's broadcaster queues at most
+1,000: when jobs come faster than the rate limit leaves room for their Events, the Events
+beyond that are dropped (counted by ``mpi_operator_events_dropped_total``, and logged once for
+each stretch of drops) rather than held in memory without end.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-from mpijob import keys
+from mpijob import keys, metrics
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.objects import about
@@ -56,6 +61,8 @@ from mpijob.platform.kube_api import KubeApi
 log = logging.getLogger(__name__)
 
 MAX_TRACKED = 4096
+#: The most Events (creates, count updates, checks after a restart) waiting to be sent.
+MAX_WAITING = 1000
 #: The API server's default ``--event-ttl`` (1 h): an older transition's Event may be gone.
 EVENT_TTL_SECONDS = 3600.0
 #: The first and the longest wait between two tries of a request the API did not answer.
@@ -103,7 +110,9 @@ class Recorder:
         self._instance = instance
         self._namespaces = tuple(namespaces)
         self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
-        self._line = Line("event writer")
+        self._line = Line("event writer", limit=MAX_WAITING)
+        self._dropping = False
+        """The last Event offered was dropped: the next drop is not logged again."""
         self._loaded = False
         """What the API has was read (or cannot be)."""
         self._blind = False
@@ -122,20 +131,39 @@ class Recorder:
         key = (uid, event.type, event.reason, event.message)
         series = self._seen.get(key)
         if series is not None and not series.failed:
-            series.count += 1
-            self._seen.move_to_end(key)
             # One count update in line is enough: it sends the count it finds when its turn comes.
-            self._line.put(("update", series.name), partial(self._update, series))
+            if self._offer(("update", series.name), partial(self._update, series), event):
+                series.count += 1
+                self._seen.move_to_end(key)
             return
         ns = meta.get("namespace", "default")
         series = Series(
             f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns, subject=_about(obj)
         )
+        body = self._event(obj, event, series)
+        if not self._offer(("create", series.name), partial(self._create, series, body), event):
+            return
         self._seen[key] = series
         while len(self._seen) > MAX_TRACKED:
             self._seen.popitem(last=False)
-        body = self._event(obj, event, series)
-        self._line.put(("create", series.name), partial(self._create, series, body))
+
+    def _offer(
+        self, key: tuple[str, ...], work: Callable[[], Awaitable[None]], event: Event
+    ) -> bool:
+        """Line ``work`` up, or drop it (counted; the first of a stretch of drops logged)."""
+        if self._line.put(key, work):
+            self._dropping = False
+            return True
+        metrics.EVENTS_DROPPED.inc()
+        if not self._dropping:
+            self._dropping = True
+            log.warning(
+                "Dropped Event %s and those after it while %d wait to be sent: they come faster "
+                "than the API rate limit (--kube-api-qps) leaves room for them",
+                event.reason,
+                MAX_WAITING,
+            )
+        return False
 
     def ensure(self, obj: dict[str, Any], implied: Callable[[], Sequence[events.Implied]]) -> None:
         """Once per job and process: post those of ``implied()`` (the Events the job's status
@@ -143,12 +171,12 @@ class Recorder:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid", "")
         job = (meta.get("namespace", ""), meta.get("name", ""))
-        if not uid or self._ensured.get(job) == uid:
-            return
-        self._ensured[job] = uid
+        if not uid or self._ensured.get(job) == uid or not self._line.has_room(("load",)):
+            return  # checked already, or no room in line: the job's next sync checks it
         if not self._loaded:
             self._line.put(("load",), self._load)
-        self._line.put(("ensure", uid), partial(self._ensure, obj, list(implied())))
+        if self._line.put(("ensure", uid), partial(self._ensure, obj, list(implied()))):
+            self._ensured[job] = uid
 
     def forget(self, job: tuple[str, str]) -> None:
         """The job (namespace, name) is deleted: nothing of it needs checking or counting up any

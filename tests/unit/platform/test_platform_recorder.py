@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mpijob.desired.events import Event, Implied, normal
 from mpijob.platform.kube import ApiError
-from mpijob.platform.recorder import Recorder
+from mpijob.platform.recorder import MAX_WAITING, Recorder
 from support.fake_kube import FakeKube
 from support.virtual_time import virtual_time
 
@@ -227,8 +228,8 @@ async def test_a_deleted_job_is_forgotten_and_one_made_again_under_its_name_is_c
         job = {**JOB, "metadata": {**JOB["metadata"], "name": f"j{i}", "uid": f"u{i}"}}
         recorder.ensure(job, list)
         recorder.post(job, RUNNING)
+        await recorder.drain()
         recorder.forget(("ns", f"j{i}"))
-    await recorder.drain()
     assert len(created(api)) == 10_000
     assert (recorder._ensured, recorder._seen) == ({}, {})
     checked: list[str] = []
@@ -236,3 +237,29 @@ async def test_a_deleted_job_is_forgotten_and_one_made_again_under_its_name_is_c
     recorder.ensure(JOB, lambda: checked.append("u1") or [])
     recorder.ensure(again, lambda: checked.append("u2") or [])
     assert checked == ["u1", "u2"]
+
+
+def dropped() -> float:
+    return REGISTRY.get_sample_value("mpi_operator_events_dropped_total") or 0.0
+
+
+@virtual_time
+async def test_events_beyond_the_line_limit_are_dropped_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Jobs that come faster than the rate limit lets their Events out must not make the
+    recorder hold ever more of them: 1,000 wait at most, as in client-go's broadcaster."""
+    api = slow_api()
+    recorder = Recorder(api, instance="test")
+    before = dropped()
+    with caplog.at_level(logging.WARNING, "mpijob.platform.recorder"):
+        for i in range(MAX_WAITING + 500):
+            recorder.post(JOB, normal("MPIJobRunning", f"run {i}"))
+        await recorder.drain()
+    assert len(created(api)) == MAX_WAITING
+    assert dropped() - before == 500
+    assert [r.getMessage()[:24] for r in caplog.records] == ["Dropped Event MPIJobRunn"]
+    # Once there is room, Events are taken again.
+    recorder.post(JOB, normal("MPIJobRunning", "later"))
+    await recorder.drain()
+    assert created(api)[-1]["message"] == "later"
