@@ -467,7 +467,7 @@ def print_table(result: dict[str, Any]) -> None:
         }
         if missed:
             print(f"{c}: stages not reached in some runs: {missed}")
-    print(f"\nwrote {OUT.relative_to(ROOT)}")
+    print(f"\nwrote {result['out']}")
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -563,6 +563,7 @@ def main() -> int:
         choices=("cliques", "reference", "b"),
         help="leave out the clique phase, the reference runs or workload B (repeatable)",
     )
+    parser.add_argument("--out", type=Path, default=OUT, help=f"results file ({OUT.name})")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
     shape = Shape(
@@ -596,7 +597,8 @@ def main() -> int:
     finally:
         # Written even when a trial failed: what was measured up to it.
         result = report(args, shape, rows, setup, load_start, time.monotonic() - t_all)
-        OUT.write_text(json.dumps(result, indent=2) + "\n")
+        result["out"] = str(args.out)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
         if not args.keep_cluster:
             rc.run_cluster("down")
             subprocess.run(["rm", "-rf", str(CLUSTER_DIR)], check=False)
