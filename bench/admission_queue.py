@@ -504,15 +504,7 @@ def start_operator(rc: Any, port: int, log_path: Path) -> subprocess.Popen[bytes
     argv += ["--monitoring-port", str(port)]
     argv += [a for pair in OPERATOR_LIMITS.items() for a in pair]
     env = {**os.environ, "KUBECONFIG": str(rc.cluster.state_dir() / "kubeconfig")}
-    t = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=rc.ROOT)
-    while not rc.leading(port):
-        if proc.poll() is not None or time.monotonic() - t > 300:
-            rc.stop(proc)
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise SystemExit(f"[bench] error: the operator did not start:\n{tail}")
-        time.sleep(0.2)
+    proc: subprocess.Popen[bytes] = rc.launch(argv, port, env, log_path, timeout=300)
     return proc
 
 

@@ -306,14 +306,7 @@ def start_operator(
         )
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     started = time.time()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    while not rc.leading(port):
-        if proc.poll() is not None or time.time() - started > 300:
-            rc.stop(proc)
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise SystemExit(f"[bigjob] error: {operator} did not start:\n{tail}")
-        time.sleep(0.1)
+    proc = rc.launch(argv, port, env, log_path, timeout=300)
     return proc, argv, started
 
 

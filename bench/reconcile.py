@@ -306,6 +306,24 @@ def port_taken(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def launch(
+    argv: list[str], port: int, env: dict[str, str], log_path: Path, timeout: float = 120.0
+) -> subprocess.Popen[bytes]:
+    """Start an operator (ours or upstream's), its output to ``log_path``; return it once its
+    /metrics on ``port`` says it leads. One that exits or takes longer than ``timeout`` ends the
+    benchmark with the tail of its log."""
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    while not leading(port):
+        if proc.poll() is not None or time.monotonic() - started > timeout:
+            stop(proc)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise SystemExit(f"[bench] error: {argv[0]} did not start:\n{tail}")
+        time.sleep(0.1)
+    return proc
+
+
 def leading(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
@@ -408,14 +426,8 @@ def run_once(
     progress = Progress(expected_children(names, workers), set(names))
     watches = Watches(namespace)
     started = time.time()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = launch(argv, port, env, log_path)
     try:
-        while not leading(port):
-            if proc.poll() is not None or time.time() - started > 120:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                raise SystemExit(f"[bench] error: {run} operator did not start:\n{tail}")
-            time.sleep(0.1)
         time.sleep(SETTLE_SECONDS)
         say(f"{run}: leading after {time.time() - started:.1f} s; applying {jobs} MPIJobs")
         manifests = yaml.safe_dump_all([mpijob(n, workers) for n in names])
