@@ -56,6 +56,10 @@ class Line:
             self._task = asyncio.create_task(self._run(), name=self._name)
         return True
 
+    def discard(self, key: Hashable) -> None:
+        """Take the piece waiting under ``key`` out of line, if one does."""
+        self._waiting.pop(key, None)
+
     async def drain(self) -> None:
         """Wait until every piece put so far is done (or failed)."""
         await self._idle.wait()

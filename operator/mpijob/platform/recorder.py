@@ -180,10 +180,11 @@ class Recorder:
 
     def forget(self, job: tuple[str, str]) -> None:
         """The job (namespace, name) is deleted: nothing of it needs checking or counting up any
-        more, so its Event series go too (the cap on them is for jobs that live long, not a
-        record of every job this process saw)."""
+        more, so its check, if still in line, and its Event series go too (the cap on series is
+        for jobs that live long, not a record of every job this process saw)."""
         uid = self._ensured.pop(job, None)
         if uid:
+            self._line.discard(("ensure", uid))  # the check of a job that is gone: moot
             for key in [k for k in self._seen if k[0] == uid]:
                 del self._seen[key]
 

@@ -263,3 +263,14 @@ async def test_events_beyond_the_line_limit_are_dropped_counted_and_logged_once(
     recorder.post(JOB, normal("MPIJobRunning", "later"))
     await recorder.drain()
     assert created(api)[-1]["message"] == "later"
+
+
+@virtual_time
+async def test_the_check_of_a_job_deleted_before_its_turn_is_taken_out_of_line() -> None:
+    api = slow_api()
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    recorder.post(JOB, RUNNING)  # in line first: the check waits behind it
+    recorder.ensure(JOB, lambda: [Implied(CREATED, NOW)])  # the API lacks it: would post it
+    recorder.forget(("ns", "pi"))
+    await recorder.drain()
+    assert [e["reason"] for e in created(api)] == ["MPIJobRunning"]
