@@ -5,7 +5,8 @@ reading ``DIR/<n>.json`` (n counting from 0): the Kubernetes objects alive in th
 kind, with a chain of what holds one of each, and the resident memory before and after
 ``malloc_trim(0)`` (the part that is freed memory the C allocator had not given back). With
 ``MEMTRACE_FRAMES`` above 0 (default 12) every allocation is traced too and ``DIR/<n>.snap`` is
-a tracemalloc snapshot; ``top`` prints what grew between two: ``python -m bench.memtrace top
+a tracemalloc snapshot (from the ``MEMTRACE_AFTER``-th reading on, when set: tracing starts
+then); ``top`` prints what grew between two: ``python -m bench.memtrace top
 A.snap B.snap``. Tracing slows the operator down several times: for finding growth, never for
 timing. ``bench.soak --trace-memory`` takes a reading at each checkpoint.
 """
@@ -117,13 +118,18 @@ def _serve(out: Path) -> None:
     counter = itertools.count()
 
     frames = int(os.environ.get("MEMTRACE_FRAMES", "12"))
+    # Tracing from the n-th reading on: the run gets to steady state at full speed first.
+    after = int(os.environ.get("MEMTRACE_AFTER", "0"))
     libc = ctypes.CDLL("libc.so.6")
 
     def dump(signum: int, frame: FrameType | None) -> None:
-        path = out / f"{next(counter)}.json"
+        n = next(counter)
+        path = out / f"{n}.json"
         reading: dict[str, Any] = _objects()
-        if frames:
+        if tracemalloc.is_tracing():
             tracemalloc.take_snapshot().dump(str(path.with_suffix(".snap")))
+        elif frames and n + 1 == after:
+            tracemalloc.start(frames)
         reading["rss_mib"] = _rss_mib()
         libc.malloc_trim(0)
         reading["rss_trimmed_mib"] = _rss_mib()
@@ -131,7 +137,7 @@ def _serve(out: Path) -> None:
         path.with_suffix(".tmp").rename(path)  # whole or absent: the reader polls for it
 
     out.mkdir(parents=True, exist_ok=True)
-    if frames:
+    if frames and not after:
         tracemalloc.start(frames)
     signal.signal(signal.SIGUSR2, dump)
     sys.argv = ["mpijob", *sys.argv[2:]]

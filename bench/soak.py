@@ -313,10 +313,10 @@ def main() -> int:
         f"{growth['rss']:+.1%}, series {growth['series']:+.1%} (allowed {args.tolerance:.0%}); "
         f"{len(failed)} job(s) did not succeed; {OUT}"
     )
-    if len(snapshots) > 1 and snapshots[0].with_suffix(".snap").exists():
-        say("traced memory that grew most between the first and the last checkpoint:")
-        first_snap, last_snap = (p.with_suffix(".snap") for p in (snapshots[0], snapshots[-1]))
-        print("\n".join(memtrace.growth(first_snap, last_snap)), file=sys.stderr)
+    traced = [p.with_suffix(".snap") for p in snapshots if p.with_suffix(".snap").exists()]
+    if len(traced) > 1:
+        say("traced memory that grew most between the first and the last traced checkpoint:")
+        print("\n".join(memtrace.growth(traced[0], traced[-1])), file=sys.stderr)
     ok = all(abs(v) <= args.tolerance for v in growth.values()) and not failed
     return 0 if ok else 1
 

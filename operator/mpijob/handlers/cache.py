@@ -107,7 +107,10 @@ class Cache:
         return body
 
     def wrote_status(self, key: JobKey, replaced_version: str, fresh: JSON) -> None:
-        self.written[key] = (replaced_version, fresh)
+        # A write that returns after the job's deletion was seen (and forgotten) must not
+        # bring it back: nothing would drop it again.
+        if self._all(Index.MPIJOBS_BY_KEY, key):
+            self.written[key] = (replaced_version, fresh)
 
     def is_own_status_write(self, key: JobKey, version: str | None) -> bool:
         """Whether ``version`` of the MPIJob is the one our last status write produced."""

@@ -10,7 +10,7 @@ import pytest
 
 from mpijob import keys
 from mpijob.gang import quota
-from mpijob.handlers.cache import Cache
+from mpijob.handlers.cache import Cache, Index
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
 from mpijob.platform.workers import Workers
@@ -26,8 +26,13 @@ def _event(version: str) -> kopf.Body:
     return kopf.Body({"metadata": {"namespace": "ns", "name": "pi", "resourceVersion": version}})
 
 
+def _indexed(version: str) -> Cache:
+    """A cache whose MPIJob index has the job at ``version``."""
+    return Cache(indices={Index.MPIJOBS_BY_KEY: {KEY: [dict(_event(version))]}})
+
+
 async def _event_seen(type: str | None, version: str) -> Workers:
-    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
+    rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
     rt.cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
     memo = OperatorMemo(runtime=rt)
     await mpijob_event(namespace="ns", name="pi", type=type, body=_event(version), memo=memo)
@@ -37,6 +42,18 @@ async def _event_seen(type: str | None, version: str) -> Workers:
 
 async def test_the_echo_of_our_own_status_write_asks_for_no_sync() -> None:
     assert KEY not in (await _event_seen("MODIFIED", "2")).queue
+
+
+def test_a_status_write_that_returns_after_the_jobs_deletion_is_not_remembered() -> None:
+    """The deletion forgot the job; a write in flight then must not bring back what nothing
+    would drop again (a long-lived operator would keep a body per such job)."""
+    cache = _indexed("1")
+    cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
+    assert cache.job_body(KEY) == {"metadata": {"resourceVersion": "2"}}
+    cache.indices = {Index.MPIJOBS_BY_KEY: {}}  # the DELETED event left the index
+    cache.forget(KEY)
+    cache.wrote_status(KEY, "2", {"metadata": {"resourceVersion": "3"}})
+    assert cache.written == {}
 
 
 async def test_any_other_version_of_the_job_asks_for_its_sync() -> None:
