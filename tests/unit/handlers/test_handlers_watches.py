@@ -12,7 +12,13 @@ from mpijob import keys
 from mpijob.gang import quota
 from mpijob.handlers.cache import Cache, Index
 from mpijob.handlers.runtime import OperatorMemo
-from mpijob.handlers.watches import limits_gpus, mpijob_event, node_event, quotas_by_namespace
+from mpijob.handlers.watches import (
+    SUSPENDED_FIRST_SYNC_SECONDS,
+    limits_gpus,
+    mpijob_event,
+    node_event,
+    quotas_by_namespace,
+)
 from mpijob.platform.workers import Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import virtual_time
@@ -127,3 +133,25 @@ async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_
     assert len(rt.workers.queue) == 1
     assert rt.cache.jobs_placed_on("n1") == [KEY]
     assert sorted(rt.cache.jobs_placed_on("n0")) == [("ns", "other"), KEY]
+
+
+@virtual_time
+async def test_a_job_created_suspended_is_first_synced_a_second_later_or_at_its_update() -> None:
+    """Its creator (Kueue, upstream's e2e suite) updates the object its create returned next; a
+    status write before that update would make it fail with 409 Conflict."""
+    loop = asyncio.get_running_loop()
+    rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
+    memo = OperatorMemo(runtime=rt)
+    suspended = kopf.Body({**_event("1"), "spec": {"runPolicy": {"suspend": True}}})
+    start = loop.time()
+    await mpijob_event(namespace="ns", name="pi", type="ADDED", body=suspended, memo=memo)
+    assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
+    assert loop.time() - start == pytest.approx(SUSPENDED_FIRST_SYNC_SECONDS)
+
+    rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
+    memo = OperatorMemo(runtime=rt)
+    start = loop.time()
+    await mpijob_event(namespace="ns", name="pi", type="ADDED", body=suspended, memo=memo)
+    await mpijob_event(namespace="ns", name="pi", type="MODIFIED", body=_event("2"), memo=memo)
+    assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
+    assert loop.time() - start == pytest.approx(BASE_DELAY_SECONDS)
