@@ -21,19 +21,23 @@ Built by the composition root; read and fed by the reconciler and the watch hand
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
 from mpijob import api
-from mpijob.api import JSON, JobKey, MPIJob
+from mpijob.api import JSON, FieldError, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
 from mpijob.gang import quota, topology
 
 EXPECTATION_SECONDS = 60.0
+
+#: What the reconciler makes of a job's body: the defaulted job (None when it does not parse)
+#: and every reason the operator refuses it.
+Checked = tuple[MPIJob | None, list[FieldError]]
 
 
 class Index(StrEnum):
@@ -41,9 +45,7 @@ class Index(StrEnum):
     and read by (this cache): the one list of them."""
 
     MPIJOBS_BY_KEY = "mpijobs_by_key"
-    PODS_BY_JOB = "pods_by_job"
-    GPU_PODS_BY_NODE = "gpu_pods_by_node"
-    REQUESTS_BY_NODE = "requests_by_node"
+    PODS = "pods"
     DECISIONS_BY_JOB = "decisions_by_job"
     NODES_BY_NAME = "nodes_by_name"
     SERVICES_BY_JOB = "services_by_job"
@@ -56,6 +58,24 @@ class Index(StrEnum):
     SLICES_BY_NODE = "slices_by_node"
     GPU_CLASSES_BY_NAME = "gpu_classes_by_name"
     QUOTAS_BY_NAMESPACE = "quotas_by_namespace"
+
+
+class PodsBy(StrEnum):
+    """How the one pod index (:data:`Index.PODS`) files a pod: the first item of each key.
+
+    One index function files every pod under each key it is read by, because Kopf's cost per
+    pod event is per index function (its arguments, filters and outcome), and pod events are
+    most of what the operator hears: three indices cost three times one."""
+
+    JOB = "job"
+    """``(JOB, namespace, job name)``: our job's pods (labelled ours), as the reconciler reads
+    them."""
+    GPUS_ON = "gpus-on"
+    """``(GPUS_ON, node)``: pods (anyone's) that ask for whole GPUs, with their GPU requests:
+    what placement must not hand out. Not yet bound: node ``""``."""
+    REQUESTS_ON = "requests-on"
+    """``(REQUESTS_ON, node)``: what each bound, unfinished pod (anyone's) requests of its
+    node, as the scheduler sums it: what admission fits a worker beside."""
 
 
 #: Index -> the kind it holds, for the children looked up by job key.
@@ -90,6 +110,9 @@ class Cache:
     parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
     """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
     for every waiting job every few seconds, and most have not changed since."""
+    checked: dict[JobKey, tuple[str, Checked]] = field(default_factory=dict)
+    """Per job: (resourceVersion, what the reconciler made of that version: the defaulted job
+    and its refusals); see :meth:`check`."""
 
     # --- the MPIJob --------------------------------------------------------------------------
 
@@ -135,7 +158,7 @@ class Cache:
         }
         secret = self.secrets.get(key)
         ours["Secret"] = secret if secret and names.is_controlled_by(secret, uid) else None
-        pods = [dict(p) for p in self._all(Index.PODS_BY_JOB, key)]
+        pods = self.pods(key)
         claims = {
             _name(c): c
             for c in self._all(Index.CLAIMS_BY_JOB, key)
@@ -183,7 +206,7 @@ class Cache:
 
     def pods(self, key: JobKey) -> list[JSON]:
         """Every pod labelled with the job's name (whatever job instance controls it)."""
-        return self._all(Index.PODS_BY_JOB, key)
+        return self._all(Index.PODS, (PodsBy.JOB, *key))
 
     def launcher_job(self, key: JobKey) -> JSON | None:
         return next(iter(self._all(Index.LAUNCHERS_BY_JOB, key)), None)
@@ -208,6 +231,7 @@ class Cache:
         self.expected.pop(key, None)
         self.written.pop(key, None)
         self.parsed.pop(key, None)
+        self.checked.pop(key, None)
         self.secrets.pop(key, None)
 
     def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
@@ -252,6 +276,20 @@ class Cache:
         self.parsed[key] = (version, job)
         return job
 
+    def check(self, key: JobKey, body: JSON, check: Callable[[JSON], Checked]) -> Checked:
+        """``check(body)``, once per resourceVersion of the job: a job is synced after every wave
+        of its pods' events, and parsing, defaulting and validating it again each time (two deep
+        copies of its templates) cost more than the rest of such a sync's plan. The result is
+        shared, never changed: the plan and the status copy what they change."""
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        memo = self.checked.get(key)
+        if memo is not None and version and memo[0] == version:
+            return memo[1]
+        result = check(body)
+        if version:
+            self.checked[key] = (version, result)
+        return result
+
     def decision(self, key: JobKey) -> JSON | None:
         """The PlacementDecision named after the job, whichever job it was written for."""
         return next(iter(self._all(Index.DECISIONS_BY_JOB, key)), None)
@@ -270,11 +308,18 @@ class Cache:
         """What placement reads: opted-in nodes, pods that request GPUs, every decision (by job
         key), every claim's allocated NVIDIA GPUs and the driver's devices, by node; and what
         the quota check reads: GPU quotas by namespace, our claims by job, the class mapping."""
-        pods = [
-            dict(p)
-            for store in self.indices.get(Index.GPU_PODS_BY_NODE, {}).values()
-            for p in store
-        ]
+        nodes = self.nodes()
+        pods: list[JSON] = []
+        requested: dict[str, dict[str, Decimal]] = {}
+        for (by, *where), store in self.indices.get(Index.PODS, {}).items():
+            if by == PodsBy.GPUS_ON:
+                pods += (dict(p) for p in store)
+            elif by == PodsBy.REQUESTS_ON and where[0] in nodes:
+                # Placement weighs only the opted-in nodes.
+                total = requested.setdefault(where[0], {})
+                for pod in store:
+                    for name, amount in pod:
+                        total[name] = total.get(name, Decimal(0)) + amount
         decisions = {}
         for key, store in self.indices.get(Index.DECISIONS_BY_JOB, {}).items():
             for body in store:
@@ -296,15 +341,6 @@ class Cache:
             key: [dict(c) for c in store]
             for key, store in self.indices.get(Index.CLAIMS_BY_JOB, {}).items()
         }
-        nodes = self.nodes()
-        requested: dict[str, dict[str, Decimal]] = {}
-        for node, store in self.indices.get(Index.REQUESTS_BY_NODE, {}).items():
-            if node not in nodes:
-                continue  # placement weighs only the opted-in nodes
-            total = requested.setdefault(node, {})
-            for pod in store:
-                for name, amount in pod:
-                    total[name] = total.get(name, Decimal(0)) + amount
         classes = self.indices.get(Index.GPU_CLASSES_BY_NAME, {})
         mapped = next((str(v) for store in classes.values() for v in store), None)
         return topology.Snapshot(
@@ -320,7 +356,7 @@ class Cache:
             requested=requested,
         )
 
-    def _all(self, index: str, key: JobKey) -> list[JSON]:
+    def _all(self, index: str, key: tuple[str, ...]) -> list[JSON]:
         return [dict(v) for v in self.indices.get(index, {}).get(key) or ()]
 
 

@@ -67,7 +67,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if meta.get("deletionTimestamp"):
         return
     fabric = rt.admission.fabric if rt.admission is not None else None
-    job, errors = checked(body, rt.settings, fabric)
+    job, errors = rt.cache.check(key, body, lambda b: checked(b, rt.settings, fabric))
     if job is None or errors:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return

@@ -12,7 +12,10 @@ what the reconciler reads.
 
 A child's index function is also its trigger: Kopf calls an index for every event but a
 deletion (which only drops the entry), so the children's event handlers are filtered to
-deletions, and the many pod events cost Kopf one handler call each instead of two. Kopf calls
+deletions, and the many pod events cost Kopf one handler call each instead of two. For the same
+reason pods have one index function, which files each pod under every key a reader looks it up
+by (:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it
+holds, the node whose room it takes. Kopf calls
 index functions while it lists, before every index is complete; the work queue holds what they
 ask for until :func:`mpijob_event` (an event handler, which Kopf calls only once every index is
 complete) opens it (:meth:`~mpijob.platform.workers.Workers.open`).
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from decimal import Decimal
 from typing import Any
 
 import kopf
@@ -37,7 +39,7 @@ from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
 from mpijob.gang import quota, topology
-from mpijob.handlers.cache import Index
+from mpijob.handlers.cache import Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.platform.kube import ApiError, resource
 from mpijob.pods.predicates import pod_requests, terminal
@@ -174,15 +176,29 @@ def _pod_job(labels: Any) -> str | None:
     return labels.get(keys.LABEL_JOB_NAME) or None
 
 
-async def pods_by_job(
+async def pods_index(
     body: kopf.Body, namespace: str | None, name: str, labels: Any, memo: OperatorMemo, **_: Any
-) -> dict[JobKey, JSON]:
-    if not (job := _pod_job(labels)):
-        return {}
-    rt, key = _runtime(memo), _key(namespace, job)
-    _count_not_honoured(rt, body)
-    _child_changed(rt, key, "Pod", name)
-    return {key: pod_summary(body)}
+) -> dict[tuple[str, ...], Any]:
+    """Every pod, filed under each key it is read by (:class:`PodsBy`)."""
+    out: dict[tuple[str, ...], Any] = {}
+    spec = body.spec
+    summary = pod_summary(body)
+    if job := _pod_job(labels):
+        rt, key = _runtime(memo), _key(namespace, job)
+        _count_not_honoured(rt, body)
+        _child_changed(rt, key, "Pod", name)
+        out[(PodsBy.JOB, *key)] = summary
+    node = str(spec.get("nodeName") or "")
+    if requests_gpus(spec):
+        # Kept with its GPU requests, which is what a pod no decision placed is counted by.
+        gpus = {
+            "containers": _gpu_requests(spec.get("containers")),
+            "initContainers": _gpu_requests(spec.get("initContainers")),
+        }
+        out[(PodsBy.GPUS_ON, node)] = {**summary, "spec": {**summary["spec"], **gpus}}
+    if node and not terminal(summary):
+        out[(PodsBy.REQUESTS_ON, node)] = tuple(sorted(pod_requests(dict(spec)).items()))
+    return out
 
 
 async def pod_deleted(
@@ -225,32 +241,13 @@ def _gpu_requests(containers: Any) -> list[JSON]:
     return out
 
 
-def requests_gpus(spec: kopf.Spec, **_: Any) -> bool:
-    """Filter of the GPU pod index: the pod asks for whole GPUs somewhere."""
+def requests_gpus(spec: Any) -> bool:
+    """Whether the pod asks for whole GPUs somewhere (then placement counts it)."""
     return any(
         keys.GPU_RESOURCE in ((c.get("resources") or {}).get(kind) or {})
         for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
         for kind in ("limits", "requests")
     )
-
-
-async def gpu_pods_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
-    """Pods that request GPUs (ours or not), by node: what placement must not hand out.
-
-    Kept with their GPU requests, which is what a pod no decision placed is counted by."""
-    summary = pod_summary(body)
-    summary["spec"]["containers"] = _gpu_requests(body.spec.get("containers"))
-    summary["spec"]["initContainers"] = _gpu_requests(body.spec.get("initContainers"))
-    return {str(body.spec.get("nodeName") or ""): summary}
-
-
-async def requests_by_node(body: kopf.Body, **_: Any) -> dict[str, tuple[tuple[str, Decimal], ...]]:
-    """What each bound, unfinished pod (anyone's) requests of its node, as the scheduler sums
-    it: what admission fits a worker beside (:mod:`mpijob.gang.fit`). Only the sums are kept."""
-    node = body.spec.get("nodeName")
-    if not node or terminal(dict(body)):
-        return {}
-    return {str(node): tuple(sorted(pod_requests(dict(body.spec)).items()))}
 
 
 # --- placement decisions ------------------------------------------------------------------------
@@ -534,12 +531,8 @@ def register(
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
     pods = resource("v1", "Pod")
-    kopf.index(*pods, labels=ours, id=Index.PODS_BY_JOB, registry=registry)(pods_by_job)
+    kopf.index(*pods, id=Index.PODS, registry=registry)(pods_index)
     kopf.on.event(*pods, labels=ours, when=deleted, registry=registry)(pod_deleted)
-    kopf.index(*pods, when=requests_gpus, id=Index.GPU_PODS_BY_NODE, registry=registry)(
-        gpu_pods_by_node
-    )
-    kopf.index(*pods, id=Index.REQUESTS_BY_NODE, registry=registry)(requests_by_node)
     decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
     kopf.index(*decisions, id=Index.DECISIONS_BY_JOB, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)

@@ -8,6 +8,7 @@ creates what is missing and nothing else, and a child deleted by hand comes back
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from mpijob.desired import sync
 from mpijob.desired.events import Event
 from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
+from mpijob.handlers.cache import Index, PodsBy
 from mpijob.handlers.runtime import Runtime
 from mpijob.platform.deferred import DeferredPatches
 from mpijob.platform.workers import Workers
@@ -25,6 +27,9 @@ from support import jobs
 from support.fake_kube import FakeKube
 
 pytestmark = pytest.mark.unit
+
+#: Where the pod index files the pods of job bar/foo.
+PODS_OF_FOO = (PodsBy.JOB, "bar", "foo")
 
 
 class RecordingRecorder:
@@ -140,10 +145,10 @@ def index_created(rt: Runtime, kube: FakeKube, *, but: tuple[str, ...] = ()) -> 
     """Put what the reconcile created into the indices, as the watches would, except ``but``
     (Secrets are not watched)."""
     by_index = {
-        "Service": "services_by_job",
-        "ConfigMap": "configmaps_by_job",
-        "Job": "launchers_by_job",
-        "Pod": "pods_by_job",
+        "Service": ("services_by_job", ("bar", "foo")),
+        "ConfigMap": ("configmaps_by_job", ("bar", "foo")),
+        "Job": ("launchers_by_job", ("bar", "foo")),
+        "Pod": (Index.PODS, PODS_OF_FOO),
     }
     for verb, args in kube.requests:
         obj = args[0] if verb == "create" else None
@@ -151,8 +156,9 @@ def index_created(rt: Runtime, kube: FakeKube, *, but: tuple[str, ...] = ()) -> 
             continue
         if f"{obj['kind']}/{obj['metadata']['name']}" in but:
             continue
-        store = rt.cache.indices.setdefault(by_index[obj["kind"]], {})
-        store.setdefault(("bar", "foo"), []).append({**obj, "status": {}})
+        index, key = by_index[obj["kind"]]
+        store = rt.cache.indices.setdefault(index, {})
+        store.setdefault(key, []).append({**obj, "status": {}})
         rt.cache.seen(("bar", "foo"), obj["kind"], obj["metadata"]["name"])
 
 
@@ -232,14 +238,14 @@ async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_crea
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods Pending
 
-    for pod in rt.cache.indices["pods_by_job"][("bar", "foo")]:
+    for pod in rt.cache.indices[Index.PODS][PODS_OF_FOO]:
         pod["status"] = {"phase": "Running"}
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert [verb for verb, _ in kube.requests] == ["replace_status"]  # Running; no read
 
     kube.requests.clear()
-    gone = rt.cache.indices["pods_by_job"][("bar", "foo")].pop()  # a worker deleted
+    gone = rt.cache.indices[Index.PODS][PODS_OF_FOO].pop()  # a worker deleted
     kube.remove("Pod", "bar", gone["metadata"]["name"])
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert [(v, a[1:]) for v, a in kube.requests if v == "get"] == [
@@ -248,12 +254,42 @@ async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_crea
     assert kube.created() == ["Pod/foo-worker-1"]
 
 
+async def test_a_job_is_checked_once_per_version_and_no_sync_changes_what_was_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parsed, defaulted job is shared by the syncs of one version (see Cache.check): one
+    that changed it would leak its changes into the next."""
+    checks: list[tuple[str, Any, dict[str, Any]]] = []
+    real = reconcile.checked
+
+    def counted(body: dict[str, Any], *args: Any) -> Any:
+        job, errors = real(body, *args)
+        assert job is not None
+        checks.append((body["metadata"]["resourceVersion"], job, job.model_dump()))
+        return job, errors
+
+    monkeypatch.setattr(reconcile, "checked", counted)
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))  # creates everything, writes Created
+    index_created(rt, kube)
+    for _ in range(2):
+        await reconcile.reconcile(rt, ("bar", "foo"))
+    for pod in rt.cache.indices[Index.PODS][PODS_OF_FOO]:
+        pod["status"] = {"phase": "Running"}
+    for _ in range(2):
+        await reconcile.reconcile(rt, ("bar", "foo"))  # Running: a status write, then none
+    versions = [version for version, _, _ in checks]
+    assert len(versions) < 5  # five syncs, fewer checks
+    assert all(a != b for a, b in itertools.pairwise(versions))  # one per version
+    assert all(job.model_dump() == before for _, job, before in checks)
+
+
 async def test_after_a_restart_the_first_sync_finds_the_ssh_secret_and_makes_none() -> None:
     rt, kube, _ = runtime(valid_job())
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube)
     rt.cache.secrets.clear()  # a new process remembers no Secret
-    gone = rt.cache.indices["pods_by_job"][("bar", "foo")].pop()
+    gone = rt.cache.indices[Index.PODS][PODS_OF_FOO].pop()
     kube.remove("Pod", "bar", gone["metadata"]["name"])
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
@@ -375,10 +411,12 @@ def worker_pod(index: int, node: str, owner: str, **status: Any) -> dict[str, An
     }
 
 
-def known(rt: Runtime, kube: FakeKube, index: str, *objs: dict[str, Any]) -> None:
+def known(
+    rt: Runtime, kube: FakeKube, index: str, *objs: dict[str, Any], key: Any = ("bar", "foo")
+) -> None:
     """Objects of job bar/foo in the API and, as the watch delivered them, in ``index``."""
     kube.add(*objs)
-    rt.cache.indices[index] = {("bar", "foo"): list(objs)}
+    rt.cache.indices[index] = {key: list(objs)}
 
 
 def deletes(kube: FakeKube) -> list[str]:
@@ -390,10 +428,10 @@ async def test_a_recreated_job_releases_its_predecessor_s_decision_once_its_pods
     sync of the deleted job (there is none), so the successor's sync releases it."""
     rt, kube, _ = topology_runtime(gpu_job())
     known(rt, kube, "decisions_by_job", decision_body("uid-old", "n0"))
-    known(rt, kube, "pods_by_job", worker_pod(0, "n0", "uid-old"))
+    known(rt, kube, Index.PODS, worker_pod(0, "n0", "uid-old"), key=PODS_OF_FOO)
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert "PlacementDecision/foo" not in deletes(kube)  # its pod still holds the GPUs
-    rt.cache.indices["pods_by_job"] = {("bar", "foo"): []}
+    rt.cache.indices[Index.PODS] = {PODS_OF_FOO: []}
     kube.remove("Pod", "bar", "foo-worker-0")
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
@@ -404,7 +442,8 @@ async def test_a_recreated_job_releases_its_predecessor_s_decision_once_its_pods
 async def test_a_deleted_node_under_a_placed_job_releases_it_and_says_why() -> None:
     rt, kube, recorder = topology_runtime(gpu_job())
     known(rt, kube, "decisions_by_job", decision_body("uid-foo", "n0", "n1"))
-    known(rt, kube, "pods_by_job", worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo"))
+    pods = worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo")
+    known(rt, kube, Index.PODS, *pods, key=PODS_OF_FOO)
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     rt.cache.indices["nodes_by_name"] = {

@@ -1,4 +1,4 @@
-"""What an MPIJob's watch event asks of the work queue; what the GPU quota index keeps."""
+"""What an MPIJob's watch event asks of the work queue; what the pod and GPU quota indices keep."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 
 from mpijob import keys
 from mpijob.gang import quota
-from mpijob.handlers.cache import Cache, Index
+from mpijob.handlers.cache import Cache, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
     SUSPENDED_FIRST_SYNC_SECONDS,
     limits_gpus,
     mpijob_event,
     node_event,
+    pods_index,
     quotas_by_namespace,
 )
 from mpijob.platform.workers import Workers
@@ -109,6 +110,66 @@ async def test_the_quota_index_keeps_only_gpu_limits_and_scopes_of_gpu_quotas() 
     cpu_only = kopf.Body({"metadata": {"namespace": "team"}, "spec": {"hard": {"pods": "9"}}})
     assert await quotas_by_namespace(body=cpu_only, namespace="team", name="pods") == {}
     assert not limits_gpus(cpu_only.spec)
+
+
+def _pod(name: str, node: str, phase: str, gpus: str | None, **labels: str) -> kopf.Body:
+    resources = {"limits": {keys.GPU_RESOURCE: gpus}} if gpus else {}
+    container = {"name": "c", "image": "i", "resources": {**resources, "requests": {"cpu": "1"}}}
+    meta = {"namespace": "ns", "name": name, "labels": labels}
+    spec = {"nodeName": node, "containers": [container]}
+    return kopf.Body({"metadata": meta, "spec": spec, "status": {"phase": phase}})
+
+
+async def test_one_pod_index_files_each_pod_under_every_key_it_is_read_by() -> None:
+    """Ours by job; anyone's GPU pods by node (unbound: node ""); anyone's bound, unfinished
+    pods' requests by node. The placement snapshot reads the last two back."""
+    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), reported_actual={})
+    memo = OperatorMemo(runtime=rt)
+    ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME, keys.LABEL_JOB_NAME: "pi"}
+    pods = {
+        "pi-worker-0": _pod("pi-worker-0", "n1", "Running", "2", **ours),
+        "pending": _pod("pending", "", "Pending", "1"),
+        "cpu-only": _pod("cpu-only", "n1", "Running", None),
+        "done": _pod("done", "n1", "Succeeded", "4"),
+    }
+    filed = {
+        name: await pods_index(
+            body=body, namespace="ns", name=name, labels=body.metadata.labels, memo=memo
+        )
+        for name, body in pods.items()
+    }
+    assert {name: sorted(keys_) for name, keys_ in filed.items()} == {
+        "pi-worker-0": sorted(
+            [(PodsBy.JOB, "ns", "pi"), (PodsBy.GPUS_ON, "n1"), (PodsBy.REQUESTS_ON, "n1")]
+        ),
+        "pending": [(PodsBy.GPUS_ON, "")],
+        "cpu-only": [(PodsBy.REQUESTS_ON, "n1")],
+        "done": [(PodsBy.GPUS_ON, "n1")],  # its GPUs are counted until it is gone; room is not
+    }
+    worker = filed["pi-worker-0"]
+    assert "containers" not in worker[(PodsBy.JOB, "ns", "pi")]["spec"]  # what the sync reads
+    gpu_summary = worker[(PodsBy.GPUS_ON, "n1")]
+    assert gpu_summary["spec"]["containers"] == [
+        {"resources": {"limits": {keys.GPU_RESOURCE: "2"}}}
+    ]
+    assert ("ns", "pi") in rt.workers.queue  # our pod's event asks for its job's sync
+
+    index: dict[tuple[str, ...], list[object]] = {}
+    for values in filed.values():
+        for key, value in values.items():
+            index.setdefault(key, []).append(value)
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    node = {"metadata": {"name": "n1", "labels": labels}, "spec": {}, "status": {}}
+    cache = Cache(indices={Index.PODS: index, Index.NODES_BY_NAME: {"n1": [node]}})
+    snapshot = cache.placement_snapshot()
+    assert sorted(p["metadata"]["name"] for p in snapshot.pods) == [
+        "done",
+        "pending",
+        "pi-worker-0",
+    ]
+    assert snapshot.requested["n1"]["cpu"] == 2
+    assert snapshot.requested["n1"]["pods"] == 2
+    assert cache.pods(("ns", "pi")) == [worker[(PodsBy.JOB, "ns", "pi")]]
 
 
 def _node(ready: str) -> kopf.Body:
