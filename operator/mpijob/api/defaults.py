@@ -12,13 +12,22 @@ from mpijob.api.models import MPIJob, ReplicaSpec
 
 
 def with_defaults(job: MPIJob, *, clean_pod_policy: str = keys.CLEAN_POD_NONE) -> MPIJob:
-    """A deep copy of ``job`` with upstream's Go defaults filled in where fields are unset.
+    """A copy of ``job`` with upstream's Go defaults filled in where fields are unset.
 
     ``clean_pod_policy`` is the cleanPodPolicy of a job that sets none: upstream's ``None``
     unless a cluster admin chose another (``--default-clean-pod-policy``).
+
+    Only the models it may change are copied (the spec, its run policy, the replica specs);
+    the rest, the pod templates above all, is shared with ``job``, which is never changed.
+    A deep copy of the whole job cost a large job's sync more than its plan.
     """
-    job = job.model_copy(deep=True)
-    spec = job.spec
+    spec = job.spec.model_copy()
+    spec.run_policy = spec.run_policy.model_copy()
+    if spec.mpi_replica_specs is not None:
+        spec.mpi_replica_specs = {
+            kind: replica.model_copy() if replica is not None else None
+            for kind, replica in spec.mpi_replica_specs.items()
+        }
     if spec.run_policy.clean_pod_policy is None:
         # The type's comment says Running, but upstream's code defaults to None.
         spec.run_policy.clean_pod_policy = clean_pod_policy
@@ -32,7 +41,7 @@ def with_defaults(job: MPIJob, *, clean_pod_policy: str = keys.CLEAN_POD_NONE) -
         spec.launcher_creation_policy = keys.LAUNCHER_AT_STARTUP
     _default_replica(spec.launcher, replicas=1, restart_policy=keys.RESTART_ON_FAILURE)
     _default_replica(spec.worker, replicas=0, restart_policy=keys.RESTART_NEVER)
-    return job
+    return job.model_copy(update={"spec": spec})
 
 
 def _default_replica(spec: ReplicaSpec | None, *, replicas: int, restart_policy: str) -> None:

@@ -60,9 +60,17 @@ def test_set_defaults_worker_defaults() -> None:
 
 
 def test_defaults_keep_explicit_zero_slots_and_leave_input_alone() -> None:
-    """Zero is a value, not "unset"; and defaulting returns a copy."""
-    job = api.parse({"metadata": {"name": "foo"}, "spec": {"slotsPerWorker": 0}})
+    """Zero is a value, not "unset"; and defaulting returns a copy, the input unchanged down to
+    its replica specs (only the templates are shared)."""
+    template = {"spec": {"containers": [{"name": "c", "image": "i"}]}}
+    replicas = {"Launcher": {"template": template}, "Worker": {"template": template}}
+    spec = {"slotsPerWorker": 0, "mpiReplicaSpecs": replicas}
+    job = api.parse({"metadata": {"name": "foo"}, "spec": spec})
+    before = job.model_dump()
     defaulted = api.with_defaults(job)
     assert defaulted.spec.slots_per_worker == 0
     assert job.spec.run_policy.clean_pod_policy is None
     assert defaulted.spec.run_policy.clean_pod_policy == "None"
+    assert defaulted.spec.worker is not None
+    assert defaulted.spec.worker.restart_policy == "Never"
+    assert job.model_dump() == before
