@@ -63,7 +63,28 @@ def _objects() -> dict[str, Any]:
             some = names.setdefault(kind, [])
             if len(some) < 5:
                 some.append(str(obj["metadata"].get("name")))
-    return {"kinds": dict(kinds.most_common()), "names": names, "held_by": _holders(names)}
+    return {
+        "kinds": dict(kinds.most_common()),
+        "names": names,
+        "held_by": _holders(names),
+        "types": _types(),
+    }
+
+
+def _types() -> dict[str, int]:
+    """Every object the collector tracks, counted by type: what grows that is no Kubernetes
+    object (tasks, handles, loggers, models)."""
+    counts: Counter[str] = Counter(
+        f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects()
+    )
+    return dict(counts.most_common(400))
+
+
+def types_grown(first: dict[str, Any], last: dict[str, Any], limit: int = 15) -> list[str]:
+    """The ``limit`` types whose count of live objects grew most between two readings."""
+    old, new = first.get("types") or {}, last.get("types") or {}
+    grown = sorted(((n - old.get(t, 0), t) for t, n in new.items()), reverse=True)[:limit]
+    return [f"{diff:+8d}  {name} ({new[name]} alive)" for diff, name in grown if diff > 0]
 
 
 def _describe(obj: object) -> str:

@@ -313,6 +313,12 @@ def main() -> int:
         f"{growth['rss']:+.1%}, series {growth['series']:+.1%} (allowed {args.tolerance:.0%}); "
         f"{len(failed)} job(s) did not succeed; {OUT}"
     )
+    if len(snapshots) > 1:
+        say("objects alive whose number grew most between the first and the last checkpoint:")
+        first_reading, last_reading = (
+            json.loads(p.read_text()) for p in (snapshots[0], snapshots[-1])
+        )
+        print("\n".join(memtrace.types_grown(first_reading, last_reading)), file=sys.stderr)
     traced = [p.with_suffix(".snap") for p in snapshots if p.with_suffix(".snap").exists()]
     if len(traced) > 1:
         say("traced memory that grew most between the first and the last traced checkpoint:")
