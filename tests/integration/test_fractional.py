@@ -443,9 +443,14 @@ def test_binpack_fills_one_gpu_first_and_spread_uses_different_gpus(
     pods = {p.metadata.name: p for p in wait_running(share_nodes, namespace, packed + spread)}
     for name in packed:
         assert pods[name].spec.node_name == "share-node-0" == placed(pods[name]).node
-    first = [placed(pods[n]).gpu for n in packed[:3]]
-    assert len(set(first)) == 1, first
-    assert placed(pods[packed[3]]).gpu != first[0]
+    # Three 30 % shares fill one GPU, the fourth takes another. Which three is not fixed: the
+    # pods are placed in the order their watch events are handled, which may differ from the
+    # order they were created in within one second.
+    on_gpu = collections.defaultdict(list)
+    for name in packed:
+        on_gpu[placed(pods[name]).gpu].append(name)
+    assert sorted(len(names) for names in on_gpu.values()) == [1, 3], dict(on_gpu)
+    full_gpu, filled = next((gpu, names) for gpu, names in on_gpu.items() if len(names) == 3)
     gpus = [placed(pods[n]).gpu for n in spread]
     assert sorted(set(gpus)) == sorted(gpus), gpus
     assert {pods[n].spec.node_name for n in spread} == {"share-node-1"}
@@ -458,9 +463,9 @@ def test_binpack_fills_one_gpu_first_and_spread_uses_different_gpus(
         check=True,
     ).stdout
     rows = {line.split()[0]: line for line in shown.splitlines() if line.startswith("GPU")}
-    full = rows[f"GPU{first[0]}"].split()
+    full = rows[f"GPU{full_gpu}"].split()
     assert full[1:3] == ["6/15", "90/100"], shown
-    assert all(f"{namespace}/{name}" in rows[f"GPU{first[0]}"] for name in packed[:3]), shown
+    assert all(f"{namespace}/{name}" in rows[f"GPU{full_gpu}"] for name in filled), shown
 
 
 @pytest.mark.parametrize("percentage", [33, 105])
