@@ -22,6 +22,7 @@ import runpy
 import signal
 import sys
 import tracemalloc
+import types
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -72,12 +73,17 @@ def _objects() -> dict[str, Any]:
 
 
 def _types() -> dict[str, int]:
-    """Every object the collector tracks, counted by type: what grows that is no Kubernetes
-    object (tasks, handles, loggers, models)."""
-    counts: Counter[str] = Counter(
-        f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects()
-    )
+    """Every object the collector tracks, counted by type (functions by name): what grows
+    that is no Kubernetes object (tasks, handles, closures, models)."""
+    counts: Counter[str] = Counter(_type_name(o) for o in gc.get_objects())
     return dict(counts.most_common(400))
+
+
+def _type_name(obj: object) -> str:
+    """Its type; for a function, which one (closures piling up are told apart by name)."""
+    if isinstance(obj, types.FunctionType):
+        return f"function {obj.__module__}.{obj.__qualname__}"
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def types_grown(first: dict[str, Any], last: dict[str, Any], limit: int = 15) -> list[str]:
