@@ -215,7 +215,7 @@ async def _apply(
         case sync.Create(obj=obj):
             await _create(rt, key, job, body, obj)
         case sync.Patch(deferrable=True, api_version=version, kind=kind, name=name, patch=patch):
-            rt.deferred.patch(version, kind, namespace, name, patch)
+            rt.deferred.patch(key, version, kind, namespace, name, patch)
         case sync.Patch(api_version=version, kind=kind, name=name, patch=patch, subresource=sub):
             out = await rt.kube.patch(version, kind, namespace, name, patch, subresource=sub)
             versions[(kind, name)] = (out.get("metadata") or {}).get("resourceVersion", "")

@@ -88,6 +88,7 @@ class Runtime:
         self.cache.forget(key)
         self.job_metrics.forget(key)
         self.recorder.forget(key)
+        self.deferred.forget(key)
         if self.admission is not None:
             self.admission.drop(key)
 

@@ -121,6 +121,10 @@ class Recorder:
         """Live jobs (namespace, name) whose implied Events were checked in this process, with
         the uid checked: a job of the same name created again is checked afresh. A deleted job
         is forgotten (:meth:`forget`), so this holds what exists, not what ever did."""
+        self._posted: dict[tuple[str, str], str] = {}
+        """Live jobs (namespace, name) an Event was posted about, with their uid: what
+        :meth:`forget` drops the series of (a job can have Events and never a check, when the
+        line had no room for it)."""
         self._closing = asyncio.Event()
 
     def post(self, obj: dict[str, Any], event: Event) -> None:
@@ -128,6 +132,8 @@ class Recorder:
         background."""
         meta = obj.get("metadata", {})
         uid = meta.get("uid", "")
+        if obj.get("kind", keys.KIND) == keys.KIND and uid:
+            self._posted[(meta.get("namespace", ""), meta.get("name", ""))] = uid
         key = (uid, event.type, event.reason, event.message)
         series = self._seen.get(key)
         if series is not None and not series.failed:
@@ -182,11 +188,12 @@ class Recorder:
         """The job (namespace, name) is deleted: nothing of it needs checking or counting up any
         more, so its check, if still in line, and its Event series go too (the cap on series is
         for jobs that live long, not a record of every job this process saw)."""
-        uid = self._ensured.pop(job, None)
-        if uid:
-            self._line.discard(("ensure", uid))  # the check of a job that is gone: moot
-            for key in [k for k in self._seen if k[0] == uid]:
-                del self._seen[key]
+        checked = self._ensured.pop(job, None)
+        if checked:
+            self._line.discard(("ensure", checked))  # the check of a job that is gone: moot
+        uids = {checked, self._posted.pop(job, None)} - {None}
+        for key in [k for k in self._seen if k[0] in uids]:
+            del self._seen[key]
 
     async def drain(self) -> None:
         """Wait until every Event posted so far is sent (or failed)."""

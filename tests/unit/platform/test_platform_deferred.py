@@ -1,4 +1,5 @@
-"""Deferred patches: one writer, not urgent; the newest patch of an object replaces one waiting."""
+"""Deferred patches: one writer, not urgent; the newest patch of an object replaces one waiting;
+a deleted job's patches go with it."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def hosts(n: int) -> dict[str, Any]:
 async def test_the_newest_patch_of_an_object_replaces_the_one_waiting() -> None:
     api = slow_api("a-config", "b-config")
     deferred = DeferredPatches(api)
-    deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(1))
+    deferred.patch(("ns", "a"), "v1", "ConfigMap", "ns", "a-config", hosts(1))
     await asyncio.sleep(0)  # the writer takes it
     for n in range(1, 4):
-        deferred.patch("v1", "ConfigMap", "ns", "b-config", hosts(n))
-        deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(n))
+        deferred.patch(("ns", "b"), "v1", "ConfigMap", "ns", "b-config", hosts(n))
+        deferred.patch(("ns", "a"), "v1", "ConfigMap", "ns", "a-config", hosts(n))
     await deferred.drain()
     # a's first patch was on its way when the others came; they left one, the newest, waiting.
     assert sent(api) == [
@@ -55,10 +56,27 @@ async def test_the_newest_patch_of_an_object_replaces_the_one_waiting() -> None:
 async def test_a_failed_patch_is_dropped_and_the_others_go_on() -> None:
     api = slow_api("a-config")
     deferred = DeferredPatches(api)
-    deferred.patch("v1", "ConfigMap", "ns", "gone-config", hosts(1))
-    deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(2))
+    deferred.patch(("ns", "gone"), "v1", "ConfigMap", "ns", "gone-config", hosts(1))
+    deferred.patch(("ns", "a"), "v1", "ConfigMap", "ns", "a-config", hosts(2))
     await deferred.drain()
     assert sent(api) == [("a-config", hosts(2), False)]
-    deferred.patch("v1", "ConfigMap", "ns", "a-config", hosts(3))
+    deferred.patch(("ns", "a"), "v1", "ConfigMap", "ns", "a-config", hosts(3))
     await deferred.drain()
     assert sent(api)[-1] == ("a-config", hosts(3), False)
+
+
+@virtual_time
+async def test_a_deleted_jobs_patches_still_waiting_go_with_it() -> None:
+    """Under sustained load the line waits behind every urgent request: a deleted job's patch
+    must not wait there for good."""
+    api = slow_api("a-config", "b-config", "c-config")
+    deferred = DeferredPatches(api)
+    deferred.patch(("ns", "a"), "v1", "ConfigMap", "ns", "a-config", hosts(1))
+    await asyncio.sleep(0)  # the writer takes a's
+    deferred.patch(("ns", "b"), "v1", "ConfigMap", "ns", "b-config", hosts(1))
+    deferred.patch(("ns", "c"), "v1", "ConfigMap", "ns", "c-config", hosts(1))
+    deferred.forget(("ns", "a"))  # on its way already: nothing to take back
+    deferred.forget(("ns", "b"))
+    await deferred.drain()
+    assert [name for name, _, _ in sent(api)] == ["a-config", "c-config"]
+    assert deferred._of_job == {("ns", "c"): {("v1", "ConfigMap", "ns", "c-config")}}
