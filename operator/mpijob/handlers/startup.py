@@ -40,7 +40,7 @@ from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
-from mpijob.platform import credentials, kopf_tuning, tls
+from mpijob.platform import credentials, heap, kopf_tuning, tls
 from mpijob.platform import kube as kube_module
 from mpijob.platform import leader as leader_module
 from mpijob.platform.deferred import DeferredPatches
@@ -154,6 +154,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     )
     runnables = [
         Runnable("heartbeat", workers.beat, needs_lease=False),
+        Runnable("heap-trim", heap.give_back_forever, needs_lease=False),
         Runnable("reconcile", lambda: workers.serve(partial(reconcile.reconcile, rt)), True),
         Runnable("admission", admission.run_forever, needs_lease=True),
     ]
