@@ -12,8 +12,9 @@ bounded by what it remembers:
 - **our last status write**, until the MPIJob's watch event carries it, so that a sync right
   after a write never computes from the stale status.
 
-It also keeps the parsed model of each job's latest version (:meth:`Cache.job`), for our
-admission's passes; a new version replaces it, a deleted job drops it.
+It also keeps what was made of each job's latest version (:meth:`Cache.check`: the parsed,
+defaulted model and its refusals), for the reconciler and our admission's passes alike; a new
+version replaces it, a deleted job drops it.
 
 Built by the composition root; read and fed by the reconciler and the watch handlers.
 """
@@ -27,7 +28,6 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from mpijob import api
 from mpijob.api import JSON, FieldError, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
@@ -107,11 +107,8 @@ class Cache:
     the cluster to the operator. The reconciler reads the job's own by name before it creates
     anything that mounts it (:func:`needs_secret`), so a deleted one is made again before it
     is needed."""
-    parsed: dict[JobKey, tuple[str, MPIJob | None]] = field(default_factory=dict)
-    """Per job: (resourceVersion, the defaulted model of that version): the admission pass asks
-    for every waiting job every few seconds, and most have not changed since."""
     checked: dict[JobKey, tuple[str, Checked]] = field(default_factory=dict)
-    """Per job: (resourceVersion, what the reconciler made of that version: the defaulted job
+    """Per job: (resourceVersion, what the operator made of that version: the defaulted job
     and its refusals); see :meth:`check`."""
 
     # --- the MPIJob --------------------------------------------------------------------------
@@ -230,7 +227,6 @@ class Cache:
         """Drop every memory of a deleted job."""
         self.expected.pop(key, None)
         self.written.pop(key, None)
-        self.parsed.pop(key, None)
         self.checked.pop(key, None)
         self.secrets.pop(key, None)
 
@@ -259,28 +255,23 @@ class Cache:
         index = self.indices.get(Index.PRIORITIES_BY_NAME, {})
         return {name: int(v) for name in index for v in index[name]}
 
-    def job(self, key: JobKey) -> MPIJob | None:
-        """The job as watched now, defaulted; None when it is gone or does not parse."""
+    def job(self, key: JobKey, check: Callable[[JSON], Checked]) -> MPIJob | None:
+        """The job as watched now, defaulted (:meth:`check`); None when it is gone or does not
+        parse."""
         body = self.job_body(key)
         if body is None:
-            self.parsed.pop(key, None)
+            self.checked.pop(key, None)
             return None
-        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        memo = self.parsed.get(key)
-        if memo is not None and version and memo[0] == version:
-            return memo[1]
-        try:
-            job: MPIJob | None = api.with_defaults(api.parse(body))
-        except api.InvalidMPIJob:
-            job = None
-        self.parsed[key] = (version, job)
-        return job
+        return self.check(key, body, check)[0]
 
     def check(self, key: JobKey, body: JSON, check: Callable[[JSON], Checked]) -> Checked:
-        """``check(body)``, once per resourceVersion of the job: a job is synced after every wave
-        of its pods' events, and parsing, defaulting and validating the unchanged job again was
-        a sixth of a sync's samples in a profile of ``make bench``. The result is shared, never
-        changed: the plan and the status copy what they change."""
+        """``check(body)``, once per resourceVersion of the job, for the reconciler and the
+        admission pass alike (both give :func:`mpijob.handlers.reconcile.checked` with the
+        operator's settings): a job is synced after every wave of its pods' events, and the
+        admission pass asks for every waiting job every few seconds; parsing, defaulting and
+        validating the unchanged job again was a sixth of a sync's samples in a profile of
+        ``make bench``. The result is shared, never changed: the plan and the status copy what
+        they change."""
         version = str((body.get("metadata") or {}).get("resourceVersion") or "")
         memo = self.checked.get(key)
         if memo is not None and version and memo[0] == version:

@@ -133,7 +133,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         write_decision=lambda obj: store_decision(kube, obj),
         enqueue=workers.enqueue,
         snapshot=cache.placement_snapshot,
-        live=cache.job,
+        live=partial(cache.job, check=partial(reconcile.checked, settings=ours, fabric=fabric)),
         decision_of=cache.decision,
         priority_values=cache.priority_values,
         inter_node_gbps=ours.inter_node_gbps,

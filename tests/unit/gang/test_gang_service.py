@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
@@ -11,10 +12,12 @@ from mpijob import api, keys
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang import outcome, queue, topology
 from mpijob.gang.service import Admission
+from mpijob.handlers import reconcile
 from mpijob.handlers.cache import Cache
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
 from mpijob.platform.kube import ApiError
+from mpijob.settings import OperatorSettings
 from support import jobs
 
 pytestmark = pytest.mark.unit
@@ -217,6 +220,10 @@ async def test_placement_uses_only_the_nodes_the_worker_template_admits() -> Non
     assert isinstance(h.admission.decision(("ns", "anywhere")), queue.Admit), "blocks no one"
 
 
+#: What the operator makes of a job's body, as its composition root gives it to the cache.
+CHECK = partial(reconcile.checked, settings=OperatorSettings())
+
+
 def test_the_cache_parses_a_job_once_per_version() -> None:
     body = {
         "apiVersion": keys.API_VERSION,
@@ -225,19 +232,19 @@ def test_the_cache_parses_a_job_once_per_version() -> None:
         "spec": {"mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": {}}}},
     }
     cache = Cache(indices={"mpijobs_by_key": {("ns", "j"): [body]}})
-    first = cache.job(("ns", "j"))
+    first = cache.job(("ns", "j"), CHECK)
     assert first is not None
-    assert cache.job(("ns", "j")) is first
+    assert cache.job(("ns", "j"), CHECK) is first
     cache.indices["mpijobs_by_key"][("ns", "j")] = [
         {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "spec": {}}
     ]
-    second = cache.job(("ns", "j"))
+    second = cache.job(("ns", "j"), CHECK)
     assert second is not first
     assert second is not None
     assert second.spec.mpi_replica_specs is None
     cache.indices["mpijobs_by_key"].clear()
-    assert cache.job(("ns", "j")) is None
-    assert cache.parsed == {}
+    assert cache.job(("ns", "j"), CHECK) is None
+    assert cache.checked == {}
 
 
 async def test_a_forged_decision_annotation_is_ignored_and_its_gpus_stay_with_their_holder() -> (

@@ -9,6 +9,7 @@ creates what is missing and nothing else, and a child deleted by hand comes back
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import pytest
@@ -358,7 +359,7 @@ def topology_runtime(body: dict[str, Any]) -> tuple[Runtime, FakeKube, Recording
         write_decision=kube.create,
         enqueue=rt.workers.enqueue,
         snapshot=rt.cache.placement_snapshot,
-        live=rt.cache.job,
+        live=partial(rt.cache.job, check=partial(reconcile.checked, settings=rt.settings)),
         decision_of=rt.cache.decision,
         priority_values=dict,
         create_object=kube.create,
