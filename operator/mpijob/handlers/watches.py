@@ -182,21 +182,24 @@ async def pods_index(
     """Every pod, filed under each key it is read by (:class:`PodsBy`)."""
     out: dict[tuple[str, ...], Any] = {}
     spec = body.spec
-    summary = pod_summary(body)
-    if job := _pod_job(labels):
+    job, gpus = _pod_job(labels), requests_gpus(spec)
+    # Most pods of a cluster are neither ours nor GPU pods: of those only the sums are kept,
+    # and no summary is built.
+    summary = pod_summary(body) if job or gpus else {}
+    if job:
         rt, key = _runtime(memo), _key(namespace, job)
         _count_not_honoured(rt, body)
         _child_changed(rt, key, "Pod", name)
         out[(PodsBy.JOB, *key)] = summary
     node = str(spec.get("nodeName") or "")
-    if requests_gpus(spec):
+    if gpus:
         # Kept with its GPU requests, which is what a pod no decision placed is counted by.
-        gpus = {
+        requested = {
             "containers": _gpu_requests(spec.get("containers")),
             "initContainers": _gpu_requests(spec.get("initContainers")),
         }
-        out[(PodsBy.GPUS_ON, node)] = {**summary, "spec": {**summary["spec"], **gpus}}
-    if node and not terminal(summary):
+        out[(PodsBy.GPUS_ON, node)] = {**summary, "spec": {**summary["spec"], **requested}}
+    if node and not terminal(body):
         out[(PodsBy.REQUESTS_ON, node)] = tuple(sorted(pod_requests(dict(spec)).items()))
     return out
 
