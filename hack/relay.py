@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -103,6 +105,15 @@ class Partition:
                 with contextlib.suppress(OSError, RuntimeError):
                     writer.close()
 
+    def _reset(self, link: _Link) -> None:
+        """Close the client's connection with a reset, the nearest a relay that has already
+        accepted can come to a refusal. A plain close would send FIN or RST depending on whether
+        the client's first bytes had arrived yet, a race its caller would see."""
+        sock = link.client.get_extra_info("socket")
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._close(link)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(writer)
         self._links.add(link)
@@ -113,7 +124,7 @@ class Partition:
         try:
             up_reader, link.upstream = await asyncio.open_connection(*self.target)
         except OSError:  # the server is down, not cut off: its client sees that at once
-            self._close(link)
+            self._reset(link)
             return
         await asyncio.gather(
             self._forward(link, reader, link.upstream), self._forward(link, up_reader, writer)
