@@ -166,6 +166,15 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
             Runnable("gpu-share-placement", lambda: shares.run_placement(patcher), True)
         )
     manager = Manager(runnables, elector=elector, stopping=(recorder.close, rt.deferred.drain))
+
+    # Kopf's cleanup activity runs once its watches have stopped and before it waits (5 s) for
+    # the tasks it did not start: our work, stopped there, is not left to that wait, so SIGTERM
+    # ends the process, and releases the Lease, at once.
+    async def stop_our_work(**_: Any) -> None:
+        await manager.stop()
+
+    kopf.on.cleanup(registry=registry)(stop_our_work)
+
     if ours.monitoring_port:
         with step(f"serving /metrics, /healthz and /readyz on port {ours.monitoring_port}"):
             metrics.serve(

@@ -75,6 +75,7 @@ class Manager:
         self._tasks: list[asyncio.Task[None]] = []
         self._writers: list[asyncio.Task[None]] = []
         self._campaign: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Task[None] | None = None
         self.started = False
 
     def ready(self) -> bool:
@@ -125,7 +126,13 @@ class Manager:
 
     async def stop(self) -> None:
         """The graceful stop: the work that writes, then the lines drain, the Lease released,
-        the rest cancelled."""
+        the rest cancelled. Once: a second call (start-up's ``finally`` after Kopf's cleanup
+        activity) waits for the first, and never writes the Lease a second time."""
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopped)
+
+    async def _stop(self) -> None:
         await _cancel(self._writers)
         for drain in self._stopping:
             with contextlib.suppress(Exception):

@@ -126,6 +126,33 @@ async def test_a_graceful_stop_drains_before_releasing() -> None:
 
 
 @virtual_time
+async def test_a_second_stop_waits_for_the_first_and_stops_nothing_again() -> None:
+    # Kopf's cleanup activity stops the manager; start-up's ``finally`` stops it again.
+    kube = held_by("")
+    elector = LeaderElector(namespace="ops", name="lock", kube=kube, identity="me")
+    drains: list[float] = []
+
+    async def drain() -> None:
+        await asyncio.sleep(1)
+        drains.append(asyncio.get_running_loop().time())
+
+    writes = Work()
+    manager = Manager(
+        [Runnable("writes", writes, True)], elector=elector, stopping=(drain,), exit=lambda s: 0
+    )
+    manager.start()
+    await asyncio.sleep(1)
+    first = asyncio.create_task(manager.stop())
+    await asyncio.sleep(0)
+    await manager.stop()  # returns only once the first stop has finished
+    assert first.done()
+    assert writes.cancelled
+    assert not elector.holds()
+    await manager.stop()
+    assert len(drains) == 1
+
+
+@virtual_time
 async def test_a_campaign_that_fails_is_a_lost_lease() -> None:
     kube = held_by("")
     elector = LeaderElector(namespace="ops", name="lock", kube=kube, identity="me")
