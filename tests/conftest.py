@@ -70,12 +70,12 @@ def cluster() -> Cluster:
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace named after the test, deleted afterwards (without waiting)."""
+    """A fresh namespace named after the test, deleted afterwards (without waiting for it)."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{slug}-{uuid.uuid4().hex[:5]}"
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    cluster.core.delete_namespace(name, propagation_policy="Background")
+    cluster.delete_namespace(name)
 
 
 @pytest.fixture(scope="session")

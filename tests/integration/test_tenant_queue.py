@@ -42,7 +42,7 @@ def hostile_ns(crds: Cluster) -> Iterator[str]:
     crds.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     bind_tenant(crds, name, HOSTILE)
     yield name
-    crds.core.delete_namespace(name, propagation_policy="Background")
+    crds.delete_namespace(name)
 
 
 @pytest.fixture
