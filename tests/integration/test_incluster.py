@@ -35,7 +35,14 @@ from mpijob import keys
 from support.jobs import mpijob
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
-from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
+from support.realnode import (
+    exit_codes,
+    kill_pod_processes,
+    launcher_log,
+    on_real_node,
+    pods,
+    ready_real_node,
+)
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
@@ -348,6 +355,9 @@ def test_incluster_leader_killed_while_a_job_runs_the_standby_finishes_it(
     before = children(real_cluster, namespace)
 
     t0 = time.monotonic()
+    # Killed, as a crash or the OOM killer kills: no graceful stop, so the Lease is not released
+    # and a new leader waits for it to expire; then the pod is gone for good.
+    assert kill_pod_processes(leader) >= 1, f"no process of {leader} found on this machine"
     real_cluster.kubectl("delete", "pod", leader, "-n", NS, "--grace-period=0", "--force")
     holder = wait_until(
         lambda: (h := lease_holder(real_cluster)) != leader and h,

@@ -6,6 +6,10 @@ a job meant to run real processes selects and tolerates it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -87,3 +91,23 @@ def node_mount_points(node: str) -> list[str]:
     holder = argv[1].split("/")[2]  # nsenter --mount=/proc/<pid>/ns/mnt
     with open(f"/proc/{holder}/mountinfo") as lines:
         return [line.split()[4] for line in lines]
+
+
+def kill_pod_processes(pod: str) -> int:
+    """SIGKILL every process of a real node's pod ``pod``, as a crash or the OOM killer would
+    (no SIGTERM, so nothing of the pod's graceful stop runs); how many there were. They are this
+    machine's processes: containerd gives each the pod's name as ``HOSTNAME``."""
+    mark = f"HOSTNAME={pod}".encode()
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        if mark in environ:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+    return killed
