@@ -16,12 +16,13 @@ import pytest
 import yaml
 
 from mpijob import keys
+from support import lanes
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.wait import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+pytestmark = pytest.mark.integration
 
 #: Examples holding GPU shares need --fractional-gpus and core_mem nodes: test_fractional.py runs
 #: them.
@@ -49,8 +50,17 @@ def expected_condition(body: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_reaches_its_end_state(
-    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs, path: Path
+    crds: Cluster,
+    namespace: str,
+    mpijobs: MPIJobs,
+    path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if keys.GPU_RESOURCE in path.read_text():
+        # Only the GPU lane waits for idle GPUs; the examples that ask for none run beside it.
+        assert lanes.lane(request.node.nodeid) == lanes.GPUS, "GPUs asked: lanes.TESTS is stale"
+        request.getfixturevalue("idle_gpus")
+    operator: OperatorProcess = request.getfixturevalue("operator")
     body = yaml.safe_load(path.read_text())
     if labels := NAMESPACE_LABELS.get(path.name):
         crds.core.patch_namespace(namespace, {"metadata": {"labels": labels}})

@@ -23,7 +23,7 @@ from mpijob import keys
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
-from support.operator import OperatorProcess
+from support.operator import ADMISSION_PASSES, OperatorProcess
 from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
@@ -370,12 +370,12 @@ def test_15_a_tenants_status_writes_neither_end_a_hold_off_nor_reach_another_nam
     victim: TenantJobs,
     both: Callable[..., OperatorProcess],
 ) -> None:
-    """For a minute the hostile tenant rewrites its released job's status, as
-    ``kubeflow-mpijobs-edit`` lets it: the condition that says why it waits removed, Succeeded
-    forged and taken back, its start time moved. The hold-off is the operator's own record, so
-    the job is placed (and released) no more, and the victim's job, wanting the same node,
-    runs."""
-    both("--placement-release-seconds", "300")
+    """The hostile tenant rewrites its released job's status, as ``kubeflow-mpijobs-edit``
+    lets it, over and over: the condition that says why it waits removed, Succeeded forged and
+    taken back, its start time moved. The hold-off is the operator's own record, so through
+    every admission pass made meanwhile the job is placed (and released) no more, and the
+    victim's job, wanting the same node, runs."""
+    op = both("--placement-release-seconds", "300")
     hostiles, victims = MPIJobs(crds, hostile_ns), MPIJobs(crds, namespace)
     decisions = DecisionWatch(crds, hostile_ns)
     try:
@@ -386,15 +386,22 @@ def test_15_a_tenants_status_writes_neither_end_a_hold_off_nor_reach_another_nam
         released(hostiles, "hog", keys.REASON_WORKERS_REFUSED)
         wait_until(lambda: decisions.releases("hog") == 1, timeout=30, what="its release seen")
         assert decisions.placements("hog") == 1
+        # Forged until the victim's worker is bound, and for at least 60 writes and 10
+        # admission passes (each a chance to place the hog again): counted, never timed.
+        passes = op.metric(ADMISSION_PASSES) + 10
         writes = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while not (
+            writes > 60
+            and op.metric(ADMISSION_PASSES) >= passes
+            and bound_workers(crds, namespace, "victim")
+        ):
+            assert time.monotonic() < deadline, f"after {writes} writes: {decisions.seen!r}"
             hostile.patch_status("hog", forged_status(hostiles, writes))
             writes += 1
             if writes == 5:
                 victim.create(on_node("victim", "gpu-node-0"))
-            time.sleep(0.4)
-        assert writes > 60
+            time.sleep(0.1)
         victim_runs(crds, victims)
         assert (decisions.placements("hog"), decisions.releases("hog")) == (1, 1), (
             "placed and released once, before the writes: " + repr(decisions.seen)

@@ -10,11 +10,13 @@ another:
 - :data:`GPUS`: tests that take GPUs of the simulated nodes. An operator sees only its own
   namespace's pods and claims, so two of them would hand out the same GPUs; many also wait for
   every GPU to be idle (the ``idle_gpus`` fixture) or expect a particular node.
-- :data:`REAL_NODES`: tests that run real containers on the two real nodes, which have this
-  machine's two cores each (real MPI, training, the operator's own image), and tests that
-  install the operator into ``mpi-operator`` as users do (its Deployment, Lease, cluster-wide
-  webhooks and RBAC have fixed names; each install removes the one before). One real workload
+- :data:`REAL_NODES`: tests that run real workloads on the two real nodes, which have this
+  machine's two cores each (real MPI, training, faults of real containers). One real workload
   at a time keeps those tests' timing what it is when they run alone.
+- :data:`INSTALLS`: tests that install the operator into ``mpi-operator`` as users do (its
+  Deployment, Lease, cluster-wide webhooks and RBAC have fixed names; each install removes the
+  one before). The operator's own image runs on the real nodes, beside :data:`REAL_NODES`' one
+  workload: what they run there asks for little CPU (upstream's pi, simulated jobs).
 - :data:`FREE`: tests that touch nothing beyond their namespace; they run anywhere.
 - :data:`EXCLUSIVE`: tests that change what every other test sees (nodes added, cordoned or
   lost, Kueue's cluster-wide webhooks, an operator watching every namespace, an audit check of
@@ -30,10 +32,11 @@ from __future__ import annotations
 
 GPUS = "gpus"
 REAL_NODES = "real-nodes"
+INSTALLS = "installs"
 FREE = "free"
 EXCLUSIVE = "exclusive"
 #: Lanes whose tests run one after another on one worker.
-SERIAL = (GPUS, REAL_NODES)
+SERIAL = (GPUS, REAL_NODES, INSTALLS)
 
 MODULES: dict[str, str] = {
     "test_admission_liveness.py": GPUS,
@@ -46,14 +49,14 @@ MODULES: dict[str, str] = {
     "test_examples.py": GPUS,
     "test_fabric.py": EXCLUSIVE,  # adds 36 tray nodes and a ComputeDomain CRD
     "test_failures.py": REAL_NODES,
-    "test_faults.py": EXCLUSIVE,  # a node lost, spare nodes added
+    "test_faults.py": EXCLUSIVE,  # a node lost, spare nodes added (the rest: TESTS)
     "test_fractional.py": EXCLUSIVE,  # share nodes, a cluster-wide pod webhook
     "test_gang.py": GPUS,
     "test_gpu_quota.py": GPUS,
     "test_healing.py": FREE,
-    "test_helm.py": REAL_NODES,
-    "test_incluster.py": REAL_NODES,
-    "test_install.py": REAL_NODES,
+    "test_helm.py": INSTALLS,
+    "test_incluster.py": INSTALLS,
+    "test_install.py": INSTALLS,
     "test_kueue.py": EXCLUSIVE,  # Kueue's webhooks see every MPIJob and Job
     "test_leader_election.py": GPUS,
     "test_lifecycle.py": FREE,
@@ -68,11 +71,23 @@ MODULES: dict[str, str] = {
     "test_trust.py": EXCLUSIVE,  # the agent's cluster-wide RBAC and policies
     "test_upstream_e2e.py": EXCLUSIVE,  # cordons the simulated nodes; watches every namespace
 }
-#: Tests whose lane is not their module's, by ``file::name`` (parameters left out).
+#: examples/ whose jobs ask for no GPU.
+CPU_EXAMPLES = ("pi", "pi-intel", "pi-mpich", "pi-restricted", "pi-suspended", "pytorch-cpu")
+#: Tests whose lane is not their module's, by ``file::name``, or ``file::name[parameters]`` for
+#: one case of a parametrized test.
 TESTS: dict[str, str] = {
     # Simulated GPUs, not the real nodes.
     "test_failures.py::test_workers_left_running_after_success_say_so_and_hold_gpus": GPUS,
     "test_failures.py::test_the_admins_default_clean_pod_policy_frees_the_gpus_of_jobs_that_set_none": GPUS,  # noqa: E501
+    # No node added or lost, no GPU: their own namespace is all they touch.
+    "test_faults.py::test_a_job_with_a_ttl_of_zero_runs_once_and_ends_succeeded": FREE,
+    "test_faults.py::test_a_storm_of_sigkills_loses_no_created_event": FREE,
+    # The examples that ask for no GPU (test_examples.py fails one that does, outside GPUS).
+    **{
+        f"test_examples.py::test_example_reaches_its_end_state[{example}.yaml]": FREE
+        for example in CPU_EXAMPLES
+    },
+    "test_examples.py::test_suspended_example_runs_once_resumed": FREE,
 }
 
 
@@ -84,5 +99,6 @@ def lane(nodeid: str) -> str | None:
     if not path.startswith("tests/integration/"):
         return None
     module = path.rsplit("/", 1)[-1]
-    test = name.split("[", 1)[0].split("@", 1)[0]
-    return TESTS.get(f"{module}::{test}") or MODULES.get(module)
+    case = name.split("@", 1)[0]
+    test = case.split("[", 1)[0]
+    return TESTS.get(f"{module}::{case}") or TESTS.get(f"{module}::{test}") or MODULES.get(module)

@@ -13,6 +13,9 @@ from typing import ClassVar
 
 from support.wait import wait_until
 
+#: The count of the admission's timed passes over waiting jobs.
+ADMISSION_PASSES = "mpi_operator_admission_pass_seconds_count"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -97,9 +100,10 @@ class OperatorProcess:
         """Wait until the admission has run ``count`` more timed passes (passes over waiting
         jobs), each a chance to admit what it must not: a negative check made after them rests
         on what the operator did, not on how long the test slept."""
-        name = "mpi_operator_admission_pass_seconds_count"
-        target = self.metric(name) + count
-        wait_until(lambda: self.metric(name) >= target, timeout=timeout, what=f"{count} passes")
+        target = self.metric(ADMISSION_PASSES) + count
+        wait_until(
+            lambda: self.metric(ADMISSION_PASSES) >= target, timeout=timeout, what=f"{count} passes"
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
