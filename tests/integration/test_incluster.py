@@ -127,14 +127,26 @@ def children(cluster: Cluster, namespace: str) -> dict[str, set[tuple[str, str]]
     }
 
 
-def sim_job(name: str, seconds: int, workers: int = 2) -> dict[str, Any]:
-    """A job on the kwok nodes whose launcher succeeds ``seconds`` after it starts; its
-    children stay (cleanPodPolicy None) so they can be counted afterwards."""
+def sim_job(name: str, seconds: int | None, workers: int = 2) -> dict[str, Any]:
+    """A job on the kwok nodes whose launcher succeeds ``seconds`` after it starts (None: once
+    told, :func:`finish`); its children stay (cleanPodPolicy None) so they can be counted
+    afterwards."""
+    succeed = {} if seconds is None else {keys.SIM_SUCCEED_AFTER: f"{seconds}s"}
     return mpijob(
         name,
         workers=workers,
-        launcher_annotations={keys.SIM_SUCCEED_AFTER: f"{seconds}s"},
+        launcher_annotations=succeed or None,
         run_policy={"cleanPodPolicy": "None"},
+    )
+
+
+def finish(cluster: Cluster, namespace: str, name: str) -> None:
+    """Tell the launcher of a job made by ``sim_job(name, None)`` to succeed now."""
+    (launcher,) = pods(cluster, namespace, name, keys.ROLE_LAUNCHER)
+    cluster.core.patch_namespaced_pod(
+        launcher.metadata.name,
+        namespace,
+        {"metadata": {"annotations": {keys.SIM_SUCCEED_AFTER: "1s"}}},
     )
 
 
@@ -350,7 +362,7 @@ def test_incluster_leader_killed_while_a_job_runs_the_standby_finishes_it(
     names = {p.metadata.name for p in two_ready_pods(real_cluster, install.image)}
     leader = leader_among(real_cluster, names)
     (standby,) = names - {leader}
-    mpijobs.create(sim_job("survivor", 40))
+    mpijobs.create(sim_job("survivor", None))  # runs until told, after the fail-over
     wait_running(mpijobs, real_cluster, namespace, "survivor")
     before = children(real_cluster, namespace)
 
@@ -368,6 +380,8 @@ def test_incluster_leader_killed_while_a_job_runs_the_standby_finishes_it(
     say(f"fail-over: leader pod deleted to the standby holding the Lease: {took:.1f}s")
     # The standby, whose watches were warm, took over; not the pod that replaced the leader.
     assert holder == standby
+    assert mpijobs.condition("survivor", keys.COND_SUCCEEDED) is None  # still running
+    finish(real_cluster, namespace, "survivor")
     mpijobs.wait_condition("survivor", keys.COND_SUCCEEDED, timeout=TIMEOUT)
     # Nothing made twice, nothing lost: the same children, by uid, as before the kill.
     assert children(real_cluster, namespace) == before
@@ -392,7 +406,7 @@ def test_incluster_upgrade_to_a_new_image_tag_while_jobs_run(
     leader_among(real_cluster, old)
     jobs = [f"upgraded-{i}" for i in range(3)]
     for name in jobs:
-        mpijobs.create(sim_job(name, 45))
+        mpijobs.create(sim_job(name, None))  # they run until told, after the upgrade
     for name in jobs:
         wait_running(mpijobs, real_cluster, namespace, name)
     before = children(real_cluster, namespace)
@@ -408,6 +422,9 @@ def test_incluster_upgrade_to_a_new_image_tag_while_jobs_run(
     assert not new & old
     leader_among(real_cluster, new)
     say(f"upgrade ({strategy}): set image to a new pod leading: {time.monotonic() - t0:.1f}s")
+    for name in jobs:
+        assert mpijobs.condition(name, keys.COND_SUCCEEDED) is None  # still running
+        finish(real_cluster, namespace, name)
     for name in jobs:
         mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=TIMEOUT)
     assert children(real_cluster, namespace) == before
