@@ -23,7 +23,7 @@ from mpijob import keys
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
-from support.operator import ADMISSION_PASSES, OperatorProcess
+from support.operator import SYNCS, OperatorProcess
 from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
@@ -386,17 +386,19 @@ def test_15_a_tenants_status_writes_neither_end_a_hold_off_nor_reach_another_nam
         released(hostiles, "hog", keys.REASON_WORKERS_REFUSED)
         wait_until(lambda: decisions.releases("hog") == 1, timeout=30, what="its release seen")
         assert decisions.placements("hog") == 1
-        # Forged until the victim's worker is bound, and for at least 60 writes and 10
-        # admission passes (each a chance to place the hog again): counted, never timed.
-        passes = op.metric(ADMISSION_PASSES) + 10
+        # Forged until the victim's worker is bound, and for at least 60 writes that the
+        # operator synced (each sync a chance to end the hold-off): counted, never timed.
+        syncs = op.metric(SYNCS) + 60
         writes = 0
         deadline = time.monotonic() + 120
         while not (
-            writes > 60
-            and op.metric(ADMISSION_PASSES) >= passes
-            and bound_workers(crds, namespace, "victim")
+            writes > 60 and op.metric(SYNCS) >= syncs and bound_workers(crds, namespace, "victim")
         ):
-            assert time.monotonic() < deadline, f"after {writes} writes: {decisions.seen!r}"
+            bound = bool(bound_workers(crds, namespace, "victim"))
+            assert time.monotonic() < deadline, (
+                f"after {writes} writes and {op.metric(SYNCS) - syncs + 60:.0f} syncs: "
+                f"{decisions.seen!r}, victim bound: {bound}"
+            )
             hostile.patch_status("hog", forged_status(hostiles, writes))
             writes += 1
             if writes == 5:

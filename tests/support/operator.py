@@ -15,6 +15,8 @@ from support.wait import wait_until
 
 #: The count of the admission's timed passes over waiting jobs.
 ADMISSION_PASSES = "mpi_operator_admission_pass_seconds_count"
+#: The count of syncs (reconciles) of jobs.
+SYNCS = "mpi_operator_reconcile_duration_seconds_count"
 
 
 def free_port() -> int:
