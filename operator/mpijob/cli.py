@@ -7,6 +7,8 @@ Flag names follow upstream mpi-operator's where they mean the same thing.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from typing import cast
 
@@ -247,6 +249,7 @@ def main(ctx: click.Context) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Log debug messages too.")
 def run(**opts: object) -> None:
     """Run the operator in the foreground until interrupted."""
+    _stop_at_once_while_starting()
     _without_official_client()
     from mpijob.handlers import startup
 
@@ -278,3 +281,17 @@ def _without_official_client() -> None:
     """
     if "kopf" not in sys.modules:
         sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+
+
+def _stop_at_once_while_starting() -> None:
+    """SIGTERM ends the process at once until Kopf takes it over for the graceful stop. In its
+    container the operator is PID 1, which the kernel sends no default SIGTERM action: a pod
+    deleted while it starts (a rollout, an uninstall) would otherwise wait out its grace period
+    (30 s). Start-up holds nothing to give back (it asks for the Lease last), so an exit is all
+    a stop needs; it is the same as a kill at that point."""
+
+    def stop(signum: int, _frame: object) -> None:
+        os.write(2, b"Stopped by SIGTERM during start-up\n")  # no logging: its locks
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

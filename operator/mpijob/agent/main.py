@@ -188,6 +188,11 @@ def main(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if not node_name and not dry_run:
         raise click.UsageError("set NODE_NAME or --node-name (or use --dry-run)")
+    # In its container the agent is PID 1, which the kernel sends no default SIGTERM action:
+    # without a handler every rollout or node drain would wait out the grace period (30 s). It
+    # is set before start-up: a pod deleted while it starts (an upgrade, an uninstall) is told
+    # then, once, and the first sleep ends the loop. (--once never sleeps.)
+    sleep = time.sleep if once else _StoppableSleep(signal.SIGTERM, signal.SIGINT)
     node = node_name or "local"
     annotate: Annotate | None = None
     check: GpuActual | None = None
@@ -209,8 +214,6 @@ def main(
         steps.append(
             _share_step(nvml, node, dry_run, mps and not simulate and not dry_run, mps_root)
         )
-    # In its container the agent is PID 1, which the kernel sends no default SIGTERM action:
-    # without a handler every rollout or node drain would wait out the grace period (30 s).
     raise SystemExit(
         run(
             nvml,
@@ -218,7 +221,7 @@ def main(
             annotate=annotate,
             once=once,
             interval=interval,
-            sleep=_StoppableSleep(signal.SIGTERM, signal.SIGINT),
+            sleep=sleep,
             beat=lambda: last.__setitem__(0, time.monotonic()),
             check=check,
             steps=steps,

@@ -231,6 +231,25 @@ def test_sigterm_stops_the_agent_at_once_with_exit_zero() -> None:
     assert "Stopped on a signal" in out
 
 
+def test_sigterm_during_start_up_stops_the_agent_after_its_first_turn() -> None:
+    """A pod deleted while its agent starts (an upgrade, an uninstall) is sent SIGTERM once,
+    then: taken before start-up, it ends the loop at the first sleep, not 30 s later."""
+    start = (
+        "import os, signal; from mpijob.agent import main as m; real = m._nvml; "
+        "m._nvml = lambda *a: (os.kill(os.getpid(), signal.SIGTERM), real(*a))[1]; m.main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", start, "--simulate", "dgx1-v100", "--dry-run", "--interval",
+         "300", "--health-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Stopped on a signal" in proc.stderr, proc.stderr
+
+
 def test_a_stop_signal_that_lands_while_the_loop_is_busy_ends_the_next_sleep_at_once() -> None:
     """The stop is taken by the sleep itself, so a signal between two sleeps is not lost and no
     handler runs code that could wait on a lock the interrupted loop holds."""

@@ -4,9 +4,11 @@ never asked for (no cluster needed: the failures come before or instead of one).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,36 @@ def test_the_command_exits_1_with_one_line_when_the_kubeconfig_is_missing(tmp_pa
         f'] "Start-up failed: reading the credentials ({missing}): '
         f"[Errno 2] No such file or directory: '{missing}'\"" in lines[0]
     ), lines[0]
+
+
+def test_sigterm_while_starting_ends_the_process_at_once(tmp_path: Path) -> None:
+    """Before Kopf takes SIGTERM over, the operator's own handler ends start-up: as PID 1 in its
+    container it has no default action, and a pod deleted while it starts would wait out its
+    grace period. Here start-up waits on an API server that accepts and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    reached = threading.Event()
+
+    def accept() -> None:
+        held = []
+        while True:
+            held.append(server.accept())
+            reached.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpijob", "run", "--no-leader-elect", "--monitoring-port", "0",
+         "--kubeconfig", str(kubeconfig(tmp_path, f"https://127.0.0.1:{port}"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert reached.wait(60), "start-up never reached the API server"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)  # start-up alone would wait 60 s for an answer
+    finally:
+        proc.kill()
+        server.close()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "Stopped by SIGTERM during start-up" in out, out
