@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Builds the local control plane from the Go module proxy into a cache outside
-# the repo, building only what is missing. Usage: hack/build-bins.sh [component...]
-# Components: kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm volcano (default: the
-# control plane, i.e. all but kueue, which runs on request, mpi-operator, the benchmark peer, and
-# e2e, upstream's end-to-end suite, helm, the chart's tests, and volcano, built on request only;
-# kubelet and coredns when REAL_NODES is not 0).
+# Builds the local control plane from the Go module proxy into a cache outside the repo, only
+# what is missing. Usage: hack/build-bins.sh [component...]
+# Components: kube etcd kwok sched-plugins kubelet coredns (the control plane and the real nodes'
+# kubelet and DNS: "default", or no argument; kubelet and coredns not when REAL_NODES=0), and on
+# request kueue, volcano, e2e (upstream's end-to-end suite), helm (the chart's tests) and
+# mpi-operator (the benchmark peer).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 
 CACHE=${MPIJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpijob-operator}
-export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0
+# Go's build and module caches inside the project's, unless set (hack/common.py go_env does the
+# same): removing the project's cache starts every build from nothing, as on a new machine.
+# -modcacherw: Go makes downloaded modules read-only, which would refuse a user's rm -rf.
+export GOCACHE=${GOCACHE:-$CACHE/go-build} GOMODCACHE=${GOMODCACHE:-$CACHE/go-mod}
+export GOFLAGS="-trimpath -buildvcs=false -modcacherw" CGO_ENABLED=0
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
-say() { printf '\033[1m[build]\033[0m %s\n' "$*" >&2; }
+# [build] lines go to fd 3, the caller's stderr, also from a build whose output goes to its log.
+exec 3>&2
+say() { printf '\033[1m[build]\033[0m %s\n' "$*" >&3; }
 die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
 
 command -v go >/dev/null || die "Go is not installed. Install Go >= 1.26 (https://go.dev/doc/install, or 'apt-get install golang-go' if new enough) and re-run."
@@ -56,7 +62,7 @@ kube_ldflags() {
 # The module proxy may lack a staging module at the exact patch release (a mirror with holes).
 # Use the exact version when it downloads, else the nearest 0.<minor>.x that does, and say so:
 # patch releases of one minor share their APIs. With "older" as 4th argument, earlier patches are
-# tried first: a later cri-api patch changed a field's Go type that kubelet v$KUBE_VERSION uses.
+# tried first (kube_wrapper says when).
 pick_staging() {
   local mod=$1 minor=$2 patch=$3 order=${4:-near} d p
   local steps="0 1 -1 2 -2 3 -3 4 -4 5 -5 6 -6"
@@ -64,7 +70,8 @@ pick_staging() {
   for d in $steps; do
     p=$((patch + d)); [ "$p" -ge 0 ] || continue
     if go mod download "$mod@v0.$minor.$p" >/dev/null 2>&1; then
-      [ "$d" -eq 0 ] || say "  $mod: v0.$minor.$patch is not on the module proxy; using v0.$minor.$p"
+      # Into the component's log: a hole in the mirror is no news to the person waiting.
+      [ "$d" -eq 0 ] || echo "  $mod: v0.$minor.$patch is not on the module proxy; using v0.$minor.$p" >&2
       echo "v0.$minor.$p"; return 0
     fi
   done
@@ -76,25 +83,37 @@ check_proxy() {
     || die "cannot download k8s.io/kubernetes@v$KUBE_VERSION from the Go module proxy ($(go env GOPROXY)). Check network access to the proxy or set GOPROXY."
 }
 
-build_kube() {
-  have "$kube_dir" kube-apiserver kube-controller-manager kube-scheduler kubectl && return
-  say "kubernetes v$KUBE_VERSION: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (the longest step, ~20 min cold)"
+# The wrapper module of a k8s.io/kubernetes build ($1: its name), each staging module replaced
+# by a version the module proxy serves. The control plane and the kubelet get the same picks, so
+# the kubelet's build reuses every package the control plane's compiled: cri-api, and cri-client
+# built on it, from earlier patches first (a later cri-api patch changed a field's Go type that
+# kubelet v$KUBE_VERSION uses), the rest nearest first. Leaves the shell in the wrapper.
+kube_wrapper() {
   check_proxy
-  local w; w=$(wrapper kubernetes); cd "$w"
+  local w; w=$(wrapper "$1"); cd "$w"
   local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-  local minor patch; minor=$(echo "$KUBE_VERSION" | cut -d. -f2); patch=$(echo "$KUBE_VERSION" | cut -d. -f3)
+  local minor patch m v order; minor=$(echo "$KUBE_VERSION" | cut -d. -f2); patch=$(echo "$KUBE_VERSION" | cut -d. -f3)
   for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
     case "$m" in k8s.io/sample-*|k8s.io/code-generator) continue;; esac  # not linked into any binary
-    local v; v=$(pick_staging "$m" "$minor" "$patch") \
+    order=near
+    case "$m" in k8s.io/cri-api|k8s.io/cri-client) order=older;; esac
+    v=$(pick_staging "$m" "$minor" "$patch" "$order") \
       || die "no v0.$minor.x of $m near v0.$minor.$patch on the module proxy ($(go env GOPROXY))"
     go mod edit -replace="$m=$m@$v"
   done
+}
+
+# The control plane's binaries. The cluster's scheduler is scheduler-plugins' (build_sched_plugins).
+build_kube() {
+  have "$kube_dir" kube-apiserver kube-controller-manager kubectl && return
+  say "kubernetes v$KUBE_VERSION: kube-apiserver, kube-controller-manager, kubectl (the longest step, ~4 min cold on 2 cores)"
+  kube_wrapper kubernetes
   local c
-  go get -tool $(for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  go get -tool $(for c in kube-apiserver kube-controller-manager kubectl; do
     echo "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done)
   mkdir -p "$kube_dir.tmp"
-  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-    say "  go build $c"
+  for c in kube-apiserver kube-controller-manager kubectl; do
+    echo "  go build $c" >&2
     go build -ldflags "$(kube_ldflags)" -o "$kube_dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
   done
   rm -rf "$kube_dir"; mv "$kube_dir.tmp" "$kube_dir"
@@ -104,17 +123,8 @@ build_kube() {
 # module of its own (a directory of its own, so the control plane's atomic rebuild never drops it).
 build_kubelet() {
   have "$kubelet_dir" kubelet && return
-  say "kubelet v$KUBE_VERSION (the real node; ~5 min once the control plane's build cache is warm)"
-  check_proxy
-  local w; w=$(wrapper kubelet); cd "$w"
-  local gomod; gomod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-  local minor patch; minor=$(echo "$KUBE_VERSION" | cut -d. -f2); patch=$(echo "$KUBE_VERSION" | cut -d. -f3)
-  for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
-    case "$m" in k8s.io/sample-*|k8s.io/code-generator) continue;; esac
-    local v; v=$(pick_staging "$m" "$minor" "$patch" older) \
-      || die "no v0.$minor.x of $m near v0.$minor.$patch on the module proxy ($(go env GOPROXY))"
-    go mod edit -replace="$m=$m@$v"
-  done
+  say "kubelet v$KUBE_VERSION (the real node; ~1 min once the control plane is built)"
+  kube_wrapper kubelet
   go get -tool "k8s.io/kubernetes/cmd/kubelet@v$KUBE_VERSION"
   mkdir -p "$kubelet_dir.tmp"
   go build -ldflags "$(kube_ldflags)" -o "$kubelet_dir.tmp/kubelet" k8s.io/kubernetes/cmd/kubelet
@@ -181,7 +191,7 @@ build_sched_plugins() {
           # A pin for a module outside the build graph (e.g. legacy-cloud-providers) may be
           # missing from the proxy: drop it; a needed one would fail the build just below.
           ver=$(pick_staging "$mod" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}") \
-            || { say "  $mod: no usable version on the module proxy; dropping its pin"; continue; }
+            || { echo "  $mod: no usable version on the module proxy; dropping its pin" >&2; continue; }
         fi
         go mod edit -replace="${r%%=*}=$mod@$ver"
       done
@@ -222,7 +232,7 @@ build_volcano() {
         mod=${target%@*}; ver=${target#*@}
         if [[ "$mod" == k8s.io/* && "$ver" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]]; then
           ver=$(pick_staging "$mod" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}") \
-            || { say "  $mod: no usable version on the module proxy; dropping its pin"; continue; }
+            || { echo "  $mod: no usable version on the module proxy; dropping its pin" >&2; continue; }
         fi
         go mod edit -replace="${r%%=*}=$mod@$ver"
       done
@@ -260,21 +270,58 @@ build_e2e() {
   rm -rf "$e2e_dir"; mv "$e2e_dir.tmp" "$e2e_dir"
 }
 
-components=("$@")
-if [ ${#components[@]} -eq 0 ]; then
-  components=(etcd kwok kube sched-plugins)
-  [ "${REAL_NODES:-1}" = 0 ] || components+=(kubelet coredns)
-fi
-start=$SECONDS
-for c in "${components[@]}"; do
-  t=$SECONDS
-  case "$c" in
-    kube) build_kube;; etcd) build_etcd;; kwok) build_kwok;;
-    sched-plugins) build_sched_plugins;; kueue) build_kueue;; mpi-operator) build_mpi_operator;;
-    e2e) build_e2e;;
-    kubelet) build_kubelet;; coredns) build_coredns;; helm) build_helm;; volcano) build_volcano;;
-    *) die "unknown component '$c' (kube etcd kwok sched-plugins kueue mpi-operator e2e kubelet coredns helm volcano)";;
-  esac
-  say "$c ready ($((SECONDS - t)) s)"
+# Every component builds in a subshell of its own, its Go output in $logs/<component>.log and its
+# [build] lines here; two at a time, longest first, since one Go build leaves a core idle while
+# it downloads modules or links. The kubelet follows the control plane, whose packages it reuses.
+# "default" stands for the control plane (and the real nodes' kubelet and CoreDNS unless
+# REAL_NODES=0).
+order=(kube volcano kueue e2e sched-plugins coredns helm mpi-operator kwok etcd)
+[ $# -gt 0 ] || set -- default
+requested=()
+for c in "$@"; do
+  if [ "$c" = default ]; then
+    requested+=(etcd kwok kube sched-plugins)
+    [ "${REAL_NODES:-1}" = 0 ] || requested+=(kubelet coredns)
+  else
+    requested+=("$c")
+  fi
 done
+for c in "${requested[@]}"; do
+  case " ${order[*]} kubelet " in *" $c "*) ;; *)
+    die "unknown component '$c' (default ${order[*]} kubelet)";;
+  esac
+done
+wants() { case " ${requested[*]} " in *" $1 "*) return 0;; esac; return 1; }
+chains=()
+for c in "${order[@]}"; do
+  wants "$c" || continue
+  if [ "$c" = kube ] && wants kubelet; then chains+=("kube kubelet"); else chains+=("$c"); fi
+done
+wants kubelet && ! wants kube && chains+=(kubelet)
+
+logs=$CACHE/logs
+mkdir -p "$logs"
+# Never called where its status is tested (`build_one c || ...`): bash would then ignore errexit
+# in everything it runs, and a failed step would not end its build.
+build_one() {
+  local c=$1 t=$SECONDS
+  ( "build_${c//-/_}" ) >"$logs/$c.log" 2>&1 &
+  if wait $!; then
+    say "$c ready ($((SECONDS - t)) s)"
+  else
+    say "$c failed after $((SECONDS - t)) s; the end of $logs/$c.log:"
+    tail -n 25 "$logs/$c.log" >&3
+    exit 1
+  fi
+}
+
+start=$SECONDS running=0 failed=0
+for chain in "${chains[@]}"; do
+  if [ $running -ge 2 ]; then wait -n || failed=1; running=$((running - 1)); fi
+  # shellcheck disable=SC2086  # a chain is a list of words
+  ( for c in $chain; do build_one "$c"; done ) &
+  running=$((running + 1))
+done
+while [ $running -gt 0 ]; do wait -n || failed=1; running=$((running - 1)); done
+[ $failed -eq 0 ] || die "a build failed (above); the rest are kept, and a re-run builds only what is missing"
 say "all ready in $((SECONDS - start)) s under $CACHE/bin"
