@@ -41,6 +41,7 @@ cluster: install ## Start the local cluster (NODES=4 TOPOLOGY=dgx1-v100 REAL_NOD
 	@# Exit status 3: the control plane and the simulated nodes are up, the real node is not (said why).
 	@# With the audit log, as the tests start it: make demo and make test share one cluster either way.
 	$(PY) -m hack.cluster up --audit-log --nodes $(NODES) --topology $(TOPOLOGY) --real-nodes $(REAL_NODES) \
+	  $(if $(IMAGES),--images $(IMAGES)) \
 	  || { rc=$$?; [ $$rc -eq 3 ] && echo "[cluster] up without the real node (see above)"; [ $$rc -eq 3 ]; }
 
 cluster-down: ## Stop the local cluster; leaves no process behind
@@ -117,6 +118,8 @@ undeploy-local: install ## Remove the in-cluster operator (CRDs, RBAC and MPIJob
 run: install ## Run the operator in the foreground against KUBECONFIG (default .cluster/kubeconfig)
 	$(PY) -m mpijob run --no-leader-elect $(ARGS)
 
+# The demo's real nodes hold only the images it runs; `make test` adds the others to running nodes.
+demo: IMAGES ?= pause,openmpi,pytorch
 demo: cluster crds ## Local cluster + operator (namespace demo, left running) + a sample MPIJob to Succeeded; IN_CLUSTER=1: the operator's image on the real node
 	IN_CLUSTER=$(IN_CLUSTER) $(PY) -m hack.demo
 

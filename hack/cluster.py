@@ -395,6 +395,9 @@ def up(
     if unknown:
         raise SystemExit(f"[cluster] error: unknown image(s) {unknown}; any of {images.ALL}")
     parts = Components(dra_driver, kueue, real_nodes, tuple(node_images), volcano_scheduler)
+    # The real nodes' images build while the binaries build and the control plane starts: an
+    # image's build waits on Debian's archive as much as on the CPU.
+    builder = images.start_building(parts.images) if parts.real_nodes > 0 else None
     try:
         state = ensure_control_plane(audit_log, users)
         ensure_nodes(state, nodes, topology, gpus)
@@ -402,13 +405,18 @@ def up(
             ensure_dra(state)
     except BaseException:
         say("start failed; stopping what was started (logs stay in .cluster/logs)")
+        if builder:
+            builder.terminate()
         down(quiet=True)
         raise
     if parts.kueue:
         ensure_kueue(state)
     if parts.volcano:
         volcano.ensure(state)
-    # Last: its failure leaves everything else up.
+    # Last: its failure leaves everything else up. A failed background build is built again,
+    # in the foreground, where its error stops the real nodes only.
+    if builder:
+        builder.wait()
     ensure_real_nodes(state, parts.real_nodes, parts.images)
     return state
 

@@ -34,9 +34,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from hack import common
+
 HACK = Path(__file__).resolve().parent
+ROOT = HACK.parent
 # Debian release per flavour. MPICH comes from trixie (4.2): bookworm's 4.0 on UCX now and then
 # hung in MPI_Finalize when ranks sat in two pods of one node (one rank spun waiting for a reply
 # that the other, already blocked in the process manager's barrier, never read).
@@ -79,10 +83,7 @@ def die(msg: str) -> SystemExit:
 
 
 def cache_dir() -> Path:
-    if os.environ.get("MPIJOB_CACHE"):
-        return Path(os.environ["MPIJOB_CACHE"]) / "images"
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "mpijob-operator" / "images"
+    return common.cache_dir() / "images"
 
 
 def recipe_digest(files: list[Path], extra: str) -> str:
@@ -378,7 +379,7 @@ def build_pause(dest: Path) -> None:
         subprocess.run(
             ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), "pause.go"],
             cwd=HACK / "pause",
-            env={**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off"},
+            env={**common.go_env(), "CGO_ENABLED": "0", "GO111MODULE": "off"},
             check=True,
         )
         layer = Path(tmp) / "layer.tar"
@@ -417,6 +418,17 @@ def ensure(name: str) -> Path:
 
 
 ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel", "pytorch")
+
+
+def start_building(names: Sequence[str]) -> subprocess.Popen[bytes] | None:
+    """Builds the images of ``names`` not built yet in a process of its own, one after another
+    (its output goes where this process's does); None when all are built."""
+    missing = [name for name in names if not archive_path(name).exists()]
+    if not missing:
+        return None
+    say(f"building {', '.join(missing)} in the background")
+    return subprocess.Popen([sys.executable, "-m", "hack.images", "build", *missing], cwd=ROOT)
+
 
 # --- the training image ---------------------------------------------------------------------
 # ``mpijob.local/pytorch-benchmark:openmpi`` is ``mpioperator/mpi-pi:openmpi``'s recipe (trixie,

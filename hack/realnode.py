@@ -481,6 +481,10 @@ def up(
         raise NodeError(f"REAL_NODES={count}: at most 5 real nodes share one /24")
     st = NodeState.load(root)
     if st and st.count == count and healthy(st) and nodes_ready(kubectl, count):
+        # Running nodes get what they lack: `make demo` starts them with its images only, and
+        # `make test` after it adds the rest without a restart.
+        for i in range(count):
+            import_images(root / "realnode" / f"node-{i}", node_images)
         return
     if st:
         down(root, kubectl)

@@ -29,11 +29,13 @@ fi
 # Against a cluster of the user's (MPIJOB_TEST_KUBECONFIG) the local control plane is never started.
 if [ -z "${MPIJOB_TEST_KUBECONFIG:-}" ]; then
   bash hack/node-deps.sh
-  hack/build-bins.sh
-  hack/build-bins.sh kueue
-  hack/build-bins.sh e2e
-  hack/build-bins.sh volcano
+  # The real nodes' images build beside the Go builds: they wait on Debian's archive as much as
+  # on the CPU. (python3: hack/images.py needs the standard library only.)
+  images=
   if [ "${REAL_NODES:-1}" != 0 ]; then
-    python3 -m hack.images build  # standard library only
+    python3 -m hack.images build &
+    images=$!
   fi
+  hack/build-bins.sh default kueue e2e volcano helm
+  [ -z "$images" ] || wait "$images" || die "an image did not build (its [images] lines above say why)"
 fi
