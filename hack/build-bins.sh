@@ -14,8 +14,11 @@ CACHE=${MPIJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpijob-operator}
 # Go's build and module caches inside the project's, unless set (hack/common.py go_env does the
 # same): removing the project's cache starts every build from nothing, as on a new machine.
 # -modcacherw: Go makes downloaded modules read-only, which would refuse a user's rm -rf.
+# -dwarf=false: no debug information compiled that -ldflags "-s -w" would strip at the link
+# (15 % less CPU for etcd's build from nothing).
+own_gocache=${GOCACHE:+no}
 export GOCACHE=${GOCACHE:-$CACHE/go-build} GOMODCACHE=${GOMODCACHE:-$CACHE/go-mod}
-export GOFLAGS="-trimpath -buildvcs=false -modcacherw" CGO_ENABLED=0
+export GOFLAGS="-trimpath -buildvcs=false -modcacherw -gcflags=all=-dwarf=false" CGO_ENABLED=0
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
 # [build] lines go to fd 3, the caller's stderr, also from a build whose output goes to its log.
@@ -83,11 +86,14 @@ check_proxy() {
     || die "cannot download k8s.io/kubernetes@v$KUBE_VERSION from the Go module proxy ($(go env GOPROXY)). Check network access to the proxy or set GOPROXY."
 }
 
-# The wrapper module of a k8s.io/kubernetes build ($1: its name), each staging module replaced
-# by a version the module proxy serves. The control plane and the kubelet get the same picks, so
-# the kubelet's build reuses every package the control plane's compiled: cri-api, and cri-client
-# built on it, from earlier patches first (a later cri-api patch changed a field's Go type that
-# kubelet v$KUBE_VERSION uses), the rest nearest first. Leaves the shell in the wrapper.
+# The wrapper module of a build on k8s.io/kubernetes ($1: its name): the control plane, the
+# scheduler (scheduler-plugins, whose go.mod pins every staging module at KUBE_VERSION too) and
+# the kubelet. All three require both modules and replace each staging module alike, so they
+# resolve one module graph, and each build after the first reuses the packages compiled before
+# it; their own go.mods apart, each recompiled nearly all of Kubernetes. A staging module the
+# proxy lacks at KUBE_VERSION is taken at the nearest patch it serves; cri-api, and cri-client
+# built on it, at an earlier patch first (a later cri-api patch changed a field's Go type that
+# kubelet v$KUBE_VERSION uses). Leaves the shell in the wrapper.
 kube_wrapper() {
   check_proxy
   local w; w=$(wrapper "$1"); cd "$w"
@@ -101,6 +107,8 @@ kube_wrapper() {
       || die "no v0.$minor.x of $m near v0.$minor.$patch on the module proxy ($(go env GOPROXY))"
     go mod edit -replace="$m=$m@$v"
   done
+  go mod edit -require="k8s.io/kubernetes@v$KUBE_VERSION" \
+    -require="sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION"
 }
 
 # The control plane's binaries. The cluster's scheduler is scheduler-plugins' (build_sched_plugins).
@@ -112,10 +120,9 @@ build_kube() {
   go get -tool $(for c in kube-apiserver kube-controller-manager kubectl; do
     echo "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done)
   mkdir -p "$kube_dir.tmp"
-  for c in kube-apiserver kube-controller-manager kubectl; do
-    echo "  go build $c" >&2
-    go build -ldflags "$(kube_ldflags)" -o "$kube_dir.tmp/$c" "k8s.io/kubernetes/cmd/$c"
-  done
+  # One go build for all three: it links one while it compiles for another.
+  go build -ldflags "$(kube_ldflags)" -o "$kube_dir.tmp/" $(for c in kube-apiserver kube-controller-manager kubectl; do
+    echo "k8s.io/kubernetes/cmd/$c"; done)
   rm -rf "$kube_dir"; mv "$kube_dir.tmp" "$kube_dir"
 }
 
@@ -131,14 +138,32 @@ build_kubelet() {
   rm -rf "$kubelet_dir"; mv "$kubelet_dir.tmp" "$kubelet_dir"
 }
 
-# CoreDNS serves cluster.local to the real node's pods; its go.mod has no replace directives.
+# CoreDNS serves cluster.local to the real node's pods, built with the plugins the node's
+# Corefile uses (hack/realnode.py corefile) as CoreDNS documents for a build of chosen plugins:
+# its own main links every plugin, and the cloud providers' SDKs were most of its build.
 build_coredns() {
   have "$coredns_dir" coredns && return
-  say "CoreDNS v$COREDNS_VERSION (the real node's cluster DNS)"
+  say "CoreDNS v$COREDNS_VERSION with its plugins bind, errors, health and kubernetes (the real node's cluster DNS)"
   local w; w=$(wrapper coredns); cd "$w"
-  go get -tool "github.com/coredns/coredns@v$COREDNS_VERSION"
+  cat > main.go <<'GO'
+package main
+
+import (
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+
+	"github.com/coredns/coredns/coremain"
+)
+
+func main() { coremain.Run() }
+GO
+  # Not `go get`: it would fetch what CoreDNS's own main imports, every plugin's modules.
+  go mod edit -require="github.com/coredns/coredns@v$COREDNS_VERSION"
+  go mod tidy
   mkdir -p "$coredns_dir.tmp"
-  go build -ldflags "-s -w" -o "$coredns_dir.tmp/coredns" github.com/coredns/coredns
+  go build -ldflags "-s -w" -o "$coredns_dir.tmp/coredns" .
   rm -rf "$coredns_dir"; mv "$coredns_dir.tmp" "$coredns_dir"
 }
 
@@ -171,35 +196,24 @@ build_etcd() {
 }
 
 build_kwok() {
-  have "$kwok_dir" kwok kwokctl && return
-  say "kwok and kwokctl v$KWOK_VERSION"
+  have "$kwok_dir" kwok && return
+  say "kwok v$KWOK_VERSION"
   mkdir -p "$kwok_dir.tmp"
-  GOBIN="$kwok_dir.tmp" go install "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@v$KWOK_VERSION"
+  GOBIN="$kwok_dir.tmp" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
   rm -rf "$kwok_dir"; mv "$kwok_dir.tmp" "$kwok_dir"
 }
 
 build_sched_plugins() {
   have "$sp_dir" kube-scheduler sched-plugins-controller && return
   say "scheduler-plugins v$SCHED_PLUGINS_VERSION: scheduler (Coscheduling) and PodGroup controller"
-  local w; w=$(wrapper scheduler-plugins); cd "$w"
-  local gomod; gomod=$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
-  sed -n 's#^[[:space:]]*\(replace \)\{0,1\}\([a-z0-9./-]*\) => \([a-z0-9./-]*\) \(v[0-9A-Za-z.+-]*\)$#\2=\3@\4#p' "$gomod" \
-    | while read -r r; do
-        local target=${r#*=} mod ver
-        mod=${target%@*}; ver=${target#*@}
-        if [[ "$mod" == k8s.io/* && "$ver" =~ ^v0\.([0-9]+)\.([0-9]+)$ ]]; then
-          # A pin for a module outside the build graph (e.g. legacy-cloud-providers) may be
-          # missing from the proxy: drop it; a needed one would fail the build just below.
-          ver=$(pick_staging "$mod" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}") \
-            || { echo "  $mod: no usable version on the module proxy; dropping its pin" >&2; continue; }
-        fi
-        go mod edit -replace="${r%%=*}=$mod@$ver"
-      done
+  kube_wrapper scheduler-plugins
   go get -tool "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION" \
     "sigs.k8s.io/scheduler-plugins/cmd/controller@v$SCHED_PLUGINS_VERSION"
   mkdir -p "$sp_dir.tmp"
-  go build -ldflags "$(kube_ldflags)" -o "$sp_dir.tmp/kube-scheduler" sigs.k8s.io/scheduler-plugins/cmd/scheduler
-  go build -ldflags "-s -w" -o "$sp_dir.tmp/sched-plugins-controller" sigs.k8s.io/scheduler-plugins/cmd/controller
+  go build -ldflags "$(kube_ldflags)" -o "$sp_dir.tmp/" sigs.k8s.io/scheduler-plugins/cmd/scheduler \
+    sigs.k8s.io/scheduler-plugins/cmd/controller
+  mv "$sp_dir.tmp/scheduler" "$sp_dir.tmp/kube-scheduler"
+  mv "$sp_dir.tmp/controller" "$sp_dir.tmp/sched-plugins-controller"
   rm -rf "$sp_dir"; mv "$sp_dir.tmp" "$sp_dir"
 }
 
@@ -239,8 +253,10 @@ build_volcano() {
   go mod edit -replace="volcano.sh/apis=volcano.sh/apis@v$VOLCANO_APIS_VERSION"
   go get "volcano.sh/volcano/cmd/scheduler@v$VOLCANO_VERSION" "volcano.sh/volcano/cmd/controller-manager@v$VOLCANO_VERSION"
   mkdir -p "$volcano_dir.tmp"
-  go build -ldflags "-s -w" -o "$volcano_dir.tmp/vc-scheduler" volcano.sh/volcano/cmd/scheduler
-  go build -ldflags "-s -w" -o "$volcano_dir.tmp/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
+  go build -ldflags "-s -w" -o "$volcano_dir.tmp/" volcano.sh/volcano/cmd/scheduler \
+    volcano.sh/volcano/cmd/controller-manager
+  mv "$volcano_dir.tmp/scheduler" "$volcano_dir.tmp/vc-scheduler"
+  mv "$volcano_dir.tmp/controller-manager" "$volcano_dir.tmp/vc-controller-manager"
   rm -rf "$volcano_dir"; mv "$volcano_dir.tmp" "$volcano_dir"
 }
 
@@ -272,10 +288,11 @@ build_e2e() {
 
 # Every component builds in a subshell of its own, its Go output in $logs/<component>.log and its
 # [build] lines here; two at a time, longest first, since one Go build leaves a core idle while
-# it downloads modules or links. The kubelet follows the control plane, whose packages it reuses.
-# "default" stands for the control plane (and the real nodes' kubelet and CoreDNS unless
-# REAL_NODES=0).
-order=(kube volcano kueue e2e sched-plugins coredns helm mpi-operator kwok etcd)
+# it downloads modules or links. The builds on k8s.io/kubernetes run one after another, each
+# reusing the packages of the one before (kube_wrapper). "default" stands for the control plane
+# (and the real nodes' kubelet and CoreDNS unless REAL_NODES=0).
+family=(kube sched-plugins kubelet)
+order=(volcano kueue e2e coredns helm mpi-operator kwok etcd)
 [ $# -gt 0 ] || set -- default
 requested=()
 for c in "$@"; do
@@ -287,17 +304,15 @@ for c in "$@"; do
   fi
 done
 for c in "${requested[@]}"; do
-  case " ${order[*]} kubelet " in *" $c "*) ;; *)
-    die "unknown component '$c' (default ${order[*]} kubelet)";;
+  case " ${family[*]} ${order[*]} " in *" $c "*) ;; *)
+    die "unknown component '$c' (default ${family[*]} ${order[*]})";;
   esac
 done
 wants() { case " ${requested[*]} " in *" $1 "*) return 0;; esac; return 1; }
-chains=()
-for c in "${order[@]}"; do
-  wants "$c" || continue
-  if [ "$c" = kube ] && wants kubelet; then chains+=("kube kubelet"); else chains+=("$c"); fi
-done
-wants kubelet && ! wants kube && chains+=(kubelet)
+chains=() kin=""
+for c in "${family[@]}"; do wants "$c" && kin="$kin $c"; done
+[ -z "$kin" ] || chains+=("$kin")
+for c in "${order[@]}"; do wants "$c" && chains+=("$c"); done
 
 logs=$CACHE/logs
 mkdir -p "$logs"
@@ -324,4 +339,8 @@ for chain in "${chains[@]}"; do
 done
 while [ $running -gt 0 ]; do wait -n || failed=1; running=$((running - 1)); done
 [ $failed -eq 0 ] || die "a build failed (above); the rest are kept, and a re-run builds only what is missing"
+# Built once, the binaries are the cache: Go's compiled packages (12 GB after the control plane
+# and the real nodes' builds) are not kept, unless GOCACHE was set (then they are the user's).
+# The downloaded modules are: a version bump reuses most of them.
+[ -n "$own_gocache" ] || rm -rf "$GOCACHE"
 say "all ready in $((SECONDS - start)) s under $CACHE/bin"

@@ -28,12 +28,17 @@ esac
 pytestmark = pytest.mark.unit
 
 
-def run(tmp_path: Path, *components: str) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, *components: str, gocache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     stub = tmp_path / "stub-bin"
     stub.mkdir(exist_ok=True)
     (stub / "go").write_text(GO_STUB)
     (stub / "go").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "REAL_NODES": "0"}
+    env.pop("GOCACHE", None)
+    if gocache:
+        env["GOCACHE"] = str(gocache)
     return subprocess.run(
         [str(SCRIPT), *components], env=env, capture_output=True, text=True, check=False
     )
@@ -83,3 +88,25 @@ def test_an_unknown_component_is_refused_before_anything_builds(tmp_path: Path) 
     assert "unknown component 'kubelets'" in out.stderr
     assert "etcd" not in out.stderr.split("unknown component")[0]
     assert not (tmp_path / "cache" / "logs").exists()
+
+
+def test_compiled_packages_are_not_kept_after_a_build_unless_the_go_cache_is_the_users(
+    tmp_path: Path,
+) -> None:
+    built("etcd")
+    ours = tmp_path / "cache" / "go-build"
+    (ours / "00").mkdir(parents=True)
+    assert run(tmp_path, "etcd").returncode == 0
+    assert not ours.exists()
+
+    theirs = tmp_path / "users-go-build"
+    (theirs / "00").mkdir(parents=True)
+    assert run(tmp_path, "etcd", gocache=theirs).returncode == 0
+    assert (theirs / "00").is_dir()
+
+
+def test_a_failed_build_keeps_the_compiled_packages_for_the_next_try(tmp_path: Path) -> None:
+    ours = tmp_path / "cache" / "go-build"
+    (ours / "00").mkdir(parents=True)
+    assert run(tmp_path, "kwok").returncode != 0
+    assert (ours / "00").is_dir()
