@@ -88,9 +88,9 @@ check_proxy() {
 
 # The wrapper module of a build on k8s.io/kubernetes ($1: its name): the control plane, the
 # scheduler (scheduler-plugins, whose go.mod pins every staging module at KUBE_VERSION too) and
-# the kubelet. All three require both modules and replace each staging module alike, so they
-# resolve one module graph, and each build after the first reuses the packages compiled before
-# it; their own go.mods apart, each recompiled nearly all of Kubernetes. A staging module the
+# the kubelet. They require both modules and replace each staging module alike, so they resolve
+# one module graph and build in one go build (build_kubernetes); their own go.mods apart, each
+# recompiled nearly all of Kubernetes. A staging module the
 # proxy lacks at KUBE_VERSION is taken at the nearest patch it serves; cri-api, and cri-client
 # built on it, at an earlier patch first (a later cri-api patch changed a field's Go type that
 # kubelet v$KUBE_VERSION uses). Leaves the shell in the wrapper.
@@ -111,31 +111,55 @@ kube_wrapper() {
     -require="sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION"
 }
 
-# The control plane's binaries. The cluster's scheduler is scheduler-plugins' (build_sched_plugins).
-build_kube() {
-  have "$kube_dir" kube-apiserver kube-controller-manager kubectl && return
-  say "kubernetes v$KUBE_VERSION: kube-apiserver, kube-controller-manager, kubectl (the longest step, ~4 min cold on 2 cores)"
-  kube_wrapper kubernetes
-  local c
-  go get -tool $(for c in kube-apiserver kube-controller-manager kubectl; do
-    echo "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done)
-  mkdir -p "$kube_dir.tmp"
-  # One go build for all three: it links one while it compiles for another.
-  go build -ldflags "$(kube_ldflags)" -o "$kube_dir.tmp/" $(for c in kube-apiserver kube-controller-manager kubectl; do
-    echo "k8s.io/kubernetes/cmd/$c"; done)
-  rm -rf "$kube_dir"; mv "$kube_dir.tmp" "$kube_dir"
+# The members of that family and their binaries: "kube" the control plane's, "sched-plugins" the
+# cluster's scheduler (Coscheduling) and its PodGroup controller, "kubelet" the real nodes'.
+member_dir() {
+  case $1 in kube) echo "$kube_dir";; sched-plugins) echo "$sp_dir";; kubelet) echo "$kubelet_dir";; esac
+}
+member_bins() {
+  case $1 in
+    kube) echo kube-apiserver kube-controller-manager kubectl;;
+    sched-plugins) echo kube-scheduler sched-plugins-controller;;
+    kubelet) echo kubelet;;
+  esac
+}
+# A binary's package, and the name `go build -o dir/` gives it (its last element).
+bin_pkg() {
+  case $1 in
+    kube-scheduler) echo "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION";;
+    sched-plugins-controller) echo "sigs.k8s.io/scheduler-plugins/cmd/controller@v$SCHED_PLUGINS_VERSION";;
+    *) echo "k8s.io/kubernetes/cmd/$1@v$KUBE_VERSION";;
+  esac
 }
 
-# The real node's kubelet: the same k8s.io/kubernetes build as the control plane, in a wrapper
-# module of its own (a directory of its own, so the control plane's atomic rebuild never drops it).
-build_kubelet() {
-  have "$kubelet_dir" kubelet && return
-  say "kubelet v$KUBE_VERSION (the real node; ~1 min once the control plane is built)"
-  kube_wrapper kubelet
-  go get -tool "k8s.io/kubernetes/cmd/kubelet@v$KUBE_VERSION"
-  mkdir -p "$kubelet_dir.tmp"
-  go build -ldflags "$(kube_ldflags)" -o "$kubelet_dir.tmp/kubelet" k8s.io/kubernetes/cmd/kubelet
-  rm -rf "$kubelet_dir"; mv "$kubelet_dir.tmp" "$kubelet_dir"
+# The family's missing members ($kin, from the command line) in one go build: Go compiles each
+# package once and keeps both cores busy across all of them, where builds one after another left
+# one idle at every link and every package few others wait on.
+build_kubernetes() {
+  local todo=() m b p
+  for m in "${kin[@]}"; do
+    # shellcheck disable=SC2046  # a list of words
+    have "$(member_dir "$m")" $(member_bins "$m") || todo+=("$m")
+  done
+  [ ${#todo[@]} -gt 0 ] || return 0
+  local bins; bins=$(for m in "${todo[@]}"; do member_bins "$m"; done | xargs)
+  say "Kubernetes v$KUBE_VERSION and scheduler-plugins v$SCHED_PLUGINS_VERSION in one build: $bins (the longest step, about 6 min from nothing on 2 cores)"
+  kube_wrapper kubernetes
+  local pkgs=()
+  for b in $bins; do pkgs+=("$(bin_pkg "$b")"); done
+  go get -tool "${pkgs[@]}"
+  local out=$CACHE/bin/.kubernetes.tmp
+  rm -rf "$out"; mkdir -p "$out"
+  go build -ldflags "$(kube_ldflags)" -o "$out/" "${pkgs[@]%@*}"
+  mv "$out/scheduler" "$out/kube-scheduler" 2>/dev/null || true
+  mv "$out/controller" "$out/sched-plugins-controller" 2>/dev/null || true
+  for m in "${todo[@]}"; do
+    local d; d=$(member_dir "$m")
+    mkdir -p "$d.tmp"
+    for b in $(member_bins "$m"); do mv "$out/$b" "$d.tmp/$b"; done
+    rm -rf "$d"; mv "$d.tmp" "$d"
+  done
+  rm -rf "$out"
 }
 
 # CoreDNS serves cluster.local to the real node's pods, built with the plugins the node's
@@ -201,20 +225,6 @@ build_kwok() {
   mkdir -p "$kwok_dir.tmp"
   GOBIN="$kwok_dir.tmp" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
   rm -rf "$kwok_dir"; mv "$kwok_dir.tmp" "$kwok_dir"
-}
-
-build_sched_plugins() {
-  have "$sp_dir" kube-scheduler sched-plugins-controller && return
-  say "scheduler-plugins v$SCHED_PLUGINS_VERSION: scheduler (Coscheduling) and PodGroup controller"
-  kube_wrapper scheduler-plugins
-  go get -tool "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION" \
-    "sigs.k8s.io/scheduler-plugins/cmd/controller@v$SCHED_PLUGINS_VERSION"
-  mkdir -p "$sp_dir.tmp"
-  go build -ldflags "$(kube_ldflags)" -o "$sp_dir.tmp/" sigs.k8s.io/scheduler-plugins/cmd/scheduler \
-    sigs.k8s.io/scheduler-plugins/cmd/controller
-  mv "$sp_dir.tmp/scheduler" "$sp_dir.tmp/kube-scheduler"
-  mv "$sp_dir.tmp/controller" "$sp_dir.tmp/sched-plugins-controller"
-  rm -rf "$sp_dir"; mv "$sp_dir.tmp" "$sp_dir"
 }
 
 build_kueue() {
@@ -288,9 +298,9 @@ build_e2e() {
 
 # Every component builds in a subshell of its own, its Go output in $logs/<component>.log and its
 # [build] lines here; two at a time, longest first, since one Go build leaves a core idle while
-# it downloads modules or links. The builds on k8s.io/kubernetes run one after another, each
-# reusing the packages of the one before (kube_wrapper). "default" stands for the control plane
-# (and the real nodes' kubelet and CoreDNS unless REAL_NODES=0).
+# it downloads modules or links. The builds on k8s.io/kubernetes are one (build_kubernetes).
+# "default" stands for the control plane (and the real nodes' kubelet and CoreDNS unless
+# REAL_NODES=0).
 family=(kube sched-plugins kubelet)
 order=(volcano kueue e2e coredns helm mpi-operator kwok etcd)
 [ $# -gt 0 ] || set -- default
@@ -309,9 +319,9 @@ for c in "${requested[@]}"; do
   esac
 done
 wants() { case " ${requested[*]} " in *" $1 "*) return 0;; esac; return 1; }
-chains=() kin=""
-for c in "${family[@]}"; do wants "$c" && kin="$kin $c"; done
-[ -z "$kin" ] || chains+=("$kin")
+chains=() kin=()
+for c in "${family[@]}"; do wants "$c" && kin+=("$c"); done
+[ ${#kin[@]} -eq 0 ] || chains+=(kubernetes)
 for c in "${order[@]}"; do wants "$c" && chains+=("$c"); done
 
 logs=$CACHE/logs
