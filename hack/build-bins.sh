@@ -89,11 +89,11 @@ check_proxy() {
 # The wrapper module of a build on k8s.io/kubernetes ($1: its name): the control plane, the
 # scheduler (scheduler-plugins, whose go.mod pins every staging module at KUBE_VERSION too) and
 # the kubelet. They require both modules and replace each staging module alike, so they resolve
-# one module graph and build in one go build (build_kubernetes); their own go.mods apart, each
-# recompiled nearly all of Kubernetes. A staging module the
-# proxy lacks at KUBE_VERSION is taken at the nearest patch it serves; cri-api, and cri-client
-# built on it, at an earlier patch first (a later cri-api patch changed a field's Go type that
-# kubelet v$KUBE_VERSION uses). Leaves the shell in the wrapper.
+# one module graph and build in one go build (build_kubernetes); with their own go.mods, each
+# recompiled nearly all of Kubernetes. A staging module the proxy lacks at KUBE_VERSION is taken
+# at the nearest patch it serves; cri-api, and cri-client built on it, at an earlier patch first
+# (a later cri-api patch changed a field's Go type that kubelet v$KUBE_VERSION uses). Leaves the
+# shell in the wrapper.
 kube_wrapper() {
   check_proxy
   local w; w=$(wrapper "$1"); cd "$w"
@@ -136,14 +136,14 @@ bin_pkg() {
 # package once and keeps both cores busy across all of them, where builds one after another left
 # one idle at every link and every package few others wait on.
 build_kubernetes() {
-  local todo=() m b p
+  local todo=() m b
   for m in "${kin[@]}"; do
     # shellcheck disable=SC2046  # a list of words
     have "$(member_dir "$m")" $(member_bins "$m") || todo+=("$m")
   done
   [ ${#todo[@]} -gt 0 ] || return 0
   local bins; bins=$(for m in "${todo[@]}"; do member_bins "$m"; done | xargs)
-  say "Kubernetes v$KUBE_VERSION and scheduler-plugins v$SCHED_PLUGINS_VERSION in one build: $bins (the longest step, about 6 min from nothing on 2 cores)"
+  say "Kubernetes v$KUBE_VERSION and scheduler-plugins v$SCHED_PLUGINS_VERSION in one build: $bins (the longest step: 7 to 8 min from nothing on 2 cores, beside the other builds)"
   kube_wrapper kubernetes
   local pkgs=()
   for b in $bins; do pkgs+=("$(bin_pkg "$b")"); done
