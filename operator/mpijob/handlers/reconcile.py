@@ -172,6 +172,10 @@ def _needs_secret(action: sync.Action) -> bool:
     return False
 
 
+def _creates_secret(action: sync.Action) -> bool:
+    return isinstance(action, sync.Create) and action.obj.get("kind") == "Secret"
+
+
 async def _read_secret(
     rt: Runtime, key: JobKey, job: api.MPIJob, actions: list[sync.Action], pods: Sequence[JSON]
 ) -> bool:
@@ -182,7 +186,14 @@ async def _read_secret(
     may be stale. It is read before the plan writes it or creates what mounts it, and while a
     pod of the job is Pending (a launcher pod the Job controller made again waits there for a
     Secret deleted by hand), so a deleted Secret is made again when a pod needs it, and one that
-    exists is never made twice after a restart. A job whose pods all run reads none."""
+    exists is never made twice after a restart. A job whose pods all run reads none.
+
+    Not read when this process has never seen the job's Secret and the plan creates it (a new
+    job, or the first sync after a restart): the create is the read then, since a name already
+    taken is read and checked for ownership (:func:`_create`). A new job's first sync then
+    costs no GET, as it costs upstream none (it reads Secrets from an informer)."""
+    if not rt.cache.knows_secret(key) and any(_creates_secret(a) for a in actions):
+        return False
     pending = any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods)
     if not pending and not any(_needs_secret(a) for a in actions):
         return False

@@ -286,15 +286,29 @@ async def test_a_job_is_checked_once_per_version_and_no_sync_changes_what_was_ch
 
 
 async def test_after_a_restart_the_first_sync_finds_the_ssh_secret_and_makes_none() -> None:
+    """The create is the read: refused (the name is taken), the job's own Secret is read and
+    kept as it is, and the pods that mount it are created."""
     rt, kube, _ = runtime(valid_job())
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube)
+    [before] = kube.stored("Secret", "bar")
     rt.cache.secrets.clear()  # a new process remembers no Secret
     gone = rt.cache.indices[Index.PODS][PODS_OF_FOO].pop()
     kube.remove("Pod", "bar", gone["metadata"]["name"])
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.created() == ["Pod/foo-worker-1"]
+    assert kube.created() == ["Secret/foo-ssh", "Pod/foo-worker-1"]
+    assert kube.stored("Secret", "bar") == [before]  # refused: the Secret was not made again
+    assert rt.cache.knows_secret(("bar", "foo"))
+
+
+async def test_a_new_jobs_first_sync_creates_its_secret_without_reading_it_first() -> None:
+    """Upstream reads Secrets from an informer: its first sync of a new job sends no GET, and
+    neither does ours (the create is the read, see the test above)."""
+    rt, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert "Secret/foo-ssh" in kube.created()
+    assert [args for verb, args in kube.requests if verb == "get"] == []
 
 
 async def test_resume_replaces_the_launcher_with_the_version_its_status_patch_returned() -> None:
