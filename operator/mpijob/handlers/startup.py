@@ -35,12 +35,12 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.cache import Cache
+from mpijob.handlers.cache import Cache, Index
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric
-from mpijob.platform import credentials, heap, kopf_tuning, tls
+from mpijob.platform import credentials, heap, informer, kopf_tuning, tls
 from mpijob.platform import kube as kube_module
 from mpijob.platform import leader as leader_module
 from mpijob.platform.deferred import DeferredPatches
@@ -49,7 +49,7 @@ from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.leader import LeaderElector
 from mpijob.platform.manager import Manager, Runnable
 from mpijob.platform.recorder import Recorder
-from mpijob.platform.workers import Workers
+from mpijob.platform.workers import KOPF_INDICES, POD_INFORMER, Workers
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
 from mpijob.shares import webhook
@@ -127,8 +127,13 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
     registry = registry_for(ours, binding, shares, user_agent)
     indexers, indices = kopf_tuning.indexers_for(registry)
-    cache = Cache(indices=indices, server_minor=await server_minor(kube))
-    workers = Workers(ours.threadiness)
+    pod_index = informer.Index()
+    cache = Cache(
+        # Kopf's index of each kind is made once (by indexers_for) and filled in place.
+        indices={**indices, Index.PODS: pod_index},
+        server_minor=await server_minor(kube),
+    )
+    workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, POD_INFORMER}))
     admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
         enqueue=workers.enqueue,
@@ -152,7 +157,9 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         cache=cache,
         admission=admission,
     )
+    pods = pod_informer(ours, rt, pod_index, user_agent)
     runnables = [
+        Runnable("pod-informer", pods.run, needs_lease=False),
         Runnable("heartbeat", workers.beat, needs_lease=False),
         Runnable("heap-trim", heap.give_back_forever, needs_lease=False),
         Runnable("reconcile", lambda: workers.serve(partial(reconcile.reconcile, rt)), True),
@@ -207,7 +214,30 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     finally:
         await manager.stop()
         await kube.aclose()
+        await pods.kube.aclose()
         await lease_kube.aclose()
+
+
+def pod_informer(
+    ours: OperatorSettings, rt: Runtime, index: informer.Index, user_agent: str
+) -> informer.Informer:
+    """The pod informer over the operator's namespaces, filing into ``index`` through
+    :func:`~mpijob.handlers.watches.pod_event`; its first list opens the workers."""
+    namespaces, admits = informer.scope(ours.namespaces, kopf_tuning.namespace_matcher)
+    # Its own client: each watch holds a connection for minutes, never one a request waits for.
+    kube = Kube.from_kubeconfig(
+        ours.kubeconfig, qps=0, burst=1, concurrency=len(namespaces) + 1, user_agent=user_agent
+    )
+    return informer.Informer(
+        kube,
+        "v1",
+        "Pod",
+        index=index,
+        handle=partial(watches.pod_event, rt),
+        namespaces=namespaces,
+        admits=admits,
+        on_listed=partial(rt.workers.open, POD_INFORMER),
+    )
 
 
 async def start_shares(

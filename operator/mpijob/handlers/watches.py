@@ -1,4 +1,5 @@
-"""Kopf indices (the caches) and event handlers (the triggers), registered per settings.
+"""The caches and the triggers: Kopf's indices and event handlers, and the pod informer's
+handler (:func:`pod_event`), registered per settings.
 
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
 controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label; the
@@ -10,27 +11,31 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
+Pods, most of the events, are not Kopf's: the pod informer
+(:class:`mpijob.platform.informer.Informer`) lists and watches them and gives each event to
+:func:`pod_event`, which files the pod under every key a reader looks it up by
+(:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds,
+the node whose room it takes.
+
 A child's index function is also its trigger: Kopf calls an index for every event but a
 deletion (which only drops the entry), so the children's event handlers are filtered to
-deletions, and the many pod events cost Kopf one handler call each instead of two. For the same
-reason pods have one index function, which files each pod under every key a reader looks it up
-by (:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it
-holds, the node whose room it takes. Kopf calls
-index functions while it lists, before every index is complete; the work queue holds what they
-ask for until :func:`mpijob_event` (an event handler, which Kopf calls only once every index is
-complete) opens it (:meth:`~mpijob.platform.workers.Workers.open`).
+deletions. Kopf calls index functions while it lists, before every index is complete; the work
+queue holds what they ask for until :func:`mpijob_event` (an event handler, which Kopf calls
+only once its indices are complete) and the pod informer's first list open it
+(:meth:`~mpijob.platform.workers.Workers.open`).
 
 An event for a child also ends the expectation its creation left (see
-:mod:`mpijob.handlers.cache`); Kopf stores an index function's result before any other task
-runs, so no sync sees the expectation gone and the index without the child. Only low-level
-handlers are used, so Kopf adds no finalizer, progress annotation or diff-base to anyone's
-objects. They are async and never block: Kopf would otherwise run each call in a thread.
+:mod:`mpijob.handlers.cache`); an index is written before any other task runs, so no sync sees
+the expectation gone and the index without the child. Only low-level handlers are used, so
+Kopf adds no finalizer, progress annotation or diff-base to anyone's objects. They are async
+and never block: Kopf would otherwise run each call in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -42,6 +47,7 @@ from mpijob.gang import quota, topology
 from mpijob.handlers.cache import Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.platform.kube import ApiError, resource
+from mpijob.platform.workers import KOPF_INDICES
 from mpijob.pods.predicates import pod_requests, terminal
 
 log = logging.getLogger(__name__)
@@ -74,7 +80,7 @@ def _picked(section: Any, fields: tuple[str, ...]) -> JSON:
     return {k: section[k] for k in fields if section.get(k)}
 
 
-def _metadata(body: kopf.Body) -> JSON:
+def _metadata(body: Mapping[str, Any]) -> JSON:
     return _picked(body.get("metadata"), POD_SUMMARY_METADATA)
 
 
@@ -105,7 +111,7 @@ def _container_status(container: Any) -> JSON:
     return out
 
 
-def pod_summary(body: kopf.Body) -> JSON:
+def pod_summary(body: Mapping[str, Any]) -> JSON:
     """What the reconciler and placement read of a pod: no container specs; of the containers'
     statuses, only their states (why a pod failed, when its launcher ran); its IP (a worker is
     reachable by name only once it has one)."""
@@ -149,7 +155,7 @@ async def mpijob_event(
     **_: Any,
 ) -> None:
     rt = _runtime(memo)
-    rt.workers.open()  # Kopf calls event handlers only once every index is complete
+    rt.workers.open(KOPF_INDICES)  # Kopf calls event handlers only once its indices are full
     key = _key(namespace, name)
     if type == "DELETED":
         rt.forget(key)
@@ -176,18 +182,25 @@ def _pod_job(labels: Any) -> str | None:
     return labels.get(keys.LABEL_JOB_NAME) or None
 
 
-async def pods_index(
-    body: kopf.Body, namespace: str | None, name: str, labels: Any, memo: OperatorMemo, **_: Any
-) -> dict[tuple[str, ...], Any]:
-    """Every pod, filed under each key it is read by (:class:`PodsBy`)."""
+def pod_event(rt: Runtime, type: str | None, body: JSON) -> dict[tuple[str, ...], Any]:
+    """One pod's event from the pod informer (``type`` None: listed): our job's sync asked for,
+    and every key the pod is filed under (:class:`PodsBy`); none once it is deleted."""
+    metadata = body.get("metadata") or {}
+    namespace, name = metadata.get("namespace"), str(metadata.get("name") or "")
+    job = _pod_job(metadata.get("labels") or {})
+    if type == "DELETED":
+        if job:
+            rt.reported_actual.pop(str(metadata.get("uid") or ""), None)
+            _child_changed(rt, _key(namespace, job), "Pod", name)
+        return {}
     out: dict[tuple[str, ...], Any] = {}
-    spec = body.spec
-    job, gpus = _pod_job(labels), requests_gpus(spec)
+    spec = body.get("spec") or {}
+    gpus = requests_gpus(spec)
     # Most pods of a cluster are neither ours nor GPU pods: of those only the sums are kept,
     # and no summary is built.
     summary = pod_summary(body) if job or gpus else {}
     if job:
-        rt, key = _runtime(memo), _key(namespace, job)
+        key = _key(namespace, job)
         _count_not_honoured(rt, body)
         _child_changed(rt, key, "Pod", name)
         out[(PodsBy.JOB, *key)] = summary
@@ -200,28 +213,20 @@ async def pods_index(
         }
         out[(PodsBy.GPUS_ON, node)] = {**summary, "spec": {**summary["spec"], **requested}}
     if node and not terminal(body):
-        out[(PodsBy.REQUESTS_ON, node)] = tuple(sorted(pod_requests(dict(spec)).items()))
+        out[(PodsBy.REQUESTS_ON, node)] = tuple(sorted(pod_requests(spec).items()))
     return out
 
 
-async def pod_deleted(
-    namespace: str | None, name: str, labels: Any, body: kopf.Body, memo: OperatorMemo, **_: Any
-) -> None:
-    if job := _pod_job(labels):
-        rt = _runtime(memo)
-        rt.reported_actual.pop(str(body.metadata.get("uid") or ""), None)
-        _child_changed(rt, _key(namespace, job), "Pod", name)
-
-
-def _count_not_honoured(rt: Runtime, body: kopf.Body) -> None:
+def _count_not_honoured(rt: Runtime, body: JSON) -> None:
     """Count a placed pod once per set of GPUs the agent found it holds instead of its own."""
-    actual = (body.metadata.get("annotations") or {}).get(keys.GPU_ACTUAL)
+    metadata = body.get("metadata") or {}
+    actual = (metadata.get("annotations") or {}).get(keys.GPU_ACTUAL)
     if not actual:
         return  # nearly every pod event: the agent reported nothing
-    uid = str(body.metadata.get("uid") or "")
+    uid = str(metadata.get("uid") or "")
     before = rt.reported_actual.get(uid)
     old = {"metadata": {"annotations": {keys.GPU_ACTUAL: before}}} if before else None
-    if binding := gpu_binding.newly_not_honoured(old, dict(body)):
+    if binding := gpu_binding.newly_not_honoured(old, body):
         metrics.PLACEMENTS_NOT_HONOURED.labels(binding=binding.value).inc()
     rt.reported_actual[uid] = str(actual)
 
@@ -535,10 +540,6 @@ def register(
     mpijobs = resource(keys.API_VERSION, keys.KIND)
     kopf.index(*mpijobs, id=Index.MPIJOBS_BY_KEY.value, registry=registry)(mpijobs_by_key)
     kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
-    ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME}
-    pods = resource("v1", "Pod")
-    kopf.index(*pods, id=Index.PODS.value, registry=registry)(pods_index)
-    kopf.on.event(*pods, labels=ours, when=deleted, registry=registry)(pod_deleted)
     decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
     kopf.index(*decisions, id=Index.DECISIONS_BY_JOB.value, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)

@@ -10,6 +10,7 @@ Three changes reach into Kopf's private ``kopf._cogs`` modules, which no setting
 lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
 reference cycles (:func:`views_without_cycles`), and index filling that wakes the objects
 waiting for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`).
+One more reads it: Kopf's namespace patterns, for the pod informer (:func:`namespace_matcher`).
 This is the only module that imports ``kopf._cogs`` (an import contract says so), and
 ``pyproject.toml`` pins Kopf to the minor version these were written against; each change
 checks that what it replaces is there, and leaves Kopf as it is, with a warning, where it is
@@ -22,14 +23,14 @@ import asyncio
 import json
 import logging
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
-import orjson
 
 from mpijob import keys
 from mpijob.platform import logs
+from mpijob.platform.kube import decode
 from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -90,23 +91,17 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
         )
 
 
-def _loads(text: str | bytes) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:  # what orjson refuses and json takes (lone surrogates)
-        return json.loads(text)
-
-
 def decode_watch_events_with_orjson() -> None:
     """Kopf decodes every line of its watch streams with the standard library's ``json``
     (about a tenth of the operator's CPU under load); orjson gives the same objects in a
     fraction of the time. Kopf has no setting for it, so the name its streaming module decodes
-    with is pointed at :func:`_loads`; a Kopf without that name keeps its own decoding."""
+    with is pointed at :func:`~mpijob.platform.kube.decode`; a Kopf without that name keeps its
+    own decoding."""
     from kopf._cogs.clients import api
 
     if getattr(api, "json", None) is json:
         decoding = types.ModuleType(json.__name__, json.__doc__)
-        vars(decoding).update({**vars(json), "loads": _loads})
+        vars(decoding).update({**vars(json), "loads": decode})
         api.json = decoding  # type: ignore[attr-defined]
     else:
         log.warning("Kopf's watch decoding was not found; watch events decode with json")
@@ -260,6 +255,19 @@ def patch_kopf() -> None:
     decode_watch_events_with_orjson()
     views_without_cycles()
     toggle_sets_wake_on_change()
+
+
+def namespace_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a namespace is one of ``patterns`` (``--namespace``), exactly as Kopf matches
+    them (globs, ``!`` exclusions, comma-separated parts), for the watches that are not
+    Kopf's (:mod:`mpijob.platform.informer`)."""
+    from kopf._cogs.structs import references
+
+    def matches(namespace: str) -> bool:
+        name = references.NamespaceName(namespace)
+        return any(references.match_namespace(name, p) for p in patterns)
+
+    return matches
 
 
 def indexers_for(registry: kopf.OperatorRegistry) -> tuple[Any, Mapping[str, Any]]:

@@ -1,10 +1,11 @@
 """The reconcile workers: a fixed number of tasks taking job keys from the work queue.
 
-Workers take nothing before :meth:`Workers.open` (Kopf's indices are complete: the watch
-handlers call it), run only on the leader (the manager starts :meth:`Workers.serve` once this
-replica holds the Lease), retry a failed reconcile with the queue's per-key backoff, and prove
-the event loop is alive to ``/healthz`` through a heartbeat that the metrics thread reads.
-Also :func:`on_wake`, the loop of the background passes (gang admission, waiting GPU shares).
+Workers take nothing before every cache is full (:meth:`Workers.open`: Kopf's indices, as the
+watch handlers see, and the pod informer's first list), run only on the leader (the manager
+starts :meth:`Workers.serve` once this replica holds the Lease), retry a failed reconcile with
+the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
+heartbeat that the metrics thread reads. Also :func:`on_wake`, the loop of the background
+passes (gang admission, waiting GPU shares).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from mpijob.platform.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
+#: The names the caches open the workers by (:meth:`Workers.open`).
+KOPF_INDICES, POD_INFORMER = "kopf-indices", "pod-informer"
 
 
 async def on_wake(
@@ -57,13 +60,18 @@ class Workers:
     Lease, :meth:`beat` the heartbeat every replica runs."""
 
     threadiness: int
+    caches: frozenset[str] = frozenset({KOPF_INDICES})
+    """What must be full before any sync (each calls :meth:`open` with its name)."""
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
     heartbeat: float = field(default_factory=time.monotonic)
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
+    _full: set[str] = field(default_factory=set)
 
-    def open(self) -> None:
-        """Every index is complete: a sync from now on sees all of a job's children."""
-        self.indexed.set()
+    def open(self, cache: str) -> None:
+        """``cache`` is full; once every one is, a sync sees all of a job's children."""
+        self._full.add(cache)
+        if self._full >= self.caches:
+            self.indexed.set()
 
     def enqueue(self, key: JobKey) -> None:
         self.queue.add(key)

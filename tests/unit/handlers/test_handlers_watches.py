@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from types import SimpleNamespace
+from typing import Any
 
 import kopf
 import pytest
@@ -17,9 +19,11 @@ from mpijob.handlers.watches import (
     limits_gpus,
     mpijob_event,
     node_event,
-    pods_index,
+    pod_event,
     quotas_by_namespace,
 )
+from mpijob.platform.informer import Index as PodIndex
+from mpijob.platform.informer import Informer
 from mpijob.platform.workers import Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import virtual_time
@@ -112,32 +116,28 @@ async def test_the_quota_index_keeps_only_gpu_limits_and_scopes_of_gpu_quotas() 
     assert not limits_gpus(cpu_only.spec)
 
 
-def _pod(name: str, node: str, phase: str, gpus: str | None, **labels: str) -> kopf.Body:
+def _pod(name: str, node: str, phase: str, gpus: str | None, **labels: str) -> dict[str, Any]:
     resources = {"limits": {keys.GPU_RESOURCE: gpus}} if gpus else {}
     container = {"name": "c", "image": "i", "resources": {**resources, "requests": {"cpu": "1"}}}
-    meta = {"namespace": "ns", "name": name, "labels": labels}
+    meta = {"namespace": "ns", "name": name, "uid": f"uid-{name}", "labels": labels}
     spec = {"nodeName": node, "containers": [container]}
-    return kopf.Body({"metadata": meta, "spec": spec, "status": {"phase": phase}})
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
-async def test_one_pod_index_files_each_pod_under_every_key_it_is_read_by() -> None:
+async def test_the_pod_informer_files_each_pod_under_every_key_it_is_read_by() -> None:
     """Ours by job; anyone's GPU pods by node (unbound: node ""); anyone's bound, unfinished
     pods' requests by node. The placement snapshot reads the last two back."""
     rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), reported_actual={})
-    memo = OperatorMemo(runtime=rt)
+    kube: Any = None  # nothing is listed or watched: the events are applied by hand
+    pods = Informer(kube, "v1", "Pod", index=PodIndex(), handle=partial(pod_event, rt))
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME, keys.LABEL_JOB_NAME: "pi"}
-    pods = {
+    bodies = {
         "pi-worker-0": _pod("pi-worker-0", "n1", "Running", "2", **ours),
         "pending": _pod("pending", "", "Pending", "1"),
         "cpu-only": _pod("cpu-only", "n1", "Running", None),
         "done": _pod("done", "n1", "Succeeded", "4"),
     }
-    filed = {
-        name: await pods_index(
-            body=body, namespace="ns", name=name, labels=body.metadata.labels, memo=memo
-        )
-        for name, body in pods.items()
-    }
+    filed = {name: pod_event(rt, None, body) for name, body in bodies.items()}  # type: ignore[arg-type]
     assert {name: sorted(keys_) for name, keys_ in filed.items()} == {
         "pi-worker-0": sorted(
             [(PodsBy.JOB, "ns", "pi"), (PodsBy.GPUS_ON, "n1"), (PodsBy.REQUESTS_ON, "n1")]
@@ -154,13 +154,11 @@ async def test_one_pod_index_files_each_pod_under_every_key_it_is_read_by() -> N
     ]
     assert ("ns", "pi") in rt.workers.queue  # our pod's event asks for its job's sync
 
-    index: dict[tuple[str, ...], list[object]] = {}
-    for values in filed.values():
-        for key, value in values.items():
-            index.setdefault(key, []).append(value)
+    for body in bodies.values():
+        pods.apply(None, body)
     labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     node = {"metadata": {"name": "n1", "labels": labels}, "spec": {}, "status": {}}
-    cache = Cache(indices={Index.PODS: index, Index.NODES_BY_NAME: {"n1": [node]}})
+    cache = Cache(indices={Index.PODS: pods.index, Index.NODES_BY_NAME: {"n1": [node]}})
     snapshot = cache.placement_snapshot()
     assert sorted(p["metadata"]["name"] for p in snapshot.pods) == [
         "done",
@@ -170,6 +168,10 @@ async def test_one_pod_index_files_each_pod_under_every_key_it_is_read_by() -> N
     assert snapshot.requested["n1"]["cpu"] == 2
     assert snapshot.requested["n1"]["pods"] == 2
     assert cache.pods(("ns", "pi")) == [worker[(PodsBy.JOB, "ns", "pi")]]
+
+    pods.apply("DELETED", bodies["pi-worker-0"])
+    assert cache.pods(("ns", "pi")) == []
+    assert [p["metadata"]["name"] for p in cache.placement_snapshot().pods] == ["done", "pending"]
 
 
 def _node(ready: str) -> kopf.Body:

@@ -1,0 +1,188 @@
+"""The pod informer against a scripted API server: list pages, a watch stream cut anywhere,
+bookmarks, a version gone (410) and a list that no longer holds what was filed; and its index."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import orjson
+import pytest
+from aiohttp import web
+
+from mpijob.objects import JSON
+from mpijob.platform import informer
+from mpijob.platform.informer import Index, Informer
+from mpijob.platform.kube import Kube
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, version: str, namespace: str = "ns", **labels: str) -> JSON:
+    meta = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels}
+    return {"metadata": {**meta, "resourceVersion": version}, "spec": {"nodeName": "n1"}}
+
+
+def by_name(body: JSON) -> Mapping[tuple[str, ...], Any]:
+    """The handler under test files each pod under its name, with its version."""
+    return {("by-name", body["metadata"]["name"]): body["metadata"]["resourceVersion"]}
+
+
+@dataclass
+class Server:
+    """Lists answer ``lists`` in turn (each a list of pages); watches stream ``watches`` in
+    turn (each a list of raw chunks), then hold the last stream open."""
+
+    lists: list[list[JSON]] = field(default_factory=list)
+    watches: list[list[bytes]] = field(default_factory=list)
+    queries: list[dict[str, str]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.queries.append(dict(request.query))
+        if request.query.get("watch") != "1":
+            pages = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
+            page = int(request.query.get("continue") or 0)
+            if page + 1 < len(pages):
+                self.lists.insert(0, pages)  # the same list's next page comes next
+            return web.Response(body=orjson.dumps(pages[page]))
+        response = web.StreamResponse()
+        await response.prepare(request)
+        chunks = self.watches.pop(0) if self.watches else []
+        for chunk in chunks:
+            await response.write(chunk)
+            await asyncio.sleep(0)
+        if not self.watches and not chunks:
+            await asyncio.sleep(3600)  # nothing more: an open, quiet watch
+        return response
+
+
+def page(items: list[JSON], version: str, more: str = "") -> JSON:
+    return {"items": items, "metadata": {"resourceVersion": version, "continue": more}}
+
+
+def line(type: str, obj: JSON) -> bytes:
+    return orjson.dumps({"type": type, "object": obj}) + b"\n"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Server, Kube]]:
+    script = Server()
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", script.handle)
+    # A watch dropped ends its handler; the quiet one is not waited for at the end.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = Kube(kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"))
+    yield script, client
+    await client.aclose()
+    await runner.cleanup()
+
+
+async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_vanished(
+    server: tuple[Server, Kube],
+) -> None:
+    script, kube = server
+    events: list[tuple[str | None, str]] = []
+    listed: list[bool] = []
+    relisted = asyncio.Event()
+
+    def handle(type: str | None, body: JSON) -> Mapping[tuple[str, ...], Any]:
+        events.append((type, body["metadata"]["name"]))
+        if len(events) == 7:
+            relisted.set()  # the last event the script leads to
+        return {} if type == "DELETED" else by_name(body)
+
+    script.lists = [
+        [page([pod("a", "1")], "5", more="1"), page([pod("b", "2")], "5")],  # two pages
+        [page([pod("a", "9")], "10")],  # after the 410: b was deleted while no watch ran
+    ]
+    modified = line("MODIFIED", pod("a", "6"))
+    script.watches = [
+        [
+            modified[:7],  # a line cut anywhere
+            modified[7:] + line("BOOKMARK", {"metadata": {"resourceVersion": "7"}}),
+            line("ADDED", pod("c", "8")),
+        ],
+        [line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"})],
+        [],
+    ]
+    index = Index()
+    pods = Informer(
+        kube, "v1", "Pod", index=index, handle=handle, on_listed=lambda: listed.append(True)
+    )
+    task = asyncio.create_task(pods.run())
+    try:
+        await asyncio.wait_for(relisted.wait(), timeout=5)
+    finally:
+        task.cancel()
+    assert events[:5] == [
+        (None, "a"),
+        (None, "b"),
+        ("MODIFIED", "a"),
+        ("ADDED", "c"),
+        (None, "a"),  # listed again after the 410
+    ]
+    assert sorted(events[5:]) == [("DELETED", "b"), ("DELETED", "c")]  # filed, not listed
+    assert listed == [True]  # once, at the first list
+    assert dict(index) == {("by-name", "a"): index[("by-name", "a")]}
+    assert list(index[("by-name", "a")]) == ["9"]
+    watches = [q for q in script.queries if q.get("watch") == "1"]
+    assert [q["resourceVersion"] for q in watches[:2]] == ["5", "8"]  # from the list, resumed
+    assert all(q["allowWatchBookmarks"] == "true" for q in watches)
+
+
+def test_an_update_refiles_an_object_and_a_deletion_unfiles_it() -> None:
+    index = Index()
+    index.file("u1", {"name": "a", "namespace": "ns"}, {("job", "x"): 1, ("node", "n1"): 1})
+    index.file("u2", {"name": "b", "namespace": "ns"}, {("job", "x"): 2})
+    assert sorted(index[("job", "x")]) == [1, 2]
+    index.file("u1", {"name": "a", "namespace": "ns"}, {("node", "n2"): 3})  # moved
+    assert sorted(index) == [("job", "x"), ("node", "n2")]
+    assert list(index[("job", "x")]) == [2]
+    assert index.drop("u2") == {"name": "b", "namespace": "ns"}
+    assert sorted(index) == [("node", "n2")]
+    assert index.drop("u2") is None
+
+
+def test_objects_outside_the_patterns_are_ignored_and_a_failing_handler_stops_nothing() -> None:
+    seen: list[str] = []
+
+    def handle(type: str | None, body: JSON) -> Mapping[tuple[str, ...], Any]:
+        name = body["metadata"]["name"]
+        seen.append(name)
+        if name == "bad":
+            raise KeyError("spec")
+        return by_name(body)
+
+    pods = Informer(
+        None,  # type: ignore[arg-type]
+        "v1",
+        "Pod",
+        index=Index(),
+        handle=handle,
+        admits=lambda namespace: namespace.startswith("team-"),
+    )
+    for body in (pod("a", "1", "team-a"), pod("x", "1", "other"), pod("bad", "1", "team-a")):
+        pods.apply("ADDED", body)
+    pods.apply("ADDED", pod("b", "2", "team-b"))
+    assert seen == ["a", "bad", "b"]
+    assert sorted(pods.index) == [("by-name", "a"), ("by-name", "b")]
+
+
+def test_the_scope_watches_named_namespaces_each_and_globs_through_the_whole_cluster() -> None:
+    def matcher(patterns: Any) -> Any:
+        return lambda namespace: namespace in ("team-a",)
+
+    assert informer.scope((), matcher) == ((None,), None)
+    assert informer.scope(("a", "b", "a"), matcher) == (("a", "b"), None)
+    namespaces, admits = informer.scope(("a", "team-*"), matcher)
+    assert namespaces == (None,)
+    assert admits is not None
+    assert admits("team-a")
+    assert not admits("b")
