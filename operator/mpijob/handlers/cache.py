@@ -22,7 +22,7 @@ Built by the composition root; read and fed by the reconciler and the watch hand
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
@@ -76,6 +76,24 @@ class PodsBy(StrEnum):
     REQUESTS_ON = "requests-on"
     """``(REQUESTS_ON, node)``: what each bound, unfinished pod (anyone's) requests of its
     node, as the scheduler sums it: what admission fits a worker beside."""
+
+
+class Indices(Mapping[str, Any]):
+    """Every index by name: the pod informer's as :data:`Index.PODS`, Kopf's others looked up
+    in its live mapping at each read (Kopf makes its indices anew when it starts)."""
+
+    def __init__(self, kopf_indices: Mapping[str, Any], pods: Mapping[Any, Any]) -> None:
+        self._kopf, self._pods = kopf_indices, pods
+
+    def __getitem__(self, name: str) -> Any:
+        return self._pods if name == Index.PODS else self._kopf[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield Index.PODS
+        yield from (name for name in self._kopf if name != Index.PODS)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 #: Index -> the kind it holds, for the children looked up by job key.

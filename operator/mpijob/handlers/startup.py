@@ -35,7 +35,7 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.cache import Cache, Index
+from mpijob.handlers.cache import Cache, Indices
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
@@ -129,8 +129,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     indexers, indices = kopf_tuning.indexers_for(registry)
     pod_index = informer.Index()
     cache = Cache(
-        # Kopf's index of each kind is made once (by indexers_for) and filled in place.
-        indices={**indices, Index.PODS: pod_index},
+        indices=Indices(indices, pods=pod_index),
         server_minor=await server_minor(kube),
     )
     workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, POD_INFORMER}))

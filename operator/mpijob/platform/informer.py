@@ -203,7 +203,15 @@ class Informer:
             meta = page.get("metadata") or {}
             if not (cont := str(meta.get("continue") or "")):
                 self.relisted(namespace, items)
-                return str(meta.get("resourceVersion") or "")
+                version = str(meta.get("resourceVersion") or "")
+                log.debug(
+                    "Listed %d %ss in %s at version %s",
+                    len(items),
+                    self.kind,
+                    namespace or "the cluster",
+                    version,
+                )
+                return version
 
     async def _reflect(self, namespace: str | None) -> None:
         where = f"{self.kind}s in {namespace}" if namespace else f"{self.kind}s"

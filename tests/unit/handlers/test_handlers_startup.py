@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from mpijob.handlers import startup
+from mpijob.handlers.cache import Index, Indices
 from mpijob.handlers.startup import StartupFailed, step
+from mpijob.platform import informer, kopf_tuning
 from mpijob.platform.kube import ApiError
 from mpijob.settings import OperatorSettings
 
@@ -115,3 +117,18 @@ def test_sigterm_while_starting_ends_the_process_at_once(tmp_path: Path) -> None
         server.close()
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "Stopped by SIGTERM during start-up" in out, out
+
+
+def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> None:
+    """Kopf makes its indices anew when it starts (``kopf.operator`` ensures its indexers
+    again): the cache must read those, and the pod informer's index beside them. A copy taken
+    at start-up read empty indices for good, and no job was ever synced."""
+    registry = startup.registry_for(OperatorSettings())
+    indexers, kopf_indices = kopf_tuning.indexers_for(registry)
+    pods = informer.Index()
+    indices = Indices(kopf_indices, pods=pods)
+    indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
+    assert indices[Index.MPIJOBS_BY_KEY] is kopf_indices[Index.MPIJOBS_BY_KEY]
+    assert indices[Index.MPIJOBS_BY_KEY] is indexers[Index.MPIJOBS_BY_KEY].index
+    assert indices[Index.PODS] is pods
+    assert set(indices) == {*kopf_indices, Index.PODS}
