@@ -79,18 +79,18 @@ class PodsBy(StrEnum):
 
 
 class Indices(Mapping[str, Any]):
-    """Every index by name: the pod informer's as :data:`Index.PODS`, Kopf's others looked up
-    in its live mapping at each read (Kopf makes its indices anew when it starts)."""
+    """Every index by name: the informers' (``ours``) and Kopf's, the latter looked up in its
+    live mapping at each read (Kopf makes its indices anew when it starts)."""
 
-    def __init__(self, kopf_indices: Mapping[str, Any], pods: Mapping[Any, Any]) -> None:
-        self._kopf, self._pods = kopf_indices, pods
+    def __init__(self, kopf_indices: Mapping[str, Any], ours: Mapping[str, Any]) -> None:
+        self._kopf, self._ours = kopf_indices, ours
 
     def __getitem__(self, name: str) -> Any:
-        return self._pods if name == Index.PODS else self._kopf[name]
+        return self._ours[name] if name in self._ours else self._kopf[name]
 
     def __iter__(self) -> Iterator[str]:
-        yield Index.PODS
-        yield from (name for name in self._kopf if name != Index.PODS)
+        yield from self._ours
+        yield from (name for name in self._kopf if name not in self._ours)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -35,7 +35,7 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.cache import Cache, Indices
+from mpijob.handlers.cache import Cache, Index, Indices
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
@@ -49,7 +49,7 @@ from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.leader import LeaderElector
 from mpijob.platform.manager import Manager, Runnable
 from mpijob.platform.recorder import Recorder
-from mpijob.platform.workers import KOPF_INDICES, POD_INFORMER, Workers
+from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
 from mpijob.shares import webhook
@@ -127,12 +127,9 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
     registry = registry_for(ours, binding, shares, user_agent)
     indexers, indices = kopf_tuning.indexers_for(registry)
-    pod_index = informer.Index()
-    cache = Cache(
-        indices=Indices(indices, pods=pod_index),
-        server_minor=await server_minor(kube),
-    )
-    workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, POD_INFORMER}))
+    informed: dict[str, informer.Index] = {index: informer.Index() for index in watches.INFORMED}
+    cache = Cache(indices=Indices(indices, informed), server_minor=await server_minor(kube))
+    workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, *informed}))
     admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
         enqueue=workers.enqueue,
@@ -156,9 +153,9 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         cache=cache,
         admission=admission,
     )
-    pods = pod_informer(ours, rt, pod_index, user_agent)
+    watch_kube, informers = make_informers(ours, rt, informed, user_agent)
     runnables = [
-        Runnable("pod-informer", pods.run, needs_lease=False),
+        *(Runnable(f"informer-{i.kind}s", i.run, needs_lease=False) for i in informers),
         Runnable("heartbeat", workers.beat, needs_lease=False),
         Runnable("heap-trim", heap.give_back_forever, needs_lease=False),
         Runnable("reconcile", lambda: workers.serve(partial(reconcile.reconcile, rt)), True),
@@ -213,30 +210,37 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     finally:
         await manager.stop()
         await kube.aclose()
-        await pods.kube.aclose()
+        await watch_kube.aclose()
         await lease_kube.aclose()
 
 
-def pod_informer(
-    ours: OperatorSettings, rt: Runtime, index: informer.Index, user_agent: str
-) -> informer.Informer:
-    """The pod informer over the operator's namespaces, filing into ``index`` through
-    :func:`~mpijob.handlers.watches.pod_event`; its first list opens the workers."""
+def make_informers(
+    ours: OperatorSettings, rt: Runtime, indices: dict[str, informer.Index], user_agent: str
+) -> tuple[Kube, list[informer.Informer]]:
+    """An informer per kind of :data:`~mpijob.handlers.watches.INFORMED`, over the operator's
+    namespaces, filing into ``indices``; each one's first list opens the workers for it. Their
+    own client: each watch holds a connection for minutes, never one a request waits for."""
     namespaces, admits = informer.scope(ours.namespaces, kopf_tuning.namespace_matcher)
-    # Its own client: each watch holds a connection for minutes, never one a request waits for.
     kube = Kube.from_kubeconfig(
-        ours.kubeconfig, qps=0, burst=1, concurrency=len(namespaces) + 1, user_agent=user_agent
+        ours.kubeconfig,
+        qps=0,
+        burst=1,
+        concurrency=len(namespaces) * len(indices) + 1,
+        user_agent=user_agent,
     )
-    return informer.Informer(
-        kube,
-        "v1",
-        "Pod",
-        index=index,
-        handle=partial(watches.pod_event, rt),
-        namespaces=namespaces,
-        admits=admits,
-        on_listed=partial(rt.workers.open, POD_INFORMER),
-    )
+    informers = [
+        informer.Informer(
+            kube,
+            *watches.INFORMED[Index(name)],
+            index=into,
+            handle=watches.informer_handler(rt, Index(name)),
+            namespaces=namespaces,
+            admits=admits,
+            on_listed=partial(rt.workers.open, name),
+        )
+        for name, into in indices.items()
+    ]
+    return kube, informers
 
 
 async def start_shares(

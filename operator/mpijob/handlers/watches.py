@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import kopf
@@ -346,33 +347,46 @@ def _owned(body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo
     return key
 
 
-def _child(body: kopf.Body, **fields: Any) -> JSON:
+def _child(body: Mapping[str, Any], **fields: Any) -> JSON:
     summary = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind")}
     return {**summary, "metadata": _metadata(body), **fields}
 
 
-async def services_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
-) -> dict[JobKey, JSON]:
+def _service(body: JSON) -> JSON:
     """The selector and DNS settings the sync corrects when they drift."""
-    if not (key := _owned(body, namespace, name, memo)):
+    spec = body.get("spec") or {}
+    return _child(
+        body, spec={k: spec.get(k) for k in ("selector", "publishNotReadyAddresses", "clusterIP")}
+    )
+
+
+def _config_map(body: JSON) -> JSON:
+    return _child(body, data=dict(body.get("data") or {}))
+
+
+def _whole(body: JSON) -> JSON:
+    return body
+
+
+#: Children the reconciler reads whole or in part, listed and watched by informers of their own
+#: (:data:`INFORMED`): what each index keeps of one.
+_SUMMARIES: dict[Index, Callable[[JSON], JSON]] = {
+    Index.SERVICES_BY_JOB: _service,
+    Index.CONFIGMAPS_BY_JOB: _config_map,
+    Index.LAUNCHERS_BY_JOB: _whole,
+}
+
+
+def child_event(rt: Runtime, index: Index, type: str | None, body: JSON) -> dict[JobKey, JSON]:
+    """A child's event from its informer (``type`` None: listed): its controlling job's sync
+    asked for, and what ``index`` keeps of it under the job's key (nothing once deleted, or
+    for anyone else's object)."""
+    metadata = body.get("metadata") or {}
+    if not (job := names.controlling_job({"metadata": metadata})):
         return {}
-    spec = {k: body.spec.get(k) for k in ("selector", "publishNotReadyAddresses", "clusterIP")}
-    return {key: _child(body, spec=spec)}
-
-
-async def configmaps_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
-) -> dict[JobKey, JSON]:
-    if not (key := _owned(body, namespace, name, memo)):
-        return {}
-    return {key: _child(body, data=dict(body.get("data") or {}))}
-
-
-async def launchers_by_job(
-    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
-) -> dict[JobKey, JSON]:
-    return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
+    key = _key(metadata.get("namespace"), job)
+    _child_changed(rt, key, str(body.get("kind")), str(metadata.get("name") or ""))
+    return {} if type == "DELETED" else {key: _SUMMARIES[index](body)}
 
 
 async def podgroups_by_job(
@@ -525,6 +539,25 @@ async def follow_hypernodes(rt: Runtime) -> None:
         await asyncio.sleep(HYPERNODE_POLL_SECONDS)
 
 
+#: The kinds listed and watched by informers of the operator's own
+#: (:class:`mpijob.platform.informer.Informer`), not by Kopf, by the index each fills: nearly
+#: all of the events. Kopf keeps the MPIJobs (its first event handler call says its indices are
+#: complete) and the kinds with few events.
+INFORMED: dict[Index, tuple[str, str]] = {
+    Index.PODS: ("v1", "Pod"),
+    Index.SERVICES_BY_JOB: ("v1", "Service"),
+    Index.CONFIGMAPS_BY_JOB: ("v1", "ConfigMap"),
+    Index.LAUNCHERS_BY_JOB: ("batch/v1", "Job"),
+}
+
+
+def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], Any]:
+    """What the informer of ``index``'s kind gives each event to."""
+    if index is Index.PODS:
+        return partial(pod_event, rt)
+    return partial(child_event, rt, index)
+
+
 def register(
     registry: kopf.OperatorRegistry,
     *,
@@ -549,18 +582,12 @@ def register(
         nodes_by_name
     )
     kopf.on.event(*nodes, labels=opted_in, registry=registry)(node_event)
-    children: list[tuple[tuple[str, ...], Index, Any]] = [
-        (resource("v1", "Service"), Index.SERVICES_BY_JOB, services_by_job),
-        (resource("v1", "ConfigMap"), Index.CONFIGMAPS_BY_JOB, configmaps_by_job),
-        (resource("batch/v1", "Job"), Index.LAUNCHERS_BY_JOB, launchers_by_job),
-    ]
     if gang_api_version:
-        children.append(
-            (resource(gang_api_version, "PodGroup"), Index.PODGROUPS_BY_JOB, podgroups_by_job)
-        )
-    for watched, name, index in children:
-        kopf.index(*watched, id=name.value, registry=registry)(index)
-        kopf.on.event(*watched, when=deleted, registry=registry)(child_deleted)
+        # Not an informer's: a PodGroup API installed after the operator started is watched
+        # once it is served (Kopf waits for a kind it does not find).
+        podgroups = resource(gang_api_version, "PodGroup")
+        kopf.index(*podgroups, id=Index.PODGROUPS_BY_JOB.value, registry=registry)(podgroups_by_job)
+        kopf.on.event(*podgroups, when=deleted, registry=registry)(child_deleted)
     priorities = resource("scheduling.k8s.io/v1", "PriorityClass")
     kopf.index(*priorities, id=Index.PRIORITIES_BY_NAME.value, registry=registry)(
         priorities_by_name

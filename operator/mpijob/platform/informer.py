@@ -199,7 +199,11 @@ class Informer:
         cont = ""
         while True:
             page = await self.kube.list_page(self.api_version, self.kind, namespace, cont=cont)
-            items += page.get("items") or []
+            for item in page.get("items") or []:
+                # A list's items name no kind (their list does); a watch event's object does.
+                item.setdefault("apiVersion", self.api_version)
+                item.setdefault("kind", self.kind)
+                items.append(item)
             meta = page.get("metadata") or {}
             if not (cont := str(meta.get("continue") or "")):
                 self.relisted(namespace, items)

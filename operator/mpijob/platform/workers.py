@@ -1,7 +1,7 @@
 """The reconcile workers: a fixed number of tasks taking job keys from the work queue.
 
 Workers take nothing before every cache is full (:meth:`Workers.open`: Kopf's indices, as the
-watch handlers see, and the pod informer's first list), run only on the leader (the manager
+watch handlers see, and each informer's first list), run only on the leader (the manager
 starts :meth:`Workers.serve` once this replica holds the Lease), retry a failed reconcile with
 the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
 heartbeat that the metrics thread reads. Also :func:`on_wake`, the loop of the background
@@ -25,8 +25,9 @@ from mpijob.platform.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
-#: The names the caches open the workers by (:meth:`Workers.open`).
-KOPF_INDICES, POD_INFORMER = "kopf-indices", "pod-informer"
+#: The name Kopf's indices open the workers by (:meth:`Workers.open`); each informer opens
+#: them by the name of the index it fills.
+KOPF_INDICES = "kopf-indices"
 
 
 async def on_wake(

@@ -126,7 +126,7 @@ def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> No
     registry = startup.registry_for(OperatorSettings())
     indexers, kopf_indices = kopf_tuning.indexers_for(registry)
     pods = informer.Index()
-    indices = Indices(kopf_indices, pods=pods)
+    indices = Indices(kopf_indices, {Index.PODS: pods})
     indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
     assert indices[Index.MPIJOBS_BY_KEY] is kopf_indices[Index.MPIJOBS_BY_KEY]
     assert indices[Index.MPIJOBS_BY_KEY] is indexers[Index.MPIJOBS_BY_KEY].index

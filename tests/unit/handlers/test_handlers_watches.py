@@ -16,6 +16,7 @@ from mpijob.handlers.cache import Cache, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
     SUSPENDED_FIRST_SYNC_SECONDS,
+    informer_handler,
     limits_gpus,
     mpijob_event,
     node_event,
@@ -218,3 +219,32 @@ async def test_a_job_created_suspended_is_first_synced_a_second_later_or_at_its_
     await mpijob_event(namespace="ns", name="pi", type="MODIFIED", body=_event("2"), memo=memo)
     assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
     assert loop.time() - start == pytest.approx(BASE_DELAY_SECONDS)
+
+
+async def test_a_childs_informer_files_what_the_sync_reads_under_its_controlling_job() -> None:
+    """A Service controlled by MPIJob pi: its selector and DNS settings, under the job's key,
+    and the job's sync asked for; its deletion asks for it too (the sync makes it again);
+    anyone else's Service is neither filed nor a trigger."""
+    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
+    owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi", "uid": "u"}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "pi", "namespace": "ns", "uid": "s",
+                     "ownerReferences": [{**owner, "controller": True}]},
+        "spec": {"selector": {"app": "pi"}, "clusterIP": "None", "ports": [{"port": 22}]},
+    }  # fmt: skip
+    handle = informer_handler(rt, Index.SERVICES_BY_JOB)  # type: ignore[arg-type]
+    filed = handle(None, service)
+    assert list(filed) == [KEY]
+    assert filed[KEY]["spec"] == {
+        "selector": {"app": "pi"},
+        "publishNotReadyAddresses": None,
+        "clusterIP": "None",
+    }
+    assert filed[KEY]["kind"] == "Service"
+    assert KEY in rt.workers.queue
+    rt.workers.queue.forget(KEY)
+    assert handle("DELETED", service) == {}
+    foreign = {**service, "metadata": {**service["metadata"], "ownerReferences": []}}
+    assert handle(None, foreign) == {}
