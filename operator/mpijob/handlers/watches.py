@@ -134,12 +134,6 @@ def pod_summary(body: Mapping[str, Any]) -> JSON:
 # --- MPIJobs ------------------------------------------------------------------------------------
 
 
-async def mpijobs_by_key(
-    body: kopf.Body, namespace: str | None, name: str, **_: Any
-) -> dict[JobKey, JSON]:
-    return {_key(namespace, name): dict(body)}
-
-
 #: How long the first sync of a job created suspended waits (see :func:`mpijob_event`). The
 #: e2e suite creates, lists the namespace's pods and updates: three round trips, which a busy
 #: API server can stretch past the base delay (50 ms lost that race once in the 8 suite runs
@@ -147,31 +141,34 @@ async def mpijobs_by_key(
 SUSPENDED_FIRST_SYNC_SECONDS = 1.0
 
 
-async def mpijob_event(
-    namespace: str | None,
-    name: str,
-    type: str | None,
-    body: kopf.Body,
-    memo: OperatorMemo,
-    **_: Any,
-) -> None:
-    rt = _runtime(memo)
-    rt.workers.open(KOPF_INDICES)  # Kopf calls event handlers only once its indices are full
-    key = _key(namespace, name)
+def mpijob_event(rt: Runtime, type: str | None, body: JSON) -> dict[JobKey, JSON]:
+    """An MPIJob's event from its informer (``type`` None: listed): the sync it asks for, and
+    the job filed under its key (nothing once deleted, when every memory of it goes)."""
+    metadata = body.get("metadata") or {}
+    key = _key(metadata.get("namespace"), str(metadata.get("name") or ""))
     if type == "DELETED":
         rt.forget(key)
-    elif type == "MODIFIED" and rt.cache.is_own_status_write(
-        key, body.metadata.get("resourceVersion")
+        return {}
+    if type == "MODIFIED" and rt.cache.is_own_status_write(key, metadata.get("resourceVersion")):
+        pass  # the echo of our own status write: the sync that wrote it saw this state
+    elif (
+        type == "ADDED" and ((body.get("spec") or {}).get("runPolicy") or {}).get("suspend") is True
     ):
-        return  # the echo of our own status write: the sync that wrote it saw this state
-    elif type == "ADDED" and (body.spec.get("runPolicy") or {}).get("suspend") is True:
         # Created suspended: nothing runs for it yet, and whoever made it so (Kueue, a queue,
         # upstream's e2e suite) is about to update the object its create returned. Our first
         # status write would make that update fail with 409 Conflict; the client's update (a
         # MODIFIED event) still brings the sync forward.
         rt.workers.enqueue_after(key, SUSPENDED_FIRST_SYNC_SECONDS)
-        return
-    rt.workers.enqueue_rate_limited(key)
+    else:
+        rt.workers.enqueue_rate_limited(key)
+    return {key: body}
+
+
+async def kopf_indexed(memo: OperatorMemo, **_: Any) -> None:
+    """Kopf calls event handlers only once all its indices are complete: the first call opens
+    the workers for them. Its handler is on PriorityClasses, because every cluster has two
+    (``system-node-critical`` and ``system-cluster-critical``, made by the API server)."""
+    _runtime(memo).workers.open(KOPF_INDICES)
 
 
 # --- pods ---------------------------------------------------------------------------------------
@@ -541,9 +538,9 @@ async def follow_hypernodes(rt: Runtime) -> None:
 
 #: The kinds listed and watched by informers of the operator's own
 #: (:class:`mpijob.platform.informer.Informer`), not by Kopf, by the index each fills: nearly
-#: all of the events. Kopf keeps the MPIJobs (its first event handler call says its indices are
-#: complete) and the kinds with few events.
+#: all of the events. Kopf keeps the kinds with few events.
 INFORMED: dict[Index, tuple[str, str]] = {
+    Index.MPIJOBS_BY_KEY: (keys.API_VERSION, keys.KIND),
     Index.PODS: ("v1", "Pod"),
     Index.SERVICES_BY_JOB: ("v1", "Service"),
     Index.CONFIGMAPS_BY_JOB: ("v1", "ConfigMap"),
@@ -553,6 +550,8 @@ INFORMED: dict[Index, tuple[str, str]] = {
 
 def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], Any]:
     """What the informer of ``index``'s kind gives each event to."""
+    if index is Index.MPIJOBS_BY_KEY:
+        return partial(mpijob_event, rt)
     if index is Index.PODS:
         return partial(pod_event, rt)
     return partial(child_event, rt, index)
@@ -570,9 +569,6 @@ def register(
 
     Index ids are given as plain strings: Kopf formats a handler with ``repr`` of its id at
     every call, and an enum member's took 1 % of a profile's samples in ``make bench``."""
-    mpijobs = resource(keys.API_VERSION, keys.KIND)
-    kopf.index(*mpijobs, id=Index.MPIJOBS_BY_KEY.value, registry=registry)(mpijobs_by_key)
-    kopf.on.event(*mpijobs, registry=registry)(mpijob_event)
     decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
     kopf.index(*decisions, id=Index.DECISIONS_BY_JOB.value, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)
@@ -592,6 +588,7 @@ def register(
     kopf.index(*priorities, id=Index.PRIORITIES_BY_NAME.value, registry=registry)(
         priorities_by_name
     )
+    kopf.on.event(*priorities, registry=registry)(kopf_indexed)
     quotas = resource("v1", "ResourceQuota")
     kopf.index(*quotas, id=Index.QUOTAS_BY_NAMESPACE.value, registry=registry)(quotas_by_namespace)
     kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)

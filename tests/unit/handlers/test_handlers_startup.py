@@ -128,7 +128,7 @@ def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> No
     pods = informer.Index()
     indices = Indices(kopf_indices, {Index.PODS: pods})
     indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
-    assert indices[Index.MPIJOBS_BY_KEY] is kopf_indices[Index.MPIJOBS_BY_KEY]
-    assert indices[Index.MPIJOBS_BY_KEY] is indexers[Index.MPIJOBS_BY_KEY].index
+    assert indices[Index.NODES_BY_NAME] is kopf_indices[Index.NODES_BY_NAME]
+    assert indices[Index.NODES_BY_NAME] is indexers[Index.NODES_BY_NAME].index
     assert indices[Index.PODS] is pods
     assert set(indices) == {*kopf_indices, Index.PODS}

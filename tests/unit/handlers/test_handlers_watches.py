@@ -17,6 +17,7 @@ from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
     SUSPENDED_FIRST_SYNC_SECONDS,
     informer_handler,
+    kopf_indexed,
     limits_gpus,
     mpijob_event,
     node_event,
@@ -25,7 +26,7 @@ from mpijob.handlers.watches import (
 )
 from mpijob.platform.informer import Index as PodIndex
 from mpijob.platform.informer import Informer
-from mpijob.platform.workers import Workers
+from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import virtual_time
 
@@ -34,21 +35,19 @@ pytestmark = pytest.mark.unit
 KEY = ("ns", "pi")
 
 
-def _event(version: str) -> kopf.Body:
-    return kopf.Body({"metadata": {"namespace": "ns", "name": "pi", "resourceVersion": version}})
+def _event(version: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "pi", "resourceVersion": version}}
 
 
 def _indexed(version: str) -> Cache:
     """A cache whose MPIJob index has the job at ``version``."""
-    return Cache(indices={Index.MPIJOBS_BY_KEY: {KEY: [dict(_event(version))]}})
+    return Cache(indices={Index.MPIJOBS_BY_KEY: {KEY: [_event(version)]}})
 
 
 async def _event_seen(type: str | None, version: str) -> Workers:
     rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
     rt.cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
-    memo = OperatorMemo(runtime=rt)
-    await mpijob_event(namespace="ns", name="pi", type=type, body=_event(version), memo=memo)
-    assert rt.workers.indexed.is_set()  # an event handler runs only once the indices are full
+    assert mpijob_event(rt, type, _event(version)) == {KEY: _event(version)}  # type: ignore[arg-type]
     return rt.workers
 
 
@@ -204,19 +203,17 @@ async def test_a_job_created_suspended_is_first_synced_a_second_later_or_at_its_
     """Its creator (Kueue, upstream's e2e suite) updates the object its create returned next; a
     status write before that update would make it fail with 409 Conflict."""
     loop = asyncio.get_running_loop()
-    rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
-    memo = OperatorMemo(runtime=rt)
-    suspended = kopf.Body({**_event("1"), "spec": {"runPolicy": {"suspend": True}}})
+    rt: Any = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
+    suspended = {**_event("1"), "spec": {"runPolicy": {"suspend": True}}}
     start = loop.time()
-    await mpijob_event(namespace="ns", name="pi", type="ADDED", body=suspended, memo=memo)
+    mpijob_event(rt, "ADDED", suspended)
     assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
     assert loop.time() - start == pytest.approx(SUSPENDED_FIRST_SYNC_SECONDS)
 
     rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
-    memo = OperatorMemo(runtime=rt)
     start = loop.time()
-    await mpijob_event(namespace="ns", name="pi", type="ADDED", body=suspended, memo=memo)
-    await mpijob_event(namespace="ns", name="pi", type="MODIFIED", body=_event("2"), memo=memo)
+    mpijob_event(rt, "ADDED", suspended)
+    mpijob_event(rt, "MODIFIED", _event("2"))
     assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
     assert loop.time() - start == pytest.approx(BASE_DELAY_SECONDS)
 
@@ -248,3 +245,12 @@ async def test_a_childs_informer_files_what_the_sync_reads_under_its_controlling
     assert handle("DELETED", service) == {}
     foreign = {**service, "metadata": {**service["metadata"], "ownerReferences": []}}
     assert handle(None, foreign) == {}
+
+
+async def test_kopfs_first_event_handler_call_opens_the_workers_for_its_indices() -> None:
+    """With the informers' first lists; never before both."""
+    rt: Any = SimpleNamespace(workers=Workers(1, caches=frozenset({KOPF_INDICES, Index.PODS})))
+    rt.workers.open(Index.PODS)
+    assert not rt.workers.indexed.is_set()
+    await kopf_indexed(memo=OperatorMemo(runtime=rt))
+    assert rt.workers.indexed.is_set()
