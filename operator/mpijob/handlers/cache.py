@@ -1,7 +1,7 @@
-"""What the reconciler reads: Kopf's indices, the creations not yet seen, our last status write.
+"""What the reconciler reads: the indices, the creations not yet seen, our last status write.
 
-Kopf's indices are the informer caches: every watched kind feeds one (see
-:mod:`mpijob.handlers.watches`). This object reads them into what one sync needs
+The indices are the informer caches: every watched kind feeds one, the informers' or Kopf's
+(see :mod:`mpijob.handlers.watches` and :class:`Indices`). This object reads them into what one sync needs
 (:meth:`Cache.observe`), and keeps the two memories a level-based reconciler must have, each
 bounded by what it remembers:
 

@@ -1,5 +1,4 @@
-"""The caches and the triggers: Kopf's indices and event handlers, and the pod informer's
-handler (:func:`pod_event`), registered per settings.
+"""The caches and the triggers: what each watched kind's events file and ask for.
 
 Every watched kind feeds one index and maps its events to the owning MPIJob's key, as
 controller-runtime's ``Owns()`` does: worker and launcher pods by their job-name label; the
@@ -11,24 +10,25 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
-Pods, most of the events, are not Kopf's: the pod informer
-(:class:`mpijob.platform.informer.Informer`) lists and watches them and gives each event to
-:func:`pod_event`, which files the pod under every key a reader looks it up by
+The kinds with most events (:data:`INFORMED`: MPIJobs, pods, Services, ConfigMaps, launcher
+Jobs) are listed and watched by the operator's informers
+(:class:`mpijob.platform.informer.Informer`), which give each event to one plain function here
+(:func:`mpijob_event`, :func:`pod_event`, :func:`child_event`): it asks for the syncs and
+returns what the index files. A pod is filed under every key a reader looks it up by
 (:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds,
-the node whose room it takes.
+the node whose room it takes. The others (nodes, decisions, quotas, priorities, DRA's kinds,
+PodGroups) are Kopf's indices and event handlers: a child's index function is also its
+trigger, since Kopf calls an index for every event but a deletion, so its event handlers are
+filtered to deletions. They are async and never block: Kopf would otherwise run each call in a
+thread. Only low-level handlers are used, so Kopf adds no finalizer, progress annotation or
+diff-base to anyone's objects.
 
-A child's index function is also its trigger: Kopf calls an index for every event but a
-deletion (which only drops the entry), so the children's event handlers are filtered to
-deletions. Kopf calls index functions while it lists, before every index is complete; the work
-queue holds what they ask for until :func:`mpijob_event` (an event handler, which Kopf calls
-only once its indices are complete) and the pod informer's first list open it
-(:meth:`~mpijob.platform.workers.Workers.open`).
-
+No sync runs before every index is complete: the work queue holds what the events ask for until
+each informer has listed its kind once and Kopf has called :func:`kopf_indexed` (Kopf calls
+event handlers only once its indices are complete) (:meth:`~mpijob.platform.workers.Workers.open`).
 An event for a child also ends the expectation its creation left (see
 :mod:`mpijob.handlers.cache`); an index is written before any other task runs, so no sync sees
-the expectation gone and the index without the child. Only low-level handlers are used, so
-Kopf adds no finalizer, progress annotation or diff-base to anyone's objects. They are async
-and never block: Kopf would otherwise run each call in a thread.
+the expectation gone and the index without the child.
 """
 
 from __future__ import annotations

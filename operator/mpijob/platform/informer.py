@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 #: How long the API server keeps one watch open (randomised up to twice as long, as client-go's
 #: reflectors do, so that many replicas do not all watch again at once).
 WATCH_SECONDS = 300
-#: The waits after a failed list or watch: soon, then at most every few seconds.
-RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS = 0.2, 5.0
+#: The waits after a failed list or watch: soon, then a second apart for as long as it takes,
+#: as Kopf's watches are tuned to retry (:data:`mpijob.platform.kopf_tuning.API_RETRY_BACKOFFS`):
+#: an API server back after a restart is watched again within a second.
+RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS = 0.2, 1.0
 
 Key = tuple[str, ...]
 Handle = Callable[[str | None, JSON], Mapping[Key, Any]]

@@ -74,11 +74,11 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.networking.error_backoffs = API_RETRY_BACKOFFS
     settings.watching.chunk_size = 500
     # Kopf's worker for an object keeps that object's last event body until it exits, 5 s
-    # idle by default: under a burst of pod events that held every recent pod whole (peak RSS
-    # 102 -> 91 MiB in make bench with 0.5 s). A pod's next event after that costs a new task.
+    # idle by default: under a burst of events that held every recent object whole (peak RSS
+    # 102 -> 91 MiB in make bench with 0.5 s, when Kopf still watched the pods). An object's
+    # next event after that costs a new task.
     settings.queueing.idle_timeout = 0.5
-    # Pods are watched unfiltered (as upstream's informer does): placement must see the GPUs
-    # of every placed pod, not only ours. Nodes: only those opted into topology placement.
+    # Nodes: only those opted into topology placement.
     settings.watching.label_selectors["v1", "nodes"] = (
         f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     )
