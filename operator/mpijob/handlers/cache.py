@@ -2,8 +2,8 @@
 
 The indices are the informer caches: every watched kind feeds one, the informers' or Kopf's
 (see :mod:`mpijob.handlers.watches` and :class:`Indices`). This object reads them into what
-one sync needs (:meth:`Cache.observe`), and keeps the two memories a level-based reconciler must have, each
-bounded by what it remembers:
+one sync needs (:meth:`Cache.observe`), and keeps the two memories a level-based reconciler
+must have, each bounded by what it remembers:
 
 - **expectations**: children created by us whose watch event has not arrived yet, so the next
   sync neither creates them twice nor misses them (client-go's expectations). An expectation
