@@ -14,7 +14,8 @@ version is gone (410). Each object's events go to ``handle(type, body)`` (``type
 listed object), which returns the keys the object is filed under, with a value for each: the
 :class:`Index` the readers look them up in. An object that a new list no longer holds was
 deleted while no watch ran; ``handle`` gets a ``DELETED`` event for it, with the metadata kept
-of it (name, namespace, uid, labels), so nothing waits for an event that never comes. A watch
+of it (name, namespace, uid, labels, owner references), so nothing waits for an event that
+never comes. A watch
 that fails is started again after :func:`~mpijob.platform.backoff.exponential` waits, from
 where it stopped; ``on_listed`` is called once every namespace has been listed the first time.
 
@@ -50,8 +51,9 @@ RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS = 0.2, 1.0
 Key = tuple[str, ...]
 Handle = Callable[[str | None, JSON], Mapping[Key, Any]]
 
-#: What is kept of every object that is filed, for the ``DELETED`` event a list implies.
-_KEPT_METADATA = ("name", "namespace", "uid", "labels")
+#: What is kept of every object that is filed, for the ``DELETED`` event a list implies: what
+#: says whose it is (a pod's job label, a child's controller).
+_KEPT_METADATA = ("name", "namespace", "uid", "labels", "ownerReferences")
 
 
 def scope(
@@ -194,7 +196,8 @@ class Informer:
         for uid in gone:
             metadata = self.index.drop(uid)
             if metadata is not None:
-                self.apply("DELETED", {"metadata": metadata})
+                gone = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
+                self.apply("DELETED", gone)
 
     async def _list(self, namespace: str | None) -> str:
         items: list[JSON] = []

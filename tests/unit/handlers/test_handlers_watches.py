@@ -254,3 +254,28 @@ async def test_kopfs_first_event_handler_call_opens_the_workers_for_its_indices(
     assert not rt.workers.indexed.is_set()
     await kopf_indexed(memo=OperatorMemo(runtime=rt))
     assert rt.workers.indexed.is_set()
+
+
+async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync() -> None:
+    """A list that no longer holds a filed child gives its handler the metadata kept of it:
+    its controller, so the job's sync makes it again."""
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
+    kube: Any = None
+    services = Informer(
+        kube,
+        "v1",
+        "Service",
+        index=PodIndex(),
+        handle=informer_handler(rt, Index.SERVICES_BY_JOB),
+    )
+    owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi", "uid": "u"}
+    meta = {"name": "pi", "namespace": "ns", "uid": "s"}
+    meta["ownerReferences"] = [{**owner, "controller": True}]  # type: ignore[assignment]
+    services.relisted("ns", [{"apiVersion": "v1", "kind": "Service", "metadata": meta}])
+    assert list(services.index) == [KEY]
+    rt.workers.queue.forget(KEY)
+    rt.workers = Workers(threadiness=1)  # a fresh queue: only what the relist asks for
+    services.relisted("ns", [])
+    assert list(services.index) == []
+    assert KEY in rt.workers.queue
+    assert rt.cache.expected == {}
