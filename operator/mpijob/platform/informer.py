@@ -196,8 +196,8 @@ class Informer:
         for uid in gone:
             metadata = self.index.drop(uid)
             if metadata is not None:
-                gone = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
-                self.apply("DELETED", gone)
+                deleted = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
+                self.apply("DELETED", deleted)
 
     async def _list(self, namespace: str | None) -> str:
         items: list[JSON] = []
