@@ -47,6 +47,8 @@ WATCH_SECONDS = 300
 #: as Kopf's watches are tuned to retry (:data:`mpijob.platform.kopf_tuning.API_RETRY_BACKOFFS`):
 #: an API server back after a restart is watched again within a second.
 RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS = 0.2, 1.0
+#: A failure is logged as a warning the first time, then every this many times in a row.
+LOG_EVERY_FAILURES = 60
 
 Key = tuple[str, ...]
 Handle = Callable[[str | None, JSON], Mapping[Key, Any]]
@@ -226,15 +228,18 @@ class Informer:
         where = f"{self.kind}s in {namespace}" if namespace else f"{self.kind}s"
         version = ""
         failures = 0
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 if not version:
                     version = await self._list(namespace)
+                    failures = self._recovered(where, failures)
                     if namespace in self._unlisted:
                         self._unlisted.discard(namespace)
                         if not self._unlisted:
                             self.on_listed()
                 seconds = WATCH_SECONDS + random.randrange(WATCH_SECONDS)
+                started, events = loop.time(), 0
                 async for event in self.kube.watch(
                     self.api_version, self.kind, namespace, version=version, timeout_seconds=seconds
                 ):
@@ -242,7 +247,11 @@ class Informer:
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
                     if event.get("type") != "BOOKMARK":
                         self.apply(event.get("type"), body)
-                    failures = 0
+                    events += 1
+                    failures = self._recovered(where, failures)
+                if not events and loop.time() - started < RETRY_MOST_SECONDS:
+                    # Ended at once with nothing: not a watch, a server closing it (going away).
+                    raise ConnectionResetError("the watch ended as soon as it began")
             except Gone:
                 log.info("Watching %s: version %s is gone; listing again", where, version)
                 version = ""
@@ -250,12 +259,24 @@ class Informer:
                 failures += 1
                 wait = exponential(RETRY_FIRST_SECONDS, failures, RETRY_MOST_SECONDS)
                 expected = isinstance(e, ApiError | aiohttp.ClientError | TimeoutError | OSError)
-                log.warning(
-                    "Watching %s failed (%s: %s); trying again in %.1f s",
+                # The first failure and then one a minute: an outage is one line a minute a
+                # kind, not one a second.
+                level = logging.WARNING if failures % LOG_EVERY_FAILURES == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "Watching %s failed %d time(s) in a row (%s: %s); trying again in %.1f s",
                     where,
+                    failures,
                     type(e).__name__,
                     e,
                     wait,
                     exc_info=not expected,
                 )
                 await asyncio.sleep(wait)
+
+    @staticmethod
+    def _recovered(where: str, failures: int) -> int:
+        """No failures in a row from now on; said once when there were."""
+        if failures:
+            log.info("Watching %s again after %d failure(s) in a row", where, failures)
+        return 0

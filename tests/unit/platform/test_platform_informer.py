@@ -4,6 +4,9 @@ bookmarks, a version gone (410) and a list that no longer holds what was filed; 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,7 @@ from mpijob.objects import JSON
 from mpijob.platform import informer
 from mpijob.platform.informer import Index, Informer
 from mpijob.platform.kube import Kube
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -186,3 +190,44 @@ def test_the_scope_watches_named_namespaces_each_and_globs_through_the_whole_clu
     assert admits is not None
     assert admits("team-a")
     assert not admits("b")
+
+
+class Refusing:
+    """An API server that lists, then ends every watch at once with nothing (one going away),
+    or refuses it: what the informer must wait between, and say once, not once a try."""
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.watches: list[float] = []
+
+    async def list_page(self, *_: Any, **__: Any) -> JSON:
+        return page([], "1")
+
+    async def watch(self, *_: Any, **__: Any) -> AsyncIterator[JSON]:
+        self.watches.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(0)
+        if self.refuse:
+            raise ConnectionRefusedError("connection refused")
+        if len(self.watches) > 1000:
+            raise AssertionError("a watch again at once, without a wait")
+        for _ in ():
+            yield {}
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+@virtual_time
+async def test_a_watch_that_ends_at_once_or_fails_is_tried_again_a_second_apart_and_said_once(
+    refuse: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube: Any = Refusing(refuse)
+    pods = Informer(kube, "v1", "Pod", index=Index(), handle=by_name)
+    with (
+        caplog.at_level(logging.DEBUG, logger=informer.__name__),
+        contextlib.suppress(TimeoutError),
+    ):
+        await asyncio.wait_for(pods.run(), timeout=30)
+    gaps = [b - a for a, b in itertools.pairwise(kube.watches)]
+    assert 25 <= len(kube.watches) <= 32  # about one a second
+    assert all(gap >= informer.RETRY_FIRST_SECONDS for gap in gaps)
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1  # the first failure; the others at debug level until 60 in a row
