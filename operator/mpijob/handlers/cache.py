@@ -82,8 +82,9 @@ class Indices(Mapping[str, Any]):
     """Every index by name: the informers' (``ours``) and Kopf's, the latter looked up in its
     live mapping at each read (Kopf makes its indices anew when it starts)."""
 
-    def __init__(self, kopf_indices: Mapping[str, Any], ours: Mapping[str, Any]) -> None:
-        self._kopf, self._ours = kopf_indices, ours
+    def __init__(self, kopf_indices: Mapping[str, Any], ours: Mapping[Index, Any]) -> None:
+        self._kopf = kopf_indices
+        self._ours: dict[str, Any] = {str(name): index for name, index in ours.items()}
 
     def __getitem__(self, name: str) -> Any:
         return self._ours[name] if name in self._ours else self._kopf[name]

@@ -127,7 +127,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
     registry = registry_for(ours, binding, shares, user_agent)
     indexers, indices = kopf_tuning.indexers_for(registry)
-    informed: dict[str, informer.Index] = {index: informer.Index() for index in watches.INFORMED}
+    informed = {index: informer.ObjectIndex() for index in watches.INFORMED}
     cache = Cache(indices=Indices(indices, informed), server_minor=await server_minor(kube))
     workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, *informed}))
     admission = Admission(
@@ -215,7 +215,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
 
 
 def make_informers(
-    ours: OperatorSettings, rt: Runtime, indices: dict[str, informer.Index], user_agent: str
+    ours: OperatorSettings, rt: Runtime, indices: dict[Index, informer.ObjectIndex], user_agent: str
 ) -> tuple[Kube, list[informer.Informer]]:
     """An informer per kind of :data:`~mpijob.handlers.watches.INFORMED`, over the operator's
     namespaces, filing into ``indices``; each one's first list opens the workers for it. Their
@@ -231,14 +231,14 @@ def make_informers(
     informers = [
         informer.Informer(
             kube,
-            *watches.INFORMED[Index(name)],
+            *watches.INFORMED[index],
             index=into,
-            handle=watches.informer_handler(rt, Index(name)),
+            handle=watches.informer_handler(rt, index),
             namespaces=namespaces,
             admits=admits,
-            on_listed=partial(rt.workers.open, name),
+            on_listed=partial(rt.workers.open, index.value),
         )
-        for name, into in indices.items()
+        for index, into in indices.items()
     ]
     return kube, informers
 

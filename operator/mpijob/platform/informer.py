@@ -1,23 +1,24 @@
-"""A list and watch of one kind outside Kopf, filing each object into an index: the pod informer.
+"""A list and watch of one kind outside Kopf, filing each object into an index, as client-go's
+informers do.
 
-Pods are most of what the operator hears: in ``make bench`` (100 jobs x 8 workers), about four
-of every five watch events. Kopf gives every event the same path, whatever its handlers: a
-task per object with its own queue and batching wait, a body wrapped in views, cause
-detection, handler matching with their arguments built and their outcomes kept. For pods all
-of that came to a quarter of the operator's CPU samples, for what is one decode and one
-function call here, as in client-go's informers. The other kinds, far fewer events, stay with
-Kopf.
+The operator's informers take the kinds with most events (MPIJobs, pods, Services, ConfigMaps,
+launcher Jobs; :data:`mpijob.handlers.watches.INFORMED`): in ``make bench`` nearly all of them.
+Kopf gives every event the same path, whatever its handlers: a task per object with its own
+queue and batching wait, a body wrapped in views, cause detection, handler matching with their
+arguments built and their outcomes kept. That was 46 % of the operator's CPU samples there; an
+informer decodes the event and calls one function. The kinds with few events stay with Kopf.
 
 An :class:`Informer` lists its kind in each namespace it watches (the whole cluster: one), then
 watches from the list's version, with bookmarks, and lists again when the API server says that
 version is gone (410). Each object's events go to ``handle(type, body)`` (``type`` None for a
 listed object), which returns the keys the object is filed under, with a value for each: the
-:class:`Index` the readers look them up in. An object that a new list no longer holds was
+:class:`ObjectIndex` the readers look them up in. An object that a new list no longer holds was
 deleted while no watch ran; ``handle`` gets a ``DELETED`` event for it, with the metadata kept
 of it (name, namespace, uid, labels, owner references), so nothing waits for an event that
-never comes. A watch
-that fails is started again after :func:`~mpijob.platform.backoff.exponential` waits, from
-where it stopped; ``on_listed`` is called once every namespace has been listed the first time.
+never comes. A list or watch that fails, or a watch that ends as soon as it began, is tried
+again after :func:`~mpijob.platform.backoff.exponential` waits, from where it stopped;
+``on_listed`` is called once every namespace has been listed the first time. Informers only
+read: every replica runs them, and none needs the Lease.
 
 Namespaces: the whole cluster, named namespaces (one list and watch each), or with globs one
 watch of the whole cluster whose objects outside the patterns are ignored (``admits``), as the
@@ -89,7 +90,7 @@ class Store(Collection[Any]):
         return value in self._by_uid.values()
 
 
-class Index(Mapping[Key, Store]):
+class ObjectIndex(Mapping[Key, Store]):
     """Key -> the :class:`Store` of values filed under it; only an :class:`Informer` writes."""
 
     def __init__(self) -> None:
@@ -131,6 +132,11 @@ class Index(Mapping[Key, Store]):
                 del self._stores[key]
         return filed[1]
 
+    def kept(self, uid: str) -> JSON | None:
+        """The metadata kept of a filed object (None: not filed)."""
+        filed = self._filed.get(uid)
+        return None if filed is None else filed[1]
+
     def uids(self, namespace: str | None) -> set[str]:
         """The filed objects of ``namespace`` (None: all)."""
         return {
@@ -150,7 +156,7 @@ class Informer:
         api_version: str,
         kind: str,
         *,
-        index: Index,
+        index: ObjectIndex,
         handle: Handle,
         namespaces: Sequence[str | None] = (None,),
         admits: Callable[[str], bool] | None = None,
@@ -196,10 +202,9 @@ class Informer:
             gone.discard(str((item.get("metadata") or {}).get("uid") or ""))
             self.apply(None, item)
         for uid in gone:
-            metadata = self.index.drop(uid)
-            if metadata is not None:
+            if (metadata := self.index.kept(uid)) is not None:
                 deleted = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
-                self.apply("DELETED", deleted)
+                self.apply("DELETED", deleted)  # unfiles it, then tells its handler
 
     async def _list(self, namespace: str | None) -> str:
         items: list[JSON] = []

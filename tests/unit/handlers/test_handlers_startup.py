@@ -125,7 +125,7 @@ def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> No
     at start-up read empty indices for good, and no job was ever synced."""
     registry = startup.registry_for(OperatorSettings())
     indexers, kopf_indices = kopf_tuning.indexers_for(registry)
-    pods = informer.Index()
+    pods = informer.ObjectIndex()
     indices = Indices(kopf_indices, {Index.PODS: pods})
     indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
     assert indices[Index.NODES_BY_NAME] is kopf_indices[Index.NODES_BY_NAME]

@@ -24,8 +24,7 @@ from mpijob.handlers.watches import (
     pod_event,
     quotas_by_namespace,
 )
-from mpijob.platform.informer import Index as PodIndex
-from mpijob.platform.informer import Informer
+from mpijob.platform.informer import Informer, ObjectIndex
 from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import virtual_time
@@ -129,7 +128,7 @@ async def test_the_pod_informer_files_each_pod_under_every_key_it_is_read_by() -
     pods' requests by node. The placement snapshot reads the last two back."""
     rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), reported_actual={})
     kube: Any = None  # nothing is listed or watched: the events are applied by hand
-    pods = Informer(kube, "v1", "Pod", index=PodIndex(), handle=partial(pod_event, rt))
+    pods = Informer(kube, "v1", "Pod", index=ObjectIndex(), handle=partial(pod_event, rt))
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME, keys.LABEL_JOB_NAME: "pi"}
     bodies = {
         "pi-worker-0": _pod("pi-worker-0", "n1", "Running", "2", **ours),
@@ -265,7 +264,7 @@ async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync()
         kube,
         "v1",
         "Service",
-        index=PodIndex(),
+        index=ObjectIndex(),
         handle=informer_handler(rt, Index.SERVICES_BY_JOB),
     )
     owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi", "uid": "u"}

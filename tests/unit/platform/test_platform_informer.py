@@ -18,7 +18,7 @@ from aiohttp import web
 
 from mpijob.objects import JSON
 from mpijob.platform import informer
-from mpijob.platform.informer import Index, Informer
+from mpijob.platform.informer import Informer, ObjectIndex
 from mpijob.platform.kube import Kube
 from support.virtual_time import virtual_time
 
@@ -116,7 +116,7 @@ async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_
         [line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"})],
         [],
     ]
-    index = Index()
+    index = ObjectIndex()
     pods = Informer(
         kube, "v1", "Pod", index=index, handle=handle, on_listed=lambda: listed.append(True)
     )
@@ -142,7 +142,7 @@ async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_
 
 
 def test_an_update_refiles_an_object_and_a_deletion_unfiles_it() -> None:
-    index = Index()
+    index = ObjectIndex()
     index.file("u1", {"name": "a", "namespace": "ns"}, {("job", "x"): 1, ("node", "n1"): 1})
     index.file("u2", {"name": "b", "namespace": "ns"}, {("job", "x"): 2})
     assert sorted(index[("job", "x")]) == [1, 2]
@@ -168,7 +168,7 @@ def test_objects_outside_the_patterns_are_ignored_and_a_failing_handler_stops_no
         None,  # type: ignore[arg-type]
         "v1",
         "Pod",
-        index=Index(),
+        index=ObjectIndex(),
         handle=handle,
         admits=lambda namespace: namespace.startswith("team-"),
     )
@@ -220,7 +220,7 @@ async def test_a_watch_that_ends_at_once_or_fails_is_tried_again_a_second_apart_
     refuse: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     kube: Any = Refusing(refuse)
-    pods = Informer(kube, "v1", "Pod", index=Index(), handle=by_name)
+    pods = Informer(kube, "v1", "Pod", index=ObjectIndex(), handle=by_name)
     with (
         caplog.at_level(logging.DEBUG, logger=informer.__name__),
         contextlib.suppress(TimeoutError),
