@@ -82,6 +82,18 @@ TRIM = (
     f" && find {VENV} -depth -type d -name tests -exec rm -rf {{}} +"
     f" && find {VENV} -type f -name '*.so' ! -path '*.libs/*' -exec strip --strip-unneeded {{}} +"
 )
+#: Both recipes then compile every module of the virtualenv once, at build time. The image is
+#: read-only and runs with PYTHONDONTWRITEBYTECODE, so without bytecode every start compiled its
+#: whole import tree from source: the operator's imports cost 1.2 s of CPU instead of 0.45 s, the
+#: node agent's 0.85 s instead of 0.2 s, on a 2-core machine (a restart waits for it, and every
+#: node runs an agent). The image grows by about 55 MiB (256 to 311 MiB, uncompressed), most of
+#: it the official client's models. ``unchecked-hash``: the bytecode is used as it is, whatever
+#: copying or archiving does to the sources' modification times. What pip compiled at install
+#: time is removed first, so every file is compiled the same way.
+COMPILE = (
+    f"find {VENV} -name __pycache__ -prune -exec rm -rf {{}} +"
+    f" && {VENV}/bin/python -m compileall -q --invalidation-mode unchecked-hash {VENV}/lib"
+)
 CONFIG = {
     "Env": [
         f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -154,7 +166,7 @@ def pins() -> list[str]:
 
 def hooks(wheels: Path) -> list[str]:
     """mmdebstrap's customize hooks: the virtualenv, the wheels installed offline, the build-only
-    packages purged, the files no runtime reads removed."""
+    packages purged, the files no runtime reads removed, the bytecode compiled."""
     chroot = 'env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PIP_NO_CACHE_DIR=1 chroot "$1"'
     return [
         f'mkdir -p "$1/tmp/wheels" && cp {wheels}/*.whl "$1/tmp/wheels/"',
@@ -169,7 +181,7 @@ def hooks(wheels: Path) -> list[str]:
         " >/dev/null",
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* '
         '"$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"',
-        f'find "$1{VENV}" -name __pycache__ -prune -exec rm -rf {{}} +',
+        f"{chroot} sh -c {shlex.quote(COMPILE)}",
     ]
 
 

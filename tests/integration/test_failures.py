@@ -242,10 +242,12 @@ class CreationOrder:
     def _run(self) -> None:
         selector = f"{keys.LABEL_JOB_NAME}={self.job}"
         while not self.stop.is_set():
+            # One time per list: pods seen in the same list were seen together, and the order
+            # the list happens to give them in says nothing of which came first.
+            now = time.monotonic()
             for p in self.cluster.core.list_namespaced_pod(
                 self.namespace, label_selector=selector
             ).items:
-                now = time.monotonic()
                 self.created.setdefault(p.metadata.name, now)
                 if (
                     any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])

@@ -104,3 +104,13 @@ def test_both_recipes_trim_the_same_and_leave_plotting_out() -> None:
     assert any(shlex.quote(operator_image.TRIM) in h for h in operator_image.hooks(ROOT))
     pinned = {line.split("==")[0] for line in operator_image.pins()}
     assert not {"matplotlib", "pillow", "fonttools"} & pinned
+
+
+def test_both_recipes_ship_bytecode_compiled_the_same_way() -> None:
+    """The image is read-only and runs with PYTHONDONTWRITEBYTECODE: without bytecode compiled
+    at build time, every start would compile the whole import tree from source."""
+    runs = [" ".join(rest.split()) for op, rest in instructions() if op == "RUN"]
+    assert operator_image.COMPILE in runs
+    hooks = operator_image.hooks(ROOT)
+    assert hooks[-1].endswith(shlex.quote(operator_image.COMPILE))  # after every removal
+    assert "unchecked-hash" in operator_image.COMPILE
