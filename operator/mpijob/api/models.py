@@ -14,7 +14,7 @@ around.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
@@ -212,7 +212,20 @@ class MPIJobSpec(_Model):
 # --- status ----------------------------------------------------------------------------------
 
 
-class JobCondition(_Model):
+class _Flat(_Model):
+    """A model whose declared fields never change in place (strings, numbers, times), so a copy of
+    the model is a deep copy. Statuses are copied several times a sync, and pydantic's generic
+    deep copy of one costs five times this. A model that carries unknown fields (``extra``: any
+    JSON) gets the generic copy."""
+
+    def _flat(self) -> bool:
+        return not self.__pydantic_extra__
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        return self.__copy__() if self._flat() else super().__deepcopy__(memo)
+
+
+class JobCondition(_Flat):
     """One condition of the job (Created, Running, Restarting, Succeeded, Suspended, Failed)."""
 
     type: StrictStr
@@ -229,7 +242,7 @@ class JobCondition(_Model):
     """When the status last changed."""
 
 
-class ReplicaStatus(_Model):
+class ReplicaStatus(_Flat):
     """Pod counts of one replica type. Zero counts are left out when written, as upstream does."""
 
     active: Int32 = 0
@@ -242,6 +255,9 @@ class ReplicaStatus(_Model):
     """Deprecated; never set by the operator."""
     selector: StrictStr = ""
     """Never set by the operator."""
+
+    def _flat(self) -> bool:
+        return self.label_selector is None and super()._flat()
 
     @model_serializer(mode="wrap")
     def _omit_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -262,6 +278,19 @@ class MPIJobStatus(_Model):
     """When the job succeeded or failed."""
     last_reconcile_time: Time | None = None
     """Part of the upstream schema, which never sets it; we stamp it on each status write."""
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        """Its conditions and replica counts copied one by one (each :class:`_Flat`): five times
+        cheaper than pydantic's generic deep copy."""
+        if self.__pydantic_extra__:
+            return super().__deepcopy__(memo)
+        copied = self.__copy__()
+        # Into __dict__: setting the attributes would also mark them as set by the user.
+        copied.__dict__["conditions"] = [c.__deepcopy__() for c in self.conditions]
+        copied.__dict__["replica_statuses"] = {
+            k: v.__deepcopy__() for k, v in self.replica_statuses.items()
+        }
+        return copied
 
     def condition(self, condition_type: str) -> JobCondition | None:
         """The condition of a type, or None."""

@@ -8,7 +8,6 @@ Called by the handlers on every MPIJob event, before defaulting and validation.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ import pydantic
 
 from mpijob.api.errors import FieldError, InvalidMPIJob, go_quote, invalid
 from mpijob.api.models import MPIJob
+from mpijob.objects import clone
 
 #: Fields whose keys are map keys rather than field names; shown as ``[key]`` in paths.
 _MAP_FIELDS = frozenset(
@@ -47,7 +47,7 @@ def parse(body: Mapping[str, Any]) -> MPIJob:
             raise InvalidMPIJob([invalid("", _json_type(body), "must be an object")])
         try:
             # Templates are kept as given; copy so that the job never aliases the caller's body.
-            job = MPIJob.model_validate(copy.deepcopy(dict(body)))
+            job = MPIJob.model_validate(clone(dict(body)))
         except pydantic.ValidationError as exc:
             raise InvalidMPIJob([_from_pydantic(e) for e in exc.errors()]) from None
         errors = []

@@ -21,7 +21,6 @@ reconcile, with the mode chosen at startup, on each worker pod it is about to cr
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,6 +29,7 @@ from mpijob import keys
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import names
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.objects import clone
 from mpijob.pods.predicates import container_gpus, effective_gpus
 
 #: The request of a claim whose pod has one GPU container.
@@ -127,7 +127,7 @@ def build_claim(
 
 def use_claim(pod: Mapping[str, Any], claim: str, counts: Sequence[int]) -> JSON:
     """A copy of ``pod`` whose GPU containers get their GPUs from ``claim`` instead."""
-    out = copy.deepcopy(dict(pod))
+    out = clone(dict(pod))
     meta = out.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), keys.GPU_CLAIM: claim}
     spec = out.setdefault("spec", {})

@@ -9,13 +9,13 @@ serves the resume path, where Kueue may have changed where the launcher may run.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
 from mpijob.desired import config_map, events, names, ssh, template
 from mpijob.desired.events import Event
+from mpijob.objects import clone
 
 CONFIG_VOLUME_NAME = "mpi-job-config"
 CONFIG_MOUNT_PATH = "/etc/mpi"
@@ -131,7 +131,7 @@ def sync_scheduling_directives(
     ``tolerations`` and ``schedulingGates`` are replaced (absent in the desired template means
     removed). ``suspend`` is left to the caller. The live object is not modified.
     """
-    updated = copy.deepcopy(live_job)
+    updated = clone(live_job)
     live_template = updated.setdefault("spec", {}).setdefault("template", {})
     desired_template = desired_job.get("spec", {}).get("template", {})
     live_meta = live_template.setdefault("metadata", {})
@@ -147,7 +147,7 @@ def sync_scheduling_directives(
     for field in ("nodeSelector", "tolerations", "schedulingGates"):
         value = desired_spec.get(field)
         if value:
-            live_spec[field] = copy.deepcopy(value)
+            live_spec[field] = clone(value)
         else:
             live_spec.pop(field, None)
     return updated

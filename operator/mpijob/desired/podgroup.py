@@ -30,7 +30,6 @@ the worker pods and the launcher Job's pod template).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,7 @@ from mpijob.api.errors import FieldError, invalid
 from mpijob.api.models import MPIJob
 from mpijob.desired import min_resources, names
 from mpijob.desired.gang_mode import GangKind, GangMode
+from mpijob.objects import clone
 from mpijob.pods.quantity import Quantity
 
 
@@ -197,7 +197,7 @@ def decorate_pod(pod: Mapping[str, Any], job_name: str, mode: GangMode) -> dict[
     Sets ``spec.schedulerName`` and the annotation (Volcano) or label (scheduler-plugins) naming
     the group; with gang scheduling off the copy is unchanged. The input is not modified.
     """
-    result = copy.deepcopy(dict(pod))
+    result = clone(dict(pod))
     if not mode.enabled:
         return result
     metadata = result.setdefault("metadata", {})

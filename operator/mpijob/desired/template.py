@@ -6,11 +6,11 @@ Only ``containers[0]`` gets env, mounts and the default command, as upstream doe
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob, ReplicaSpec
+from mpijob.objects import clone
 
 ENV_JOB_ROLE = "K_MPI_JOB_ROLE"
 #: hostNetwork pods need this to resolve the Service's short names.
@@ -19,7 +19,7 @@ DNS_CLUSTER_FIRST_WITH_HOST_NET = "ClusterFirstWithHostNet"
 
 def copy_template(replica: ReplicaSpec | None) -> dict[str, Any]:
     """A deep copy of the replica's pod template with ``metadata`` and ``spec`` present."""
-    template = copy.deepcopy(replica.template) if replica is not None else {}
+    template = clone(replica.template) if replica is not None else {}
     template["metadata"] = template.get("metadata") or {}
     template["spec"] = template.get("spec") or {}
     template["spec"]["containers"] = template["spec"].get("containers") or [{}]
