@@ -59,7 +59,6 @@ import os
 import platform
 import queue
 import random
-import socket
 import ssl
 import statistics
 import subprocess
@@ -73,6 +72,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from hack.common import free_port
 from mpijob import api, keys, metrics
 from mpijob.gang import topology
 from mpijob.gang.service import Admission
@@ -139,12 +139,6 @@ def job(name: str, namespace: str, created: datetime, pinned: str | None) -> api
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scenario(args: argparse.Namespace) -> Admission:

@@ -58,6 +58,7 @@ import yaml
 
 from bench import profile as profiling
 from hack import cluster
+from hack.common import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / ".bench"
@@ -293,12 +294,6 @@ def operator_argv(run: str, namespace: str, port: int, kubeconfig: Path) -> list
     if run == "ours":
         return [sys.executable, "-m", "mpijob", "run", *args]
     return [str(upstream_binary()), "--kubeConfig", str(kubeconfig), *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_taken(port: int) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -93,8 +94,38 @@ def say(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
+#: The lowest port :func:`free_port` hands out.
+LISTEN_PORTS_FROM = 15000
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (``ip_local_port_range``)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port of 127.0.0.1 that nothing listens on, for a component of the local cluster, a
+    benchmark or a test to listen on.
+
+    Chosen below the kernel's ephemeral range: a port the kernel picks in that range (a bind to
+    port 0) can be taken as the source port of any outgoing connection before the component it
+    was meant for binds it, and the cluster opens thousands (Kueue once failed to start with
+    "address already in use" so). Outside that range only another listener can take it."""
+    low, _ = ephemeral_ports()
+    candidates = list(range(LISTEN_PORTS_FROM, low))
+    random.shuffle(candidates)
+    for port in candidates[:500]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range (an odd kernel setting): the kernel's
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from hack import images
-from hack.common import spawn
+from hack.common import free_port, spawn
 
 HACK = Path(__file__).resolve().parent
 NODE_PREFIX = "real-node-"
@@ -136,12 +136,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(*argv: str, check: bool = True, input: str | None = None) -> str:

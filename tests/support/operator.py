@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 from typing import ClassVar
 
+from hack.common import free_port
 from support.wait import wait_until
 
 #: The count of the admission's timed passes over waiting jobs.
 ADMISSION_PASSES = "mpi_operator_admission_pass_seconds_count"
 #: The count of syncs (reconciles) of jobs.
 SYNCS = "mpi_operator_reconcile_duration_seconds_count"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorProcess:
