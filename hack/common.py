@@ -116,16 +116,16 @@ def free_port() -> int:
     was meant for binds it, and the cluster opens thousands (Kueue once failed to start with
     "address already in use" so). Outside that range only another listener can take it."""
     low, _ = ephemeral_ports()
-    candidates = list(range(LISTEN_PORTS_FROM, low))
-    random.shuffle(candidates)
-    for port in candidates[:500]:
+    for _ in range(500 if low > LISTEN_PORTS_FROM else 0):
+        port = random.randrange(LISTEN_PORTS_FROM, low)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as s:  # no room below the range (an odd kernel setting): the kernel's
+    # No room below the range (an odd kernel setting), or all tried are taken: the kernel's pick.
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
