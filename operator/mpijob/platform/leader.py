@@ -11,7 +11,11 @@ The transitions, each a unit test on a virtual clock:
 
 - **standby -> leading**: the Lease is absent, released (no holder), ours, or held by another
   replica whose Lease has not changed for its whole duration on *this* replica's clock (no trust
-  in other clocks). ``leading`` is set.
+  in other clocks). ``leading`` is set. A replica's first sight of a held Lease counts as a
+  change one retry period later: a standby that watched the holder renew saw its last renewal
+  at most a retry period late, while a replica that has just started cannot tell how long ago
+  it was. So when a leader dies, the standby whose watches are warm takes over, not the pod
+  started to replace the dead one, which would have to list everything first.
 - **leading -> leading**: a renewal every retry period; a failed or refused one is tried again
   every retry period until the renew deadline.
 - **leading -> lost**: no renewal succeeded within the renew deadline of the last one, or the
@@ -91,7 +95,8 @@ class LeaderElector:
         self._lease: dict[str, Any] | None = None
         """The Lease as last read or written."""
         self._observed: tuple[Any, float] = (None, 0.0)
-        """(the holder's spec as last seen, when it last changed on our monotonic clock)."""
+        """(the holder's spec as last seen, when it last changed on our monotonic clock; for
+        the first sight, a retry period later)."""
         self._renewed = float("-inf")
         """When the last successful acquisition or renewal was sent (our monotonic clock)."""
 
@@ -210,7 +215,8 @@ class LeaderElector:
         self._lease = lease
         spec = lease.get("spec") or {}
         if spec != self._observed[0]:
-            self._observed = (spec, self._monotonic())
+            first_sight = self._observed[0] is None  # see the module: standbys go first
+            self._observed = (spec, self._monotonic() + (RETRY_SECONDS if first_sight else 0))
         holder = spec.get("holderIdentity")
         if holder and holder != self.identity:
             duration = int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)

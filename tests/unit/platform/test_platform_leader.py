@@ -53,7 +53,11 @@ async def test_the_first_replica_creates_the_lease_and_a_second_waits_a_lease_du
     first, second = elector(kube, clock), elector(kube, clock)
     assert await first._try_acquire_or_renew()
     assert lease(kube)["spec"]["holderIdentity"] == first.identity
-    assert not await second._try_acquire_or_renew()  # held, and seen changing just now
+    first.leading.set()
+    assert not await second._try_acquire_or_renew()  # held: a first sight, a retry period on
+    clock.now += RETRY_SECONDS
+    assert await first._try_acquire_or_renew()  # the last renewal
+    assert not await second._try_acquire_or_renew()  # seen changing just now
     clock.now += LEASE_SECONDS - 1
     assert not await second._try_acquire_or_renew()
     clock.now += 1  # unchanged for a whole lease duration on the standby's own clock
@@ -82,7 +86,7 @@ async def test_a_leader_whose_lease_was_taken_reads_it_and_stands_down() -> None
     first.leading.set()
     clock.now += LEASE_SECONDS  # the first stalled; the second saw no change for a lease
     assert not await second._try_acquire_or_renew()
-    clock.now += LEASE_SECONDS
+    clock.now += LEASE_SECONDS + RETRY_SECONDS  # after a first sight, a retry period more
     assert await second._try_acquire_or_renew()
     # The first's renewal of the Lease it last wrote is refused (409): it reads, sees another
     # holder whose Lease just changed, and does not take it back.
@@ -182,9 +186,33 @@ async def test_a_standby_takes_over_a_lease_left_unrenewed_for_its_duration() ->
     second = elector(kube, name="second")
     task = asyncio.create_task(second.run())
     took = await until(second.leading.is_set)
-    assert LEASE_SECONDS <= took <= LEASE_SECONDS + RETRY_SECONDS + 0.2
+    # From a first sight: no telling when "gone" last renewed, so a retry period more.
+    assert LEASE_SECONDS + RETRY_SECONDS <= took <= LEASE_SECONDS + 2 * RETRY_SECONDS + 0.2
     assert lease(kube)["spec"]["leaseTransitions"] == 1
     task.cancel()
+
+
+async def test_a_warm_standby_takes_a_dead_leaders_lease_before_a_replica_started_after() -> None:
+    """The leader renews for the last time and dies. The standby, polling every retry period,
+    sees that renewal late (1.75 s); the replacement starts and looks sooner (0.25 s). Still
+    the standby is the one to take the Lease, and the replacement does not take it first."""
+    kube, clock = cluster(), FakeClock(0.0)
+    leader, standby, fresh = elector(kube, clock), elector(kube, clock), elector(kube, clock)
+    assert await leader._try_acquire_or_renew()
+    leader.leading.set()
+    assert not await standby._try_acquire_or_renew()  # the standby has watched for a while
+    clock.now += RETRY_SECONDS
+    assert await leader._try_acquire_or_renew()  # its last renewal, then it is killed
+    clock.now += 0.25  # the replacement starts and looks, before the standby's next poll
+    assert not await fresh._try_acquire_or_renew()
+    clock.now += RETRY_SECONDS - 0.5  # the standby sees the last renewal, a poll late
+    assert not await standby._try_acquire_or_renew()
+    clock.now += LEASE_SECONDS - (RETRY_SECONDS - 0.5)  # a lease after the fresh one's look
+    assert not await fresh._try_acquire_or_renew()
+    clock.now += RETRY_SECONDS - 0.5  # a lease after the standby saw the last change
+    assert await standby._try_acquire_or_renew()
+    assert not await fresh._try_acquire_or_renew()  # it reads the standby's new Lease
+    assert lease(kube)["spec"]["holderIdentity"] == standby.identity
 
 
 @virtual_time
