@@ -79,7 +79,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
-        use_attribute_docstrings=True,
         extra="allow",
     )
 
