@@ -126,6 +126,8 @@ class Cache:
     the cluster to the operator. The reconciler reads the job's own by name before it creates
     anything that mounts it (:func:`needs_secret`), so a deleted one is made again before it
     is needed."""
+    secrets_read_at: dict[JobKey, float] = field(default_factory=dict)
+    """Per job: when its SSH Secret was last read or written (monotonic seconds)."""
     checked: dict[JobKey, tuple[str, Checked]] = field(default_factory=dict)
     """Per job: (resourceVersion, what the operator made of that version: the defaulted job
     and its refusals); see :meth:`check`."""
@@ -204,9 +206,15 @@ class Cache:
         """Whether the job's SSH Secret was read or written since this process started."""
         return key in self.secrets
 
+    def secret_age(self, key: JobKey) -> float:
+        """Seconds since the job's SSH Secret was last read or written (infinite: never)."""
+        at = self.secrets_read_at.get(key)
+        return float("inf") if at is None else time.monotonic() - at
+
     def saw_secret(self, key: JobKey, secret: JSON | None) -> None:
         """The job's SSH Secret as the API server just returned it (None: it has none); only
         what the sync checks is kept, never the keys themselves."""
+        self.secrets_read_at[key] = time.monotonic()
         if secret is None:
             self.secrets[key] = None
             return
@@ -248,6 +256,7 @@ class Cache:
         self.written.pop(key, None)
         self.checked.pop(key, None)
         self.secrets.pop(key, None)
+        self.secrets_read_at.pop(key, None)
 
     def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
         pending = self.expected.get(key)

@@ -44,6 +44,11 @@ from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
+#: How often a job's SSH Secret is read while its pods are Pending and the sync creates nothing
+#: that mounts it (see :func:`_read_secret`): a Secret deleted by hand meanwhile is made again
+#: at the first sync after this long.
+PENDING_SECRET_READ_SECONDS = 15.0
+
 COUNTERS = {
     Counter.CREATED: metrics.JOBS_CREATED,
     Counter.SUCCESSFUL: metrics.JOBS_SUCCESSFUL,
@@ -186,7 +191,10 @@ async def _read_secret(
     may be stale. It is read before the plan writes it or creates what mounts it, and while a
     pod of the job is Pending (a launcher pod the Job controller made again waits there for a
     Secret deleted by hand), so a deleted Secret is made again when a pod needs it, and one that
-    exists is never made twice after a restart. A job whose pods all run reads none.
+    exists is never made twice after a restart. A job whose pods all run reads none. While
+    pods are only Pending, it is read at most every :data:`PENDING_SECRET_READ_SECONDS`: every
+    event of a new job's pods asks for a sync while they start, and each read one then found
+    what this process had just written.
 
     Not read when this process has never seen the job's Secret and the plan creates it (a new
     job, or the first sync after a restart): the create is the read then, since a name already
@@ -194,9 +202,11 @@ async def _read_secret(
     costs no GET, as it costs upstream none (it reads Secrets from an informer)."""
     if not rt.cache.knows_secret(key) and any(_creates_secret(a) for a in actions):
         return False
-    pending = any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods)
-    if not pending and not any(_needs_secret(a) for a in actions):
-        return False
+    if not any(_needs_secret(a) for a in actions):
+        if rt.cache.secret_age(key) < PENDING_SECRET_READ_SECONDS:
+            return False
+        if not any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods):
+            return False
     secret = await rt.kube.get("v1", "Secret", job.namespace, names.ssh_secret_name(job))
     rt.cache.saw_secret(key, secret)
     return True

@@ -230,14 +230,20 @@ async def test_a_child_deleted_by_hand_is_created_again(deleted: tuple[str, ...]
 
 
 async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_created() -> None:
-    """Secrets are not watched: a sync that creates nothing reads none; one that creates a
-    worker reads the job's Secret first, and one that exists is not made again."""
+    """Secrets are not watched: a sync that creates nothing reads none, but while pods are
+    Pending once a while; one that creates a worker reads the job's Secret first, and one that
+    exists is not made again."""
     rt, kube, _ = runtime(valid_job())
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube)
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
-    assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods Pending
+    assert kube.requests == []  # pods Pending, and the Secret was written just now
+    rt.cache.secrets_read_at[("bar", "foo")] -= reconcile.PENDING_SECRET_READ_SECONDS
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods still Pending
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # not again so soon
 
     for pod in rt.cache.indices[Index.PODS][PODS_OF_FOO]:
         pod["status"] = {"phase": "Running"}
