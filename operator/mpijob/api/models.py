@@ -45,14 +45,18 @@ Int64 = Annotated[int, Field(strict=True, ge=-_INT64, le=_INT64 - 1)]
 
 def utc_seconds(value: datetime) -> datetime:
     """``value`` in UTC, to the second, as ``metav1.Time`` holds it (naive means UTC)."""
+    if value.tzinfo is UTC:  # nearly every time a sync handles (parsed, or made from now)
+        return value.replace(microsecond=0) if value.microsecond else value
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).replace(microsecond=0)
 
 
 def format_time(value: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as Kubernetes writes ``metav1.Time``."""
-    return utc_seconds(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 in UTC with second precision and a four-digit year, as Kubernetes writes
+    ``metav1.Time``. (``isoformat`` rather than ``strftime``: a third of the cost, and every
+    status a sync compares is written out with its times.)"""
+    return utc_seconds(value).isoformat()[:19] + "Z"
 
 
 def parse_time(value: object) -> datetime | None:
