@@ -45,11 +45,12 @@ Int64 = Annotated[int, Field(strict=True, ge=-_INT64, le=_INT64 - 1)]
 
 def utc_seconds(value: datetime) -> datetime:
     """``value`` in UTC, to the second, as ``metav1.Time`` holds it (naive means UTC)."""
-    if value.tzinfo is UTC:  # nearly every time a sync handles (parsed, or made from now)
-        return value.replace(microsecond=0) if value.microsecond else value
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).replace(microsecond=0)
+    if value.tzinfo is not UTC:
+        # Naive, or UTC as another object (pydantic parses "Z" into a zone of its own): the
+        # same instant with datetime's UTC; no conversion unless the offset is not zero.
+        offset = value.utcoffset()
+        value = value.astimezone(UTC) if offset else value.replace(tzinfo=UTC)
+    return value.replace(microsecond=0) if value.microsecond else value
 
 
 def format_time(value: datetime) -> str:

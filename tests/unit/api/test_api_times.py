@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from mpijob.api.models import format_time, parse_time, utc_seconds
+from mpijob.api.models import MPIJobStatus, format_time, parse_time, utc_seconds
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +38,17 @@ def test_a_time_in_utc_is_kept_as_it_is_or_cut_to_the_second() -> None:
     assert cut == whole
     assert cut.tzinfo is UTC
     assert utc_seconds(whole.astimezone(timezone(timedelta(hours=9)))).tzinfo is UTC
+    assert utc_seconds(whole.replace(tzinfo=timezone(timedelta(0)))).tzinfo is UTC
+
+
+def test_times_parsed_by_the_models_are_in_utc_to_the_second() -> None:
+    status = MPIJobStatus.model_validate(
+        {"startTime": "2026-11-28T02:14:38.5Z", "completionTime": "2026-11-28T11:14:38+09:00"}
+    )
+    assert status.start_time == datetime(2026, 11, 28, 2, 14, 38, tzinfo=UTC)
+    assert status.start_time.tzinfo is UTC
+    assert status.completion_time == datetime(2026, 11, 28, 2, 14, 38, tzinfo=UTC)
+    assert status.to_body() == {
+        "startTime": "2026-11-28T02:14:38Z",
+        "completionTime": "2026-11-28T02:14:38Z",
+    }
