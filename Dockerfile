@@ -36,9 +36,11 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
  && rm -rf /var/lib/apt/lists/*
+# SSL_CERT_FILE: no CA bundle file is parsed at start-up (see hack/operator_image.py's CONFIG).
 ENV PATH=/opt/mpijob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    SSL_CERT_FILE=/dev/null
 COPY --from=build /opt/mpijob /opt/mpijob
 # The distroless "nonroot" uid: no home, no shell login, no write access to the image. It has a
 # passwd entry because Kopf names the operator after its user (getpass fails without one).

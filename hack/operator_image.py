@@ -94,11 +94,19 @@ COMPILE = (
     f"find {VENV} -name __pycache__ -prune -exec rm -rf {{}} +"
     f" && {VENV}/bin/python -m compileall -q --invalidation-mode unchecked-hash {VENV}/lib"
 )
+#: ``SSL_CERT_FILE=/dev/null``: OpenSSL's default trust is the hashed directory
+#: (``/etc/ssl/certs``, where Debian's ca-certificates links each CA by subject hash) and no
+#: bundle file. The same CAs, each read when a chain names it, instead of all 144 parsed at
+#: every start: aiohttp makes two default contexts when it is imported, which cost 54 ms of CPU
+#: each on a 2-core machine against 3 ms. Neither the operator nor Kopf uses them (every
+#: connection to the API server carries a context with the cluster's CA), so this is start-up
+#: time, not trust; an image without CA certificates trusts none either way.
 CONFIG = {
     "Env": [
         f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "PYTHONDONTWRITEBYTECODE=1",
         "PYTHONUNBUFFERED=1",
+        "SSL_CERT_FILE=/dev/null",
     ],
     "User": "65532:65532",
     "Entrypoint": [NAME],
