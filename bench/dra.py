@@ -32,6 +32,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from bench import IMAGE_ENV
 from hack import cluster
 from hack.common import free_port
 from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
@@ -63,7 +64,8 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
     argv = [sys.executable, "-m", "mpijob", "run", "-n", ns, "--no-leader-elect"]
     argv += ["--monitoring-port", str(port), "--kubeconfig", str(kubeconfig)]
     argv += ["--gpu-binding", mode, *LIMITS]
-    operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, **IMAGE_ENV}
+    operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     workers = args.jobs * args.workers
     try:
         deadline = time.monotonic() + 60

@@ -56,6 +56,7 @@ from typing import Any
 
 import yaml
 
+from bench import IMAGE_ENV
 from bench import profile as profiling
 from hack import cluster
 from hack.common import free_port
@@ -415,7 +416,8 @@ def run_once(
     argv = operator_argv(run, namespace, port, kubeconfig)
     if run != "ours" and port_taken(UPSTREAM_HEALTH_PORT):
         raise SystemExit(f"[bench] error: port {UPSTREAM_HEALTH_PORT} is taken; upstream needs it")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}  # upstream: KUBECONFIG beats --kubeConfig
+    # Upstream: KUBECONFIG beats --kubeConfig. Ours: as its image runs it.
+    env = {**os.environ, **(IMAGE_ENV if run == "ours" else {}), "KUBECONFIG": str(kubeconfig)}
     log_path = BENCH / "logs" / f"{run}{tag}.log"
     names = [f"pi-{i:03d}" for i in range(jobs)]
     progress = Progress(expected_children(names, workers), set(names))

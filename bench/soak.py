@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from bench import memtrace
+from bench import IMAGE_ENV, memtrace
 from hack import cluster
 from mpijob import keys
 
@@ -195,7 +195,10 @@ def start_operator(env: dict[str, str], port: int, trace: Path | None) -> subpro
     kubeconfig = str(cluster.state_dir() / "kubeconfig")
     with (BENCH / "soak-operator.log").open("wb") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env={**env, "KUBECONFIG": kubeconfig}
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, **IMAGE_ENV, "KUBECONFIG": kubeconfig},
         )
     deadline = time.monotonic() + 120
     while True:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from bench import IMAGE_ENV
 from hack import cluster, pytorch_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +93,7 @@ def main() -> int:
     operator = subprocess.Popen(
         [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect",
          "--monitoring-port", "0", "--kubeconfig", str(kubeconfig)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **IMAGE_ENV},
     )  # fmt: skip
     results: dict[str, Any] = {"real_nodes": nodes, "runs": args.runs, "model": "convnet"}
     try:
