@@ -7,12 +7,13 @@ The operator they start runs from this tree, as its image runs it:
   (``PYTHONDONTWRITEBYTECODE``, as the image sets) does not make every start of the operator
   compile the package from source, a cost the deployed operator does not pay. Sources edited
   later are noticed by their modification time and compiled in memory, as Python always does.
-- Every process of ours a benchmark starts gets the image's environment (:data:`IMAGE_ENV`)
+- Every process of ours a benchmark starts gets the image's environment (:func:`ours_env`)
   over the benchmark's own: how Python writes bytecode and where OpenSSL finds its CAs change
   what a start costs. Only ours: the builds and the peers keep the machine's.
 """
 
 import compileall
+import os
 from pathlib import Path
 
 from hack.operator_image import CONFIG
@@ -25,3 +26,9 @@ IMAGE_ENV = {
     if name != "PATH"  # the virtualenv's, in the image; here this one's
 }
 """The variables the operator's image sets, but ``PATH``."""
+
+
+def ours_env(**extra: str) -> dict[str, str]:
+    """The environment of an operator process of ours: this process's, the image's variables
+    over it, then ``extra``."""
+    return {**os.environ, **IMAGE_ENV, **extra}

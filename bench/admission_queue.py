@@ -72,7 +72,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from hack.common import free_port
 from mpijob import api, keys, metrics
 from mpijob.gang import topology
@@ -498,7 +498,7 @@ def start_operator(rc: Any, port: int, log_path: Path) -> subprocess.Popen[bytes
     argv = [sys.executable, "-m", "mpijob", "run", "--lock-namespace", LOCK_NS]
     argv += ["--monitoring-port", str(port)]
     argv += [a for pair in OPERATOR_LIMITS.items() for a in pair]
-    env = {**os.environ, **IMAGE_ENV, "KUBECONFIG": str(rc.cluster.state_dir() / "kubeconfig")}
+    env = ours_env(KUBECONFIG=str(rc.cluster.state_dir() / "kubeconfig"))
     proc: subprocess.Popen[bytes] = rc.launch(argv, port, env, log_path, timeout=300)
     return proc
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from bench import reconcile as rc
 from hack import cluster
 from mpijob import keys
@@ -305,7 +305,8 @@ def start_operator(
         raise SystemExit(
             f"[bigjob] error: port {rc.UPSTREAM_HEALTH_PORT} is taken; upstream needs it"
         )
-    env = {**os.environ, **(IMAGE_ENV if base == "ours" else {}), "KUBECONFIG": str(kubeconfig)}
+    env = ours_env() if base == "ours" else dict(os.environ)
+    env["KUBECONFIG"] = str(kubeconfig)
     started = time.time()
     proc = rc.launch(argv, port, env, log_path, timeout=300)
     return proc, argv, started

@@ -32,7 +32,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from hack import cluster
 from hack.common import free_port
 from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
@@ -64,8 +64,7 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
     argv = [sys.executable, "-m", "mpijob", "run", "-n", ns, "--no-leader-elect"]
     argv += ["--monitoring-port", str(port), "--kubeconfig", str(kubeconfig)]
     argv += ["--gpu-binding", mode, *LIMITS]
-    env = {**os.environ, **IMAGE_ENV}
-    operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ours_env())
     workers = args.jobs * args.workers
     try:
         deadline = time.monotonic() + 60

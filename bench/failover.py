@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from bench.killstorm import SHAPES, children, restart_apiserver, succeeded
 from hack import cluster as local  # the local control plane
 from hack.relay import Partition
@@ -92,7 +92,7 @@ class Replica:
         argv = [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--leader-elect"]
         argv += ["--lock-namespace", NAMESPACE, "--monitoring-port", "0", "--kube-api-qps", "0"]
         argv += ["--kubeconfig", str(self.kubeconfig)]
-        env = {**os.environ, **IMAGE_ENV, "POD_NAME": self.name}
+        env = ours_env(POD_NAME=self.name)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.starts += 1
         if not self.watch.is_alive():

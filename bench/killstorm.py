@@ -44,7 +44,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from hack import cluster as local  # the local control plane
 from mpijob import keys
 from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
@@ -95,8 +95,9 @@ class Operator:
         argv = [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect"]
         argv += ["--monitoring-port", "0", "--kube-api-qps", "0"]
         argv += ["--kubeconfig", str(self.kubeconfig), "--gpu-binding", self.binding]
-        env = {**os.environ, **IMAGE_ENV}
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env=ours_env()
+        )
         self.starts += 1
 
     def kill(self) -> None:

@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from bench import profile as profiling
 from hack import cluster
 from hack.common import free_port
@@ -417,7 +417,8 @@ def run_once(
     if run != "ours" and port_taken(UPSTREAM_HEALTH_PORT):
         raise SystemExit(f"[bench] error: port {UPSTREAM_HEALTH_PORT} is taken; upstream needs it")
     # Upstream: KUBECONFIG beats --kubeConfig. Ours: as its image runs it.
-    env = {**os.environ, **(IMAGE_ENV if run == "ours" else {}), "KUBECONFIG": str(kubeconfig)}
+    env = ours_env() if run == "ours" else dict(os.environ)
+    env["KUBECONFIG"] = str(kubeconfig)
     log_path = BENCH / "logs" / f"{run}{tag}.log"
     names = [f"pi-{i:03d}" for i in range(jobs)]
     progress = Progress(expected_children(names, workers), set(names))

@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from bench import IMAGE_ENV, memtrace
+from bench import memtrace, ours_env
 from hack import cluster
 from mpijob import keys
 
@@ -186,7 +186,7 @@ def start_cluster(env: dict[str, str]) -> client.ApiClient:
     return api
 
 
-def start_operator(env: dict[str, str], port: int, trace: Path | None) -> subprocess.Popen[bytes]:
+def start_operator(port: int, trace: Path | None) -> subprocess.Popen[bytes]:
     """One operator process for the whole soak, once it serves /metrics; traced into ``trace``."""
     BENCH.mkdir(exist_ok=True)
     run = ["-m", "bench.memtrace", str(trace)] if trace else ["-m", "mpijob"]
@@ -198,7 +198,7 @@ def start_operator(env: dict[str, str], port: int, trace: Path | None) -> subpro
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**env, **IMAGE_ENV, "KUBECONFIG": kubeconfig},
+            env=ours_env(KUBECONFIG=kubeconfig),
         )
     deadline = time.monotonic() + 120
     while True:
@@ -286,7 +286,7 @@ def main() -> int:
     trace = BENCH / "soak-memtrace" if args.trace_memory else None
     if trace:
         shutil.rmtree(trace, ignore_errors=True)
-    proc = start_operator(env, port, trace)
+    proc = start_operator(port, trace)
     try:
         readings, failed, snapshots = soak_run(api, proc, port, checkpoints, args.in_flight, trace)
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from bench import IMAGE_ENV
+from bench import ours_env
 from hack import cluster, pytorch_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +92,7 @@ def main() -> int:
     operator = subprocess.Popen(
         [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect",
          "--monitoring-port", "0", "--kubeconfig", str(kubeconfig)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **IMAGE_ENV},
+        stdout=log, stderr=subprocess.STDOUT, env=ours_env(),
     )  # fmt: skip
     results: dict[str, Any] = {"real_nodes": nodes, "runs": args.runs, "model": "convnet"}
     try:
