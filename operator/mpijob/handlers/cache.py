@@ -120,14 +120,12 @@ class Cache:
     hypernodes: list[JSON] = field(default_factory=list)
     """Volcano's HyperNodes (name, tier and members), as last listed (see
     :func:`mpijob.handlers.watches.follow_hypernodes`)."""
-    secrets: dict[JobKey, JSON | None] = field(default_factory=dict)
-    """Per job: its SSH Secret as last read or written (key names only), None when a read found
-    none. Secrets are not watched: a cluster-wide list and watch would stream every Secret of
-    the cluster to the operator. The reconciler reads the job's own by name before it creates
-    anything that mounts it (:func:`needs_secret`), so a deleted one is made again before it
-    is needed."""
-    secrets_read_at: dict[JobKey, float] = field(default_factory=dict)
-    """Per job: when its SSH Secret was last read or written (monotonic seconds)."""
+    secrets: dict[JobKey, tuple[float, JSON | None]] = field(default_factory=dict)
+    """Per job: when its SSH Secret was last read or written (monotonic seconds), and what it
+    was (key names only; None when a read found none). Secrets are not watched: a cluster-wide
+    list and watch would stream every Secret of the cluster to the operator. The reconciler
+    reads the job's own by name before it creates anything that mounts it
+    (:func:`needs_secret`), so a deleted one is made again before it is needed."""
     checked: dict[JobKey, tuple[str, Checked]] = field(default_factory=dict)
     """Per job: (resourceVersion, what the operator made of that version: the defaulted job
     and its refusals); see :meth:`check`."""
@@ -174,7 +172,7 @@ class Cache:
             )
             for index, kind in CHILD_INDICES.items()
         }
-        secret = self.secrets.get(key)
+        secret = self.secrets.get(key, (0.0, None))[1]
         ours["Secret"] = secret if secret and names.is_controlled_by(secret, uid) else None
         pods = self.pods(key)
         claims = {
@@ -208,25 +206,25 @@ class Cache:
 
     def secret_age(self, key: JobKey) -> float:
         """Seconds since the job's SSH Secret was last read or written (infinite: never)."""
-        at = self.secrets_read_at.get(key)
-        return float("inf") if at is None else time.monotonic() - at
+        seen = self.secrets.get(key)
+        return float("inf") if seen is None else time.monotonic() - seen[0]
 
     def saw_secret(self, key: JobKey, secret: JSON | None) -> None:
         """The job's SSH Secret as the API server just returned it (None: it has none); only
         what the sync checks is kept, never the keys themselves."""
-        self.secrets_read_at[key] = time.monotonic()
         if secret is None:
-            self.secrets[key] = None
+            self.secrets[key] = (time.monotonic(), None)
             return
         meta = secret.get("metadata") or {}
         kept = ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
-        self.secrets[key] = {
+        summary = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {k: meta[k] for k in kept if k in meta},
             "type": secret.get("type"),
             "data": dict.fromkeys(secret.get("data") or {}, ""),
         }
+        self.secrets[key] = (time.monotonic(), summary)
 
     def pods(self, key: JobKey) -> list[JSON]:
         """Every pod labelled with the job's name (whatever job instance controls it)."""
@@ -256,7 +254,6 @@ class Cache:
         self.written.pop(key, None)
         self.checked.pop(key, None)
         self.secrets.pop(key, None)
-        self.secrets_read_at.pop(key, None)
 
     def _pending(self, key: JobKey, present: set[tuple[str, str]]) -> dict[tuple[str, str], JSON]:
         pending = self.expected.get(key)

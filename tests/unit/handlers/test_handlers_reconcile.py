@@ -239,7 +239,8 @@ async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_crea
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == []  # pods Pending, and the Secret was written just now
-    rt.cache.secrets_read_at[("bar", "foo")] -= reconcile.PENDING_SECRET_READ_SECONDS
+    at, secret = rt.cache.secrets[("bar", "foo")]
+    rt.cache.secrets[("bar", "foo")] = (at - reconcile.PENDING_SECRET_READ_SECONDS, secret)
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods still Pending
     await reconcile.reconcile(rt, ("bar", "foo"))
