@@ -20,7 +20,7 @@ import gc
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,9 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
     registry = registry_for(ours, binding, shares, user_agent)
     indexers, indices = kopf_tuning.indexers_for(registry)
-    informed = {index: informer.ObjectIndex() for index in watches.INFORMED}
+    informed = {
+        index: informer.ObjectIndex() for index in watches.informed(dra=binding is GpuBinding.DRA)
+    }
     cache = Cache(indices=Indices(indices, informed), server_minor=await server_minor(kube))
     workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, *informed}))
     admission = Admission(
@@ -215,11 +217,15 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
 
 
 def make_informers(
-    ours: OperatorSettings, rt: Runtime, indices: dict[Index, informer.ObjectIndex], user_agent: str
+    ours: OperatorSettings,
+    rt: Runtime,
+    indices: Mapping[Index, informer.ObjectIndex],
+    user_agent: str,
 ) -> tuple[Kube, list[informer.Informer]]:
-    """An informer per kind of :data:`~mpijob.handlers.watches.INFORMED`, over the operator's
-    namespaces, filing into ``indices``; each one's first list opens the workers for it. Their
-    own client: each watch holds a connection for minutes, never one a request waits for."""
+    """An informer per index of ``indices``, of its kind in
+    :data:`~mpijob.handlers.watches.INFORMED`, over the operator's namespaces (a cluster-scoped
+    kind: the cluster), filing into ``indices``; each one's first list opens the workers for it.
+    Their own client: each watch holds a connection for minutes, never one a request waits for."""
     namespaces, admits = informer.scope(ours.namespaces, kopf_tuning.namespace_matcher)
     kube = Kube.from_kubeconfig(
         ours.kubeconfig,
@@ -228,18 +234,23 @@ def make_informers(
         concurrency=len(namespaces) * len(indices) + 1,
         user_agent=user_agent,
     )
-    informers = [
-        informer.Informer(
-            kube,
-            *watches.INFORMED[index],
-            index=into,
-            handle=watches.informer_handler(rt, index),
-            namespaces=namespaces,
-            admits=admits,
-            on_listed=partial(rt.workers.open, index.value),
+    informers = []
+    for index, into in indices.items():
+        kind = watches.INFORMED[index]
+        namespaced = kube_module.KINDS[kind.api_version, kind.kind].namespaced
+        informers.append(
+            informer.Informer(
+                kube,
+                kind.api_version,
+                kind.kind,
+                labels=kind.labels,
+                index=into,
+                handle=watches.informer_handler(rt, index),
+                namespaces=namespaces if namespaced else (None,),
+                admits=admits if namespaced else None,
+                on_listed=partial(rt.workers.open, index.value),
+            )
         )
-        for index, into in indices.items()
-    ]
     return kube, informers
 
 

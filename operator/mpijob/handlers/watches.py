@@ -10,18 +10,19 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
-The kinds with most events (:data:`INFORMED`: MPIJobs, pods, Services, ConfigMaps, launcher
-Jobs) are listed and watched by the operator's informers
-(:class:`mpijob.platform.informer.Informer`), which give each event to one plain function here
-(:func:`mpijob_event`, :func:`pod_event`, :func:`child_event`): it asks for the syncs and
-returns what the index files. A pod is filed under every key a reader looks it up by
-(:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds,
-the node whose room it takes. The others (nodes, decisions, quotas, priorities, DRA's kinds,
-PodGroups) are Kopf's indices and event handlers: a child's index function is also its
-trigger, since Kopf calls an index for every event but a deletion, so its event handlers are
-filtered to deletions. They are async and never block: Kopf would otherwise run each call in a
-thread. Only low-level handlers are used, so Kopf adds no finalizer, progress annotation or
-diff-base to anyone's objects.
+The kinds with most events and those with one object per node (:data:`INFORMED`: MPIJobs, pods,
+Services, ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices) are
+listed and watched by the operator's informers (:class:`mpijob.platform.informer.Informer`), which
+give each event to one plain function here (:func:`mpijob_event`, :func:`pod_event`,
+:func:`child_event`, :func:`node_event`, :func:`slice_event`): it asks for the syncs and returns
+what the index files. A pod is filed under every key a reader looks it up by
+(:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds, the
+node whose room it takes. The others (decisions, quotas, priorities, DRA's claims and classes,
+PodGroups) are Kopf's indices and event handlers: a child's index function is also its trigger,
+since Kopf calls an index for every event but a deletion, so its event handlers are filtered to
+deletions. They are async and never block: Kopf would otherwise run each call in a thread. Only
+low-level handlers are used, so Kopf adds no finalizer, progress annotation or diff-base to anyone's
+objects.
 
 No sync runs before every index is complete: the work queue holds what the events ask for until
 each informer has listed its kind once and Kopf has called :func:`kopf_indexed` (Kopf calls
@@ -37,7 +38,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
 
@@ -278,31 +279,32 @@ async def decision_event(
 # --- nodes --------------------------------------------------------------------------------------
 
 
-async def nodes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, JSON]:
-    meta = {k: body.metadata.get(k) for k in ("name", "labels", "annotations")}
-    return {
-        name: {
-            "metadata": meta,
-            "spec": dict(body.spec),
-            "status": {
-                "conditions": body.status.get("conditions") or [],
-                # What admission fits a worker's cpu, memory, pods and the rest against.
-                "allocatable": dict(body.status.get("allocatable") or {}),
-            },
-        }
-    }
-
-
-async def node_event(
-    type: str | None, name: str, body: kopf.Body, memo: OperatorMemo, **_: Any
-) -> None:
-    rt = _runtime(memo)
+def node_event(rt: Runtime, type: str | None, body: JSON) -> dict[str, JSON]:
+    """An opted-in node's event from the node informer (``type`` None: listed; ``DELETED`` also
+    when it loses the opt-in label): the syncs of the jobs placed there when it can no longer
+    hold them, admission woken, and the node filed under its name."""
+    metadata = body.get("metadata") or {}
+    name = str(metadata.get("name") or "")
     if type == "DELETED" or not topology.opted_in(body):
         # Jobs placed there may have lost workers (deleted, NotReady and evicted, drained).
         for key in rt.cache.jobs_placed_on(name):
             rt.workers.enqueue(key)
     if rt.admission is not None:
         rt.admission.wake()  # capacity may have appeared
+    if type == "DELETED":
+        return {}
+    status = body.get("status") or {}
+    return {
+        name: {
+            "metadata": {k: metadata.get(k) for k in ("name", "labels", "annotations")},
+            "spec": dict(body.get("spec") or {}),
+            "status": {
+                "conditions": status.get("conditions") or [],
+                # What admission fits a worker's cpu, memory, pods and the rest against.
+                "allocatable": dict(status.get("allocatable") or {}),
+            },
+        }
+    }
 
 
 # --- children found by their controller owner reference -----------------------------------
@@ -434,16 +436,21 @@ async def claim_event(
         rt.admission.wake()  # an allocation came or went
 
 
-async def slices_by_node(body: kopf.Body, **_: Any) -> dict[str, JSON]:
-    """Of the NVIDIA driver's ResourceSlices, each GPU device's UUID, by node."""
-    if body.spec.get("driver") != keys.NVIDIA_GPU_DRIVER or not body.spec.get("nodeName"):
+def slice_event(type: str | None, body: JSON) -> dict[str, JSON]:
+    """A ResourceSlice's event from its informer: of the NVIDIA driver's, each GPU device's
+    UUID, filed under its node (nothing once deleted). It asks for no sync: a claim's
+    allocation, not a slice, says where a job's GPUs are."""
+    spec = body.get("spec") or {}
+    if type == "DELETED" or spec.get("driver") != keys.NVIDIA_GPU_DRIVER:
+        return {}
+    if not (node := spec.get("nodeName")):
         return {}
     devices = {}
-    for device in body.spec.get("devices") or []:
+    for device in spec.get("devices") or []:
         uuid = ((device.get("attributes") or {}).get("uuid") or {}).get("string")
         if uuid:
             devices[str(device.get("name"))] = str(uuid)
-    return {str(body.spec["nodeName"]): devices}
+    return {str(node): devices}
 
 
 async def gpu_classes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, str]:
@@ -536,16 +543,36 @@ async def follow_hypernodes(rt: Runtime) -> None:
         await asyncio.sleep(HYPERNODE_POLL_SECONDS)
 
 
+class Informed(NamedTuple):
+    """A kind an informer lists and watches, and the label selector it lists them by."""
+
+    api_version: str
+    kind: str
+    labels: str = ""
+
+
 #: The kinds listed and watched by informers of the operator's own
 #: (:class:`mpijob.platform.informer.Informer`), not by Kopf, by the index each fills: nearly
-#: all of the events. Kopf keeps the kinds with few events.
-INFORMED: dict[Index, tuple[str, str]] = {
-    Index.MPIJOBS_BY_KEY: (keys.API_VERSION, keys.KIND),
-    Index.PODS: ("v1", "Pod"),
-    Index.SERVICES_BY_JOB: ("v1", "Service"),
-    Index.CONFIGMAPS_BY_JOB: ("v1", "ConfigMap"),
-    Index.LAUNCHERS_BY_JOB: ("batch/v1", "Job"),
+#: all of the events, and the kinds with one object per node, which Kopf took about 1 ms of
+#: CPU each to start with. Kopf keeps the kinds with few objects and few events.
+INFORMED: dict[Index, Informed] = {
+    Index.MPIJOBS_BY_KEY: Informed(keys.API_VERSION, keys.KIND),
+    Index.PODS: Informed("v1", "Pod"),
+    Index.SERVICES_BY_JOB: Informed("v1", "Service"),
+    Index.CONFIGMAPS_BY_JOB: Informed("v1", "ConfigMap"),
+    Index.LAUNCHERS_BY_JOB: Informed("batch/v1", "Job"),
+    Index.NODES_BY_NAME: Informed(
+        "v1", "Node", f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
+    ),
+    Index.SLICES_BY_NODE: Informed(keys.DRA_API_VERSION, "ResourceSlice"),
 }
+#: Informed in the dra binding mode only: the API may not be served otherwise.
+_DRA_ONLY = frozenset({Index.SLICES_BY_NODE})
+
+
+def informed(*, dra: bool) -> list[Index]:
+    """The indices the operator's informers fill (:data:`INFORMED`), in its binding mode."""
+    return [index for index in INFORMED if dra or index not in _DRA_ONLY]
 
 
 def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], Any]:
@@ -554,6 +581,10 @@ def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], 
         return partial(mpijob_event, rt)
     if index is Index.PODS:
         return partial(pod_event, rt)
+    if index is Index.NODES_BY_NAME:
+        return partial(node_event, rt)
+    if index is Index.SLICES_BY_NODE:
+        return slice_event
     return partial(child_event, rt, index)
 
 
@@ -563,21 +594,15 @@ def register(
     gang_api_version: str | None,
     dra: bool = False,
 ) -> None:
-    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims,
-    ResourceSlices and DeviceClasses only in the dra binding mode (the API may not be served
-    otherwise). Volcano's HyperNodes are listed, not watched (:func:`follow_hypernodes`).
+    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims and
+    DeviceClasses only in the dra binding mode (the API may not be served otherwise). Volcano's
+    HyperNodes are listed, not watched (:func:`follow_hypernodes`).
 
     Index ids are given as plain strings: Kopf formats a handler with ``repr`` of its id at
     every call, and an enum member's took 1 % of a profile's samples in ``make bench``."""
     decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
     kopf.index(*decisions, id=Index.DECISIONS_BY_JOB.value, registry=registry)(decisions_by_job)
     kopf.on.event(*decisions, registry=registry)(decision_event)
-    opted_in = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
-    nodes = resource("v1", "Node")
-    kopf.index(*nodes, labels=opted_in, id=Index.NODES_BY_NAME.value, registry=registry)(
-        nodes_by_name
-    )
-    kopf.on.event(*nodes, labels=opted_in, registry=registry)(node_event)
     if gang_api_version:
         # Not an informer's: a PodGroup API installed after the operator started is watched
         # once it is served (Kopf waits for a kind it does not find).
@@ -594,14 +619,12 @@ def register(
     kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)
     if dra:
         claims = resource(keys.DRA_API_VERSION, "ResourceClaim")
-        slices = resource(keys.DRA_API_VERSION, "ResourceSlice")
         classes = resource(keys.DRA_API_VERSION, "DeviceClass")
         kopf.index(*claims, id=Index.CLAIMS_BY_JOB.value, registry=registry)(claims_by_job)
         kopf.index(*claims, id=Index.ALLOCATIONS_BY_NODE.value, registry=registry)(
             allocations_by_node
         )
         kopf.on.event(*claims, registry=registry)(claim_event)
-        kopf.index(*slices, id=Index.SLICES_BY_NODE.value, registry=registry)(slices_by_node)
         kopf.index(*classes, id=Index.GPU_CLASSES_BY_NAME.value, registry=registry)(
             gpu_classes_by_name
         )

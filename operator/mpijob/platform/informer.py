@@ -51,7 +51,7 @@ RETRY_FIRST_SECONDS, RETRY_MOST_SECONDS = 0.2, 1.0
 #: A failure is logged as a warning the first time, then every this many times in a row.
 LOG_EVERY_FAILURES = 60
 
-Key = tuple[str, ...]
+Key = str | tuple[str, ...]
 Handle = Callable[[str | None, JSON], Mapping[Key, Any]]
 
 #: What is kept of every object that is filed, for the ``DELETED`` event a list implies: what
@@ -148,7 +148,8 @@ class ObjectIndex(Mapping[Key, Store]):
 
 class Informer:
     """List and watch ``api_version``/``kind`` in ``namespaces`` (``(None,)``: the whole
-    cluster) into ``index``; see the module's docstring."""
+    cluster) into ``index``, only the objects ``labels`` selects when it is not empty; see the
+    module's docstring."""
 
     def __init__(
         self,
@@ -161,8 +162,10 @@ class Informer:
         namespaces: Sequence[str | None] = (None,),
         admits: Callable[[str], bool] | None = None,
         on_listed: Callable[[], None] = lambda: None,
+        labels: str = "",
     ) -> None:
         self.kube, self.api_version, self.kind = kube, api_version, kind
+        self.labels = labels
         self.index, self.handle = index, handle
         self.namespaces = tuple(namespaces)
         self.admits = admits
@@ -210,7 +213,9 @@ class Informer:
         items: list[JSON] = []
         cont = ""
         while True:
-            page = await self.kube.list_page(self.api_version, self.kind, namespace, cont=cont)
+            page = await self.kube.list_page(
+                self.api_version, self.kind, namespace, cont=cont, labels=self.labels
+            )
             for item in page.get("items") or []:
                 # A list's items name no kind (their list does); a watch event's object does.
                 item.setdefault("apiVersion", self.api_version)
@@ -246,7 +251,12 @@ class Informer:
                 seconds = WATCH_SECONDS + random.randrange(WATCH_SECONDS)
                 started, events = loop.time(), 0
                 async for event in self.kube.watch(
-                    self.api_version, self.kind, namespace, version=version, timeout_seconds=seconds
+                    self.api_version,
+                    self.kind,
+                    namespace,
+                    version=version,
+                    timeout_seconds=seconds,
+                    labels=self.labels,
                 ):
                     body = event.get("object") or {}
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)

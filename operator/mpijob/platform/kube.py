@@ -556,12 +556,20 @@ class Kube:
             query = {**query, "continue": more}
 
     async def list_page(
-        self, api_version: str, kind: str, namespace: str | None, *, cont: str = ""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        cont: str = "",
+        labels: str = "",
     ) -> JSON:
         """One page of a list (500 objects), whole: its ``metadata`` holds the ``continue``
-        token and the ``resourceVersion`` a watch starts from. Never ahead of a write in its
-        client's bucket (``urgent=False``)."""
+        token and the ``resourceVersion`` a watch starts from. ``labels``: a label selector.
+        Never ahead of a write in its client's bucket (``urgent=False``)."""
         query = {"limit": "500", **({"continue": cont} if cont else {})}
+        if labels:
+            query["labelSelector"] = labels
         url = path(api_version, kind, namespace)
         return await self.request("GET", url, query=query, urgent=False)
 
@@ -573,19 +581,23 @@ class Kube:
         *,
         version: str,
         timeout_seconds: int,
+        labels: str = "",
     ) -> AsyncIterator[JSON]:
         """The watch events after ``version``, decoded, until the API server ends the stream
         (after ``timeout_seconds``) or the connection drops (``aiohttp.ClientError``, or
         ``TimeoutError`` when nothing came for a minute past ``timeout_seconds``). Bookmarks
         are asked for: they keep the version a watch resumes from current. A refusal raises
         its :class:`ApiError`, and so does an ``ERROR`` event (:class:`Gone` when ``version``
-        is too old: list again). Not rate-limited: one request serves the whole stream."""
+        is too old: list again). Not rate-limited: one request serves the whole stream.
+        ``labels``: a label selector; an object that stops matching it comes as ``DELETED``."""
         query = {
             "watch": "1",
             "resourceVersion": version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
+        if labels:
+            query["labelSelector"] = labels
         metrics.API_REQUESTS.labels(verb="watch").inc()
         quiet = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 60)
         async with self._open().get(

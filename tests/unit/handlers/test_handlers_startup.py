@@ -128,7 +128,7 @@ def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> No
     pods = informer.ObjectIndex()
     indices = Indices(kopf_indices, {Index.PODS: pods})
     indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
-    assert indices[Index.NODES_BY_NAME] is kopf_indices[Index.NODES_BY_NAME]
-    assert indices[Index.NODES_BY_NAME] is indexers[Index.NODES_BY_NAME].index
+    assert indices[Index.PRIORITIES_BY_NAME] is kopf_indices[Index.PRIORITIES_BY_NAME]
+    assert indices[Index.PRIORITIES_BY_NAME] is indexers[Index.PRIORITIES_BY_NAME].index
     assert indices[Index.PODS] is pods
     assert set(indices) == {*kopf_indices, Index.PODS}

@@ -23,7 +23,9 @@ from mpijob.handlers.watches import (
     node_event,
     pod_event,
     quotas_by_namespace,
+    slice_event,
 )
+from mpijob.objects import JSON
 from mpijob.platform.informer import Informer, ObjectIndex
 from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
@@ -173,28 +175,70 @@ async def test_the_pod_informer_files_each_pod_under_every_key_it_is_read_by() -
     assert [p["metadata"]["name"] for p in cache.placement_snapshot().pods] == ["done", "pending"]
 
 
-def _node(ready: str) -> kopf.Body:
+def _node(ready: str) -> JSON:
     labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
-    return kopf.Body(
-        {
-            "metadata": {"name": "n1", "labels": labels},
-            "status": {"conditions": [{"type": "Ready", "status": ready}]},
-        }
-    )
+    return {
+        "metadata": {"name": "n1", "uid": "uid-n1", "labels": labels},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+        "status": {
+            "conditions": [{"type": "Ready", "status": ready}],
+            "allocatable": {"cpu": "8"},
+            "images": ["what no reader needs"],
+        },
+    }
 
 
 async def test_a_node_deleted_or_not_ready_asks_for_the_sync_of_the_jobs_placed_there() -> None:
-    rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
     placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n0"}, {"node": "n1"}]}}
     other = {"spec": {"job": {"name": "other"}, "workers": [{"node": "n0"}]}}
     rt.cache.indices = {"decisions_by_job": {KEY: [placed], ("ns", "other"): [other]}}
-    memo = OperatorMemo(runtime=rt)
-    await node_event(type="MODIFIED", name="n1", body=_node("True"), memo=memo)
+    filed = node_event(rt, "MODIFIED", _node("True"))
     assert len(rt.workers.queue) == 0  # a heartbeat of a healthy node
-    await node_event(type="MODIFIED", name="n1", body=_node("False"), memo=memo)
+    assert filed == {
+        "n1": {
+            "metadata": {
+                "name": "n1",
+                "labels": _node("True")["metadata"]["labels"],
+                "annotations": None,
+            },
+            "spec": _node("True")["spec"],
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "allocatable": {"cpu": "8"},
+            },
+        }
+    }
+    node_event(rt, "MODIFIED", _node("False"))
     assert len(rt.workers.queue) == 1
     assert rt.cache.jobs_placed_on("n1") == [KEY]
     assert sorted(rt.cache.jobs_placed_on("n0")) == [("ns", "other"), KEY]
+
+
+async def test_a_node_gone_or_no_longer_opted_in_is_unfiled_and_its_jobs_synced() -> None:
+    """The node informer watches by the opt-in label: a node that loses it comes as DELETED."""
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=None)
+    placed = {"spec": {"job": {"name": "pi"}, "workers": [{"node": "n1"}]}}
+    rt.cache.indices = {"decisions_by_job": {KEY: [placed]}}
+    assert node_event(rt, "DELETED", _node("True")) == {}
+    assert len(rt.workers.queue) == 1
+
+
+def test_a_resource_slice_files_its_gpus_uuids_under_its_node_and_others_nothing() -> None:
+    def slice_(driver: str, node: str | None) -> JSON:
+        devices = [
+            {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}},
+            {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-b"}}},
+            {"name": "nic", "attributes": {}},
+        ]
+        return {"spec": {"driver": driver, "nodeName": node, "devices": devices}}
+
+    ours = slice_(keys.NVIDIA_GPU_DRIVER, "n1")
+    assert slice_event("ADDED", ours) == {"n1": {"gpu-0": "GPU-a", "gpu-1": "GPU-b"}}
+    assert slice_event(None, ours) == slice_event("ADDED", ours)
+    assert slice_event("DELETED", ours) == {}
+    assert slice_event("ADDED", slice_("other.example.com", "n1")) == {}
+    assert slice_event("ADDED", slice_(keys.NVIDIA_GPU_DRIVER, None)) == {}
 
 
 @virtual_time

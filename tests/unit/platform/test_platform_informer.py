@@ -231,3 +231,34 @@ async def test_a_watch_that_ends_at_once_or_fails_is_tried_again_a_second_apart_
     assert all(gap >= informer.RETRY_FIRST_SECONDS for gap in gaps)
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1  # the first failure; the others at debug level until 60 in a row
+
+
+async def test_a_label_selector_is_sent_with_every_list_and_watch_and_a_node_leaving_it_goes(
+    server: tuple[Server, Kube],
+) -> None:
+    """Nodes are informed by their opt-in label: the API server sends a node that loses the
+    label as DELETED (its watch filters by the selector), and the index drops it."""
+    script, kube = server
+    gone = asyncio.Event()
+
+    def handle(type: str | None, body: JSON) -> Mapping[tuple[str, ...], Any]:
+        if type == "DELETED":
+            gone.set()
+            return {}
+        return by_name(body)
+
+    node = {"metadata": {"name": "n1", "uid": "uid-n1", "resourceVersion": "1"}}
+    script.lists = [[page([node], "1")]]
+    script.watches = [
+        [line("DELETED", {**node, "metadata": {**node["metadata"], "resourceVersion": "2"}})]
+    ]
+    index = ObjectIndex()
+    nodes = Informer(kube, "v1", "Node", index=index, handle=handle, labels="opt=in")
+    task = asyncio.create_task(nodes.run())
+    try:
+        await asyncio.wait_for(gone.wait(), timeout=5)
+    finally:
+        task.cancel()
+    assert [q.get("labelSelector") for q in script.queries[:2]] == ["opt=in", "opt=in"]
+    assert [q.get("watch") for q in script.queries[:2]] == [None, "1"]
+    assert dict(index) == {}
