@@ -278,6 +278,16 @@ def resource(api_version: str, kind: str) -> tuple[str, ...]:
     return (*api_version.split("/"), k.plural)
 
 
+def selectors(labels: str = "", fields: str = "") -> dict[str, str]:
+    """The query parameters of a list's or watch's label and field selectors (none when empty)."""
+    query = {}
+    if labels:
+        query["labelSelector"] = labels
+    if fields:
+        query["fieldSelector"] = fields
+    return query
+
+
 def path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
     try:
         k = KINDS[api_version, kind]
@@ -539,21 +549,16 @@ class Kube:
         fields: str = "",
         urgent: bool = True,
     ) -> list[JSON]:
-        """Every object, page by page (500 a page)."""
+        """Every object the selectors match, page by page (:meth:`list_page`)."""
         items: list[JSON] = []
-        query = {"limit": "500"}
-        if labels:
-            query["labelSelector"] = labels
-        if fields:
-            query["fieldSelector"] = fields
+        cont = ""
         while True:
-            url = path(api_version, kind, namespace)
-            result = await self.request("GET", url, query=query, urgent=urgent)
-            items += result.get("items", [])
-            more = (result.get("metadata") or {}).get("continue")
-            if not more:
+            page = await self.list_page(
+                api_version, kind, namespace, cont=cont, labels=labels, fields=fields, urgent=urgent
+            )
+            items += page.get("items", [])
+            if not (cont := str((page.get("metadata") or {}).get("continue") or "")):
                 return items
-            query = {**query, "continue": more}
 
     async def list_page(
         self,
@@ -563,15 +568,17 @@ class Kube:
         *,
         cont: str = "",
         labels: str = "",
+        fields: str = "",
+        urgent: bool = False,
     ) -> JSON:
-        """One page of a list (500 objects), whole: its ``metadata`` holds the ``continue``
-        token and the ``resourceVersion`` a watch starts from. ``labels``: a label selector.
-        Never ahead of a write in its client's bucket (``urgent=False``)."""
-        query = {"limit": "500", **({"continue": cont} if cont else {})}
-        if labels:
-            query["labelSelector"] = labels
+        """One page of a list (500 objects) the selectors match, whole: its ``metadata`` holds
+        the ``continue`` token and the ``resourceVersion`` a watch starts from. By default never
+        ahead of a write in its client's bucket (``urgent=False``): an informer's lists."""
+        query = {"limit": "500", **selectors(labels, fields)}
+        if cont:
+            query["continue"] = cont
         url = path(api_version, kind, namespace)
-        return await self.request("GET", url, query=query, urgent=False)
+        return await self.request("GET", url, query=query, urgent=urgent)
 
     async def watch(
         self,
@@ -595,9 +602,8 @@ class Kube:
             "resourceVersion": version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
+            **selectors(labels),
         }
-        if labels:
-            query["labelSelector"] = labels
         metrics.API_REQUESTS.labels(verb="watch").inc()
         quiet = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 60)
         async with self._open().get(

@@ -28,6 +28,8 @@ def test_mpijobs_podgroups_and_the_lease_have_their_own_buckets_as_upstreams_cli
 
 async def test_a_list_reads_every_page_with_its_selectors() -> None:
     class Pages:
+        list_page = kube.Kube.list_page  # each page read as the client reads it
+
         def __init__(self) -> None:
             self.queries: list[dict[str, str]] = []
 
