@@ -155,6 +155,45 @@ def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(
     assert mpijobs_decision_absent(crds, namespace, "mine")
 
 
+def test_a_tenant_may_not_opt_a_node_in_or_out_nor_publish_gpus_for_one(
+    crds: Cluster, namespace: str, tenant: str
+) -> None:
+    """The node informer believes a node's opt-in label, its topology annotation and its
+    status; the slice informer believes ResourceSlices' GPU UUIDs. All are cluster-scoped: a
+    tenant with ``edit`` and the MPIJob role in their namespace may write none of them."""
+    for verb in ("update", "patch"):
+        assert not can_i(crds, tenant, namespace, verb, "nodes"), verb
+        assert not can_i(crds, tenant, namespace, verb, "nodes", subresource="status"), verb
+    for verb in ("create", "update", "patch", "delete"):
+        assert not can_i(crds, tenant, namespace, verb, "resourceslices.resource.k8s.io"), verb
+
+    before = crds.core.read_node("gpu-node-0").metadata
+    for change in (
+        {"metadata": {"labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_DEFAULT}}},
+        {"metadata": {"annotations": {keys.GPU_TOPOLOGY: "{}"}}},
+    ):
+        out = crds.kubectl(
+            "patch", "node", "gpu-node-0", f"--as={tenant}", "-p", json.dumps(change), check=False
+        )
+        assert "forbidden" in out.lower(), out
+    after = crds.core.read_node("gpu-node-0").metadata
+    assert (after.labels, after.annotations) == (before.labels, before.annotations)
+
+    forged = {
+        "apiVersion": keys.DRA_API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{namespace}-forged"},
+        "spec": {
+            "driver": keys.NVIDIA_GPU_DRIVER,
+            "nodeName": "gpu-node-0",
+            "pool": {"name": "gpu-node-0", "resourceSliceCount": 1, "generation": 1},
+            "devices": [{"name": "gpu-9", "attributes": {"uuid": {"string": "GPU-forged"}}}],
+        },
+    }
+    out = crds.kubectl("create", f"--as={tenant}", "-f", "-", input=json.dumps(forged), check=False)
+    assert "forbidden" in out.lower(), out
+
+
 def mpijobs_decision_absent(cluster: Cluster, namespace: str, name: str) -> bool:
     return MPIJobs(cluster, namespace).decision(name) is None
 
