@@ -11,9 +11,10 @@ threadiness 8); create the jobs (8 workers x 1 GPU each, ``mpijob.io/gpu-topolog
 each job takes one whole node); time until every worker pod is bound to a node (in dra mode the
 scheduler binds a pod only after it allocated its claim, so bound means allocated); read the
 operator's own request counter (``mpi_operator_api_requests_total``, by verb) from its
-/metrics; stop it, delete the namespace and wait until its pods and claims are gone.
+/metrics, and its CPU time (user + system, from its start and at its start) and peak RSS from
+/proc; stop it, delete the namespace and wait until its pods and claims are gone.
 
-Prints per mode the seconds and API requests per job, and what dra adds; writes
+Prints per mode the seconds, API requests per job, CPU and peak RSS, and what dra adds; writes
 ``.bench/dra.json``. A benchmark, not a test: it asserts nothing.
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 from kubernetes import client, config
 
 from bench import ours_env
+from bench import reconcile as rc
 from hack import cluster
 from hack.common import free_port
 from tests.support.jobs import mpijob  # the tests' job factory, the shape users write
@@ -53,6 +55,21 @@ def requests_by_verb(port: int) -> dict[str, float]:
             verb = line.split('verb="', 1)[1].split('"', 1)[0]
             out[verb] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def wait_bound(core: client.CoreV1Api, ns: str, workers: int, deadline: float) -> int:
+    """How many of the namespace's workers are bound to a node, once all are or at
+    ``deadline`` (monotonic)."""
+    bound = 0
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(
+            ns, label_selector="training.kubeflow.org/job-role=worker"
+        ).items
+        bound = sum(1 for p in pods if p.spec.node_name)
+        if bound == workers:
+            break
+        time.sleep(0.5)
+    return bound
 
 
 def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> dict[str, Any]:
@@ -78,6 +95,7 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
                 time.sleep(0.2)
         time.sleep(2)  # its watches are listed
         before = sum(requests_by_verb(port).values())
+        started_cpu = rc.proc_usage(operator.pid)["cpu_seconds"]
         start = time.monotonic()
         for i in range(args.jobs):
             body = mpijob(
@@ -87,23 +105,19 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
                 annotations={"mpijob.io/gpu-topology": "true"},
             )
             objects.create_namespaced_custom_object("kubeflow.org", "v2beta1", ns, "mpijobs", body)
-        bound = 0
-        while time.monotonic() - start < args.timeout:
-            pods = core.list_namespaced_pod(
-                ns, label_selector="training.kubeflow.org/job-role=worker"
-            ).items
-            bound = sum(1 for p in pods if p.spec.node_name)
-            if bound == workers:
-                break
-            time.sleep(0.5)
+        bound = wait_bound(core, ns, workers, start + args.timeout)
         seconds = time.monotonic() - start
         if bound != workers:
             raise SystemExit(f"{mode}: {bound} of {workers} workers bound in {args.timeout} s")
         time.sleep(3)  # writes still in flight at the last bind (status) are counted too
         verbs = requests_by_verb(port)
+        usage = rc.proc_usage(operator.pid)
         total = sum(verbs.values()) - before
         return {
             "seconds": round(seconds, 1),
+            "operator_cpu_seconds": round(usage["cpu_seconds"], 2),
+            "start_up_cpu_seconds": round(started_cpu, 2),
+            "peak_rss_mb": round(usage["peak_rss_mb"]),
             "api_requests": total,
             "api_requests_per_job": round(total / args.jobs, 2),
             "by_verb": verbs,
@@ -157,7 +171,9 @@ def main() -> int:
                 print(
                     f"run {index + 1} {mode:12} {row['seconds']:6.1f} s to all "
                     f"{args.jobs * args.workers} workers bound, "
-                    f"{row['api_requests_per_job']:.2f} API requests per job",
+                    f"{row['api_requests_per_job']:.2f} API requests per job, operator CPU "
+                    f"{row['operator_cpu_seconds']:.2f} s ({row['start_up_cpu_seconds']:.2f} s "
+                    f"to start), peak RSS {row['peak_rss_mb']} MiB",
                     flush=True,
                 )
     finally:
@@ -172,6 +188,10 @@ def main() -> int:
             "median_api_requests_per_job": statistics.median(
                 r["api_requests_per_job"] for r in rows
             ),
+            "median_operator_cpu_seconds": statistics.median(
+                r["operator_cpu_seconds"] for r in rows
+            ),
+            "median_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in rows),
         }
     extra_seconds = summary["dra"]["median_seconds"] - summary["annotations"]["median_seconds"]
     extra_requests = (
@@ -183,6 +203,11 @@ def main() -> int:
         "seconds_per_job": round(extra_seconds / args.jobs, 3),
         "seconds_total": round(extra_seconds, 1),
         "api_requests_per_job": round(extra_requests, 2),
+        "operator_cpu_seconds": round(
+            summary["dra"]["median_operator_cpu_seconds"]
+            - summary["annotations"]["median_operator_cpu_seconds"],
+            2,
+        ),
     }
     out = ROOT / ".bench" / "dra.json"
     out.write_text(json.dumps(results, indent=2))
