@@ -148,7 +148,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=100, help="simulated 8-GPU nodes")
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()

@@ -41,8 +41,8 @@ Checked = tuple[MPIJob | None, list[FieldError]]
 
 
 class Index(StrEnum):
-    """Every Kopf index, by the name it is registered under (:mod:`mpijob.handlers.watches`)
-    and read by (this cache): the one list of them."""
+    """Every index, Kopf's and the informers', by the name it is filled under
+    (:mod:`mpijob.handlers.watches`) and read by (this cache): the one list of them."""
 
     MPIJOBS_BY_KEY = "mpijobs_by_key"
     PODS = "pods"
@@ -53,8 +53,7 @@ class Index(StrEnum):
     LAUNCHERS_BY_JOB = "launchers_by_job"
     PODGROUPS_BY_JOB = "podgroups_by_job"
     PRIORITIES_BY_NAME = "priorities_by_name"
-    CLAIMS_BY_JOB = "claims_by_job"
-    ALLOCATIONS_BY_NODE = "allocations_by_node"
+    CLAIMS = "claims"
     SLICES_BY_NODE = "slices_by_node"
     GPU_CLASSES_BY_NAME = "gpu_classes_by_name"
     QUOTAS_BY_NAMESPACE = "quotas_by_namespace"
@@ -76,6 +75,18 @@ class PodsBy(StrEnum):
     REQUESTS_ON = "requests-on"
     """``(REQUESTS_ON, node)``: what each bound, unfinished pod (anyone's) requests of its
     node, as the scheduler sums it: what admission fits a worker beside."""
+
+
+class ClaimsBy(StrEnum):
+    """How the one DRA ResourceClaim index (:data:`Index.CLAIMS`, the dra binding mode) files a
+    claim: the first item of each key, as :class:`PodsBy` files pods."""
+
+    JOB = "job"
+    """``(JOB, namespace, job name)``: our workers' claims (controlled by the job), with their
+    spec, which a re-placement compares, and what was allocated."""
+    ALLOCATED_ON = "allocated-on"
+    """``(ALLOCATED_ON, node)``: every claim (anyone's) holding NVIDIA GPUs of the node's
+    pool, with those devices: what the scheduler gave out."""
 
 
 class Indices(Mapping[str, Any]):
@@ -177,7 +188,7 @@ class Cache:
         pods = self.pods(key)
         claims = {
             _name(c): c
-            for c in self._all(Index.CLAIMS_BY_JOB, key)
+            for c in self._all(Index.CLAIMS, (ClaimsBy.JOB, *key))
             if names.is_controlled_by(c, uid)
         }
         present = {("Pod", str(p["metadata"]["name"])) for p in pods}
@@ -341,10 +352,13 @@ class Cache:
             for body in store:
                 if (decision := topology.parse_decision(body)) is not None:
                     decisions[key] = decision
-        allocated = {
-            node: [str(d) for claim in store for d in claim.get("devices") or ()]
-            for node, store in self.indices.get(Index.ALLOCATIONS_BY_NODE, {}).items()
-        }
+        allocated: dict[str, list[str]] = {}
+        claims: dict[JobKey, list[JSON]] = {}
+        for (by, *where), store in self.indices.get(Index.CLAIMS, {}).items():
+            if by == ClaimsBy.ALLOCATED_ON:
+                allocated[where[0]] = [str(d) for claim in store for d in claim["devices"]]
+            elif by == ClaimsBy.JOB:
+                claims[(where[0], where[1])] = [dict(c) for c in store]
         slices: dict[str, dict[str, str]] = {}
         for node, store in self.indices.get(Index.SLICES_BY_NODE, {}).items():
             for devices in store:
@@ -352,10 +366,6 @@ class Cache:
         quotas = {
             namespace: [dict(q) for q in store]
             for namespace, store in self.indices.get(Index.QUOTAS_BY_NAMESPACE, {}).items()
-        }
-        claims = {
-            key: [dict(c) for c in store]
-            for key, store in self.indices.get(Index.CLAIMS_BY_JOB, {}).items()
         }
         classes = self.indices.get(Index.GPU_CLASSES_BY_NAME, {})
         mapped = next((str(v) for store in classes.values() for v in store), None)

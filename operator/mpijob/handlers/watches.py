@@ -11,18 +11,20 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 what the reconciler reads.
 
 The kinds with most events and those with one object per node (:data:`INFORMED`: MPIJobs, pods,
-Services, ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices) are
-listed and watched by the operator's informers (:class:`mpijob.platform.informer.Informer`), which
-give each event to one plain function here (:func:`mpijob_event`, :func:`pod_event`,
-:func:`child_event`, :func:`node_event`, :func:`slice_event`): it asks for the syncs and returns
-what the index files. A pod is filed under every key a reader looks it up by
+Services, ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices
+and ResourceClaims) are listed and watched by the operator's informers
+(:class:`mpijob.platform.informer.Informer`), which give each event to one plain function here
+(:func:`mpijob_event`, :func:`pod_event`, :func:`child_event`, :func:`node_event`,
+:func:`slice_event`, :func:`claim_event`): it asks for the syncs and returns what the index
+files. A pod is filed under every key a reader looks it up by
 (:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds, the
-node whose room it takes. The others (decisions, quotas, priorities, DRA's claims and classes,
-PodGroups) are Kopf's indices and event handlers: a child's index function is also its trigger,
-since Kopf calls an index for every event but a deletion, so its event handlers are filtered to
-deletions. They are async and never block: Kopf would otherwise run each call in a thread. Only
-low-level handlers are used, so Kopf adds no finalizer, progress annotation or diff-base to anyone's
-objects.
+node whose room it takes; a claim under its job and the node whose GPUs it was given
+(:class:`~mpijob.handlers.cache.ClaimsBy`). The others (decisions, quotas, priorities, DRA's
+DeviceClasses, PodGroups) are Kopf's indices and event handlers: a child's index function is also
+its trigger, since Kopf calls an index for every event but a deletion, so its event handlers are
+filtered to deletions. They are async and never block: Kopf would otherwise run each call in a
+thread. Only low-level handlers are used, so Kopf adds no finalizer, progress annotation or
+diff-base to anyone's objects.
 
 No sync runs before every index is complete: the work queue holds what the events ask for until
 each informer has listed its kind once and Kopf has called :func:`kopf_indexed` (Kopf calls
@@ -46,7 +48,7 @@ from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.desired import gpu_binding, names
 from mpijob.gang import quota, topology
-from mpijob.handlers.cache import Index, PodsBy
+from mpijob.handlers.cache import ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.platform.kube import ApiError, resource
 from mpijob.platform.workers import KOPF_INDICES
@@ -397,43 +399,43 @@ async def podgroups_by_job(
 # --- DRA (the dra binding mode): claims and the NVIDIA driver's ResourceSlices -------------------
 
 
-def _allocated(body: kopf.Body) -> list[list[str]]:
-    allocation = body.status.get("allocation") or {}
+def _allocated(body: JSON) -> list[tuple[str, str]]:
+    """The NVIDIA GPUs allocated to a claim: (pool, device) each; the driver's pool is the
+    node's name."""
+    allocation = (body.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
     return [
-        [str(r.get("pool")), str(r.get("device")), str(r.get("request"))]
+        (str(r.get("pool")), str(r.get("device")))
         for r in results
         if r.get("driver") == keys.NVIDIA_GPU_DRIVER
     ]
 
 
-async def claims_by_job(body: kopf.Body, namespace: str | None, **_: Any) -> dict[JobKey, JSON]:
-    """Our workers' claims: the spec a re-placement compares, and what was allocated."""
-    if not (job := _job_of(body)):
-        return {}
-    status = {"allocated": _allocated(body)}
-    return {_key(namespace, job): _child(body, spec=dict(body.spec), status=status)}
-
-
-async def allocations_by_node(
-    body: kopf.Body, namespace: str | None, name: str, **_: Any
-) -> dict[str, JSON]:
-    """Every claim holding NVIDIA GPUs (ours or anyone's), by node: what the scheduler gave."""
-    out: dict[str, JSON] = {}
-    for pool, device, _request in _allocated(body):
-        entry = out.setdefault(pool, {"namespace": namespace, "name": name, "devices": []})
-        entry["devices"].append(device)
-    return out
-
-
-async def claim_event(
-    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
-) -> None:
-    rt = _runtime(memo)
-    if job := _job_of(body):
+def claim_event(rt: Runtime, type: str | None, body: JSON) -> dict[tuple[str, ...], JSON]:
+    """A ResourceClaim's event from its informer (``type`` None: listed): the sync of the job
+    that controls it asked for, admission woken (an allocation came or went), and every key the
+    claim is filed under (:class:`ClaimsBy`); none once it is deleted."""
+    metadata = body.get("metadata") or {}
+    namespace, name = metadata.get("namespace"), str(metadata.get("name") or "")
+    job = names.controlling_job({"metadata": metadata})
+    if job:
         _child_changed(rt, _key(namespace, job), "ResourceClaim", name)
     if rt.admission is not None:
-        rt.admission.wake()  # an allocation came or went
+        rt.admission.wake()
+    if type == "DELETED":
+        return {}
+    allocated = _allocated(body)
+    out: dict[tuple[str, ...], JSON] = {}
+    if job:
+        status = {"allocated": [[pool, device] for pool, device in allocated]}
+        spec = dict(body.get("spec") or {})
+        out[(ClaimsBy.JOB, *_key(namespace, job))] = _child(body, spec=spec, status=status)
+    for pool, device in allocated:
+        entry = out.setdefault(
+            (ClaimsBy.ALLOCATED_ON, pool), {"namespace": namespace, "name": name, "devices": []}
+        )
+        entry["devices"].append(device)
+    return out
 
 
 def slice_event(type: str | None, body: JSON) -> dict[str, JSON]:
@@ -565,9 +567,10 @@ INFORMED: dict[Index, Informed] = {
         "v1", "Node", f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     ),
     Index.SLICES_BY_NODE: Informed(keys.DRA_API_VERSION, "ResourceSlice"),
+    Index.CLAIMS: Informed(keys.DRA_API_VERSION, "ResourceClaim"),
 }
 #: Informed in the dra binding mode only: the API may not be served otherwise.
-_DRA_ONLY = frozenset({Index.SLICES_BY_NODE})
+_DRA_ONLY = frozenset({Index.SLICES_BY_NODE, Index.CLAIMS})
 
 
 def informed(*, dra: bool) -> list[Index]:
@@ -585,6 +588,8 @@ def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], 
         return partial(node_event, rt)
     if index is Index.SLICES_BY_NODE:
         return slice_event
+    if index is Index.CLAIMS:
+        return partial(claim_event, rt)
     return partial(child_event, rt, index)
 
 
@@ -594,8 +599,8 @@ def register(
     gang_api_version: str | None,
     dra: bool = False,
 ) -> None:
-    """Attach the indices and event handlers; PodGroups only in gang mode, ResourceClaims and
-    DeviceClasses only in the dra binding mode (the API may not be served otherwise). Volcano's
+    """Attach Kopf's indices and event handlers; PodGroups only in gang mode, DeviceClasses
+    only in the dra binding mode (the API may not be served otherwise). Volcano's
     HyperNodes are listed, not watched (:func:`follow_hypernodes`).
 
     Index ids are given as plain strings: Kopf formats a handler with ``repr`` of its id at
@@ -618,13 +623,7 @@ def register(
     kopf.index(*quotas, id=Index.QUOTAS_BY_NAMESPACE.value, registry=registry)(quotas_by_namespace)
     kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)
     if dra:
-        claims = resource(keys.DRA_API_VERSION, "ResourceClaim")
         classes = resource(keys.DRA_API_VERSION, "DeviceClass")
-        kopf.index(*claims, id=Index.CLAIMS_BY_JOB.value, registry=registry)(claims_by_job)
-        kopf.index(*claims, id=Index.ALLOCATIONS_BY_NODE.value, registry=registry)(
-            allocations_by_node
-        )
-        kopf.on.event(*claims, registry=registry)(claim_event)
         kopf.index(*classes, id=Index.GPU_CLASSES_BY_NAME.value, registry=registry)(
             gpu_classes_by_name
         )

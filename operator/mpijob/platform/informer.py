@@ -8,8 +8,9 @@ queue and batching wait, a body wrapped in views, cause detection, handler match
 arguments built and their outcomes kept. That was 46 % of the operator's CPU samples there; an
 informer decodes the event and calls one function. They take the kinds with an object per node
 too (opted-in nodes, by a label selector, and DRA's ResourceSlices): on 1,024 nodes Kopf's
-first pass over them took 1.4 s of CPU at every start. The kinds with few objects and few events
-stay with Kopf.
+first pass over them took 1.4 s of CPU at every start; and DRA's ResourceClaims, one per worker,
+each allocated and reserved in its own events. The kinds with few objects and few events stay
+with Kopf.
 
 An :class:`Informer` lists its kind in each namespace it watches (the whole cluster: one), then
 watches from the list's version, with bookmarks, and lists again when the API server says that

@@ -12,10 +12,11 @@ import pytest
 
 from mpijob import keys
 from mpijob.gang import quota
-from mpijob.handlers.cache import Cache, Index, PodsBy
+from mpijob.handlers.cache import Cache, ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
     SUSPENDED_FIRST_SYNC_SECONDS,
+    claim_event,
     informer_handler,
     kopf_indexed,
     limits_gpus,
@@ -239,6 +240,86 @@ def test_a_resource_slice_files_its_gpus_uuids_under_its_node_and_others_nothing
     assert slice_event("DELETED", ours) == {}
     assert slice_event("ADDED", slice_("other.example.com", "n1")) == {}
     assert slice_event("ADDED", slice_(keys.NVIDIA_GPU_DRIVER, None)) == {}
+
+
+def _claim(name: str, uid: str, results: list[JSON], job: str | None = None) -> JSON:
+    metadata: JSON = {"name": name, "namespace": "ns", "uid": uid}
+    if job:
+        owner = {"apiVersion": keys.API_VERSION, "kind": keys.KIND, "name": job, "uid": "j"}
+        metadata["ownerReferences"] = [{**owner, "controller": True}]
+    return {
+        "apiVersion": keys.DRA_API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": {"devices": {"requests": [{"name": "gpus"}]}},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def _result(node: str, device: str, driver: str = keys.NVIDIA_GPU_DRIVER) -> JSON:
+    return {"driver": driver, "pool": node, "device": device, "request": "gpus"}
+
+
+async def test_a_claim_is_filed_under_its_job_and_the_node_whose_gpus_it_holds() -> None:
+    """Our worker's claim: its spec and NVIDIA allocation under the job, the job's sync asked
+    for, admission woken; anyone's claim: its NVIDIA devices under their node, and no sync.
+    The placement snapshot reads both back; a deletion unfiles them and asks again."""
+    woken = []
+    admission = SimpleNamespace(wake=lambda: woken.append(1))
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), admission=admission)
+    claims = Informer(
+        None,  # type: ignore[arg-type]  # nothing is listed or watched here
+        keys.DRA_API_VERSION,
+        "ResourceClaim",
+        index=ObjectIndex(),
+        handle=informer_handler(rt, Index.CLAIMS),
+    )
+    ours = _claim(
+        "pi-worker-0-gpus",
+        "c1",
+        [_result("n1", "gpu-0"), _result("n1", "gpu-1"), _result("n1", "nic", "net.example")],
+        job="pi",
+    )
+    theirs = _claim("other", "c2", [_result("n1", "gpu-2"), _result("n2", "gpu-0")])
+    filed = claim_event(rt, None, ours)
+    assert filed == {
+        (ClaimsBy.JOB, "ns", "pi"): {
+            "apiVersion": keys.DRA_API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "pi-worker-0-gpus", "namespace": "ns", "uid": "c1",
+                         "ownerReferences": ours["metadata"]["ownerReferences"]},
+            "spec": ours["spec"],
+            "status": {"allocated": [["n1", "gpu-0"], ["n1", "gpu-1"]]},
+        },
+        (ClaimsBy.ALLOCATED_ON, "n1"): {
+            "namespace": "ns", "name": "pi-worker-0-gpus", "devices": ["gpu-0", "gpu-1"]
+        },
+    }  # fmt: skip
+    assert KEY in rt.workers.queue
+    assert woken == [1]
+    rt.workers = Workers(threadiness=1)
+    assert sorted(claim_event(rt, "MODIFIED", theirs)) == [
+        (ClaimsBy.ALLOCATED_ON, "n1"),
+        (ClaimsBy.ALLOCATED_ON, "n2"),
+    ]
+    assert len(rt.workers.queue) == 0
+    assert woken == [1, 1]
+
+    claims.apply(None, ours)
+    claims.apply("ADDED", theirs)
+    cache = Cache(indices={Index.CLAIMS: claims.index})
+    snapshot = cache.placement_snapshot()
+    assert {n: sorted(d) for n, d in snapshot.allocated.items()} == {
+        "n1": ["gpu-0", "gpu-1", "gpu-2"],
+        "n2": ["gpu-0"],
+    }
+    assert list(snapshot.claims) == [KEY]
+    assert [c["metadata"]["name"] for c in snapshot.claims[KEY]] == ["pi-worker-0-gpus"]
+
+    claims.apply("DELETED", ours)
+    assert KEY in rt.workers.queue
+    assert cache.placement_snapshot().allocated == {"n1": ["gpu-2"], "n2": ["gpu-0"]}
+    assert cache.placement_snapshot().claims == {}
 
 
 @virtual_time
