@@ -194,6 +194,48 @@ def test_a_tenant_may_not_opt_a_node_in_or_out_nor_publish_gpus_for_one(
     assert "forbidden" in out.lower(), out
 
 
+def test_a_tenant_may_not_write_the_allocation_of_a_claim(
+    crds: Cluster, namespace: str, tenant: str
+) -> None:
+    """The claim informer believes a claim's ``status.allocation`` (whose GPUs it holds, on
+    which node) and, for quotas, the NVIDIA devices a claim controlled by a job asks for. A
+    tenant may create a claim in their namespace, which the API server charges to their quota
+    as any claim; writing an allocation on a node's GPUs, which placement would then avoid, is
+    refused."""
+    claim = {
+        "apiVersion": keys.DRA_API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "squat", "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {"deviceClassName": keys.NVIDIA_GPU_DRIVER, "count": 8},
+                    }
+                ]
+            }
+        },
+    }
+    out = crds.kubectl("create", f"--as={tenant}", "-f", "-", input=json.dumps(claim))
+    assert "created" in out, out
+    results = [
+        {"driver": keys.NVIDIA_GPU_DRIVER, "pool": "gpu-node-0", "device": f"gpu-{i}",
+         "request": "gpus"}
+        for i in range(8)
+    ]  # fmt: skip
+    allocation = {"status": {"allocation": {"devices": {"results": results}}}}
+    out = crds.kubectl(
+        "patch", "resourceclaim", "squat", "-n", namespace, "--subresource=status",
+        f"--as={tenant}", "--type=merge", "-p", json.dumps(allocation), check=False,
+    )  # fmt: skip
+    assert "forbidden" in out.lower(), out
+    stored = crds.resource(keys.DRA_API_VERSION, "ResourceClaim").get(
+        name="squat", namespace=namespace
+    )
+    assert not (stored.to_dict().get("status") or {}).get("allocation")
+
+
 def mpijobs_decision_absent(cluster: Cluster, namespace: str, name: str) -> bool:
     return MPIJobs(cluster, namespace).decision(name) is None
 

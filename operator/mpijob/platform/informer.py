@@ -41,7 +41,7 @@ import aiohttp
 
 from mpijob.objects import JSON
 from mpijob.platform.backoff import exponential
-from mpijob.platform.kube import ApiError, Gone, Kube
+from mpijob.platform.kube import ApiError, Gone, Kube, selectors
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class Informer:
         cont = ""
         while True:
             page = await self.kube.list_page(
-                self.api_version, self.kind, namespace, cont=cont, labels=self.labels
+                self.api_version, self.kind, namespace, selectors(self.labels), cont
             )
             for item in page.get("items") or []:
                 # A list's items name no kind (their list does); a watch event's object does.

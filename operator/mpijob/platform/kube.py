@@ -551,11 +551,10 @@ class Kube:
     ) -> list[JSON]:
         """Every object the selectors match, page by page (:meth:`list_page`)."""
         items: list[JSON] = []
+        selected = selectors(labels, fields)
         cont = ""
         while True:
-            page = await self.list_page(
-                api_version, kind, namespace, cont=cont, labels=labels, fields=fields, urgent=urgent
-            )
+            page = await self.list_page(api_version, kind, namespace, selected, cont, urgent)
             items += page.get("items", [])
             if not (cont := str((page.get("metadata") or {}).get("continue") or "")):
                 return items
@@ -565,16 +564,15 @@ class Kube:
         api_version: str,
         kind: str,
         namespace: str | None,
-        *,
+        selected: Mapping[str, str],
         cont: str = "",
-        labels: str = "",
-        fields: str = "",
         urgent: bool = False,
     ) -> JSON:
-        """One page of a list (500 objects) the selectors match, whole: its ``metadata`` holds
-        the ``continue`` token and the ``resourceVersion`` a watch starts from. By default never
-        ahead of a write in its client's bucket (``urgent=False``): an informer's lists."""
-        query = {"limit": "500", **selectors(labels, fields)}
+        """One page of a list (500 objects) of what ``selected`` (:func:`selectors`) matches,
+        whole: its ``metadata`` holds the ``continue`` token and the ``resourceVersion`` a watch
+        starts from. By default never ahead of a write in its client's bucket (``urgent=False``):
+        an informer's lists."""
+        query = {"limit": "500", **selected}
         if cont:
             query["continue"] = cont
         url = path(api_version, kind, namespace)
