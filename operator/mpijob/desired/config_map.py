@@ -8,7 +8,8 @@ reconcile loop on every sync of an unfinished job, and updated whenever ``data``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpijob import keys
@@ -22,6 +23,35 @@ DISCOVER_HOSTS_KEY = "discover_hosts.sh"
 #: The API server refuses a ConfigMap whose data exceeds this many bytes (``MaxSecretSize``,
 #: which ConfigMaps share), and a request body beyond 3 MiB with 413 before it validates.
 MAX_DATA_BYTES = 1024 * 1024
+
+#: Where a summary of a ConfigMap (:func:`summary_data`) holds its data's digests.
+DIGESTS = "dataDigests"
+#: The digest entry that says the ConfigMap holds keys of someone else's (never a ConfigMap
+#: key: those are non-empty).
+OTHER_KEYS = ""
+
+
+def digests(data: Mapping[str, Any]) -> dict[str, str]:
+    """A digest of each of the operator's keys' values, and :data:`OTHER_KEYS` when ``data``
+    has keys of anyone else's: what the caches keep of a ConfigMap's data and what the sync
+    compares. The values can be a MiB (the hostfile of a big job) and anyone with ``edit`` in
+    the namespace can write more under other keys; a digest is 32 bytes whatever they hold."""
+    out = {
+        k: hashlib.blake2b(str(data[k]).encode(), digest_size=16).hexdigest()
+        for k in (HOSTFILE_KEY, DISCOVER_HOSTS_KEY)
+        if k in data
+    }
+    if any(k not in (HOSTFILE_KEY, DISCOVER_HOSTS_KEY) for k in data):
+        out[OTHER_KEYS] = "present"
+    return out
+
+
+def data_digests(config_map: Mapping[str, Any]) -> dict[str, str]:
+    """The data digests of a ConfigMap: its cache summary's, or computed from a whole one (the
+    object a create returned, until its watch event files the summary)."""
+    if DIGESTS in config_map:
+        return dict(config_map[DIGESTS])
+    return digests(config_map.get("data") or {})
 
 
 def fqdn(job: MPIJob, host: str, cluster_domain: str = "") -> str:

@@ -247,15 +247,26 @@ def _service(job: MPIJob, seen: Observed) -> list[Action]:
 def _config_map(desired: JSON, seen: Observed) -> list[Action]:
     if seen.config_map is None:
         return [Create(desired)]
-    live = seen.config_map.get("data") or {}
-    if live == desired["data"]:
+    live = config_map.data_digests(seen.config_map)
+    wanted = config_map.digests(desired["data"])
+    if live == wanted:
         return []
-    # A merge patch keeps keys it does not name: name the extra ones with null to drop them.
-    data = {**dict.fromkeys(live), **desired["data"]}
-    changed = {k for k in data if live.get(k) != desired["data"].get(k)}
+    changed = {k for k in {*live, *wanted} if live.get(k) != wanted.get(k)}
+    if config_map.OTHER_KEYS in live:
+        # Keys of someone else's, whose names the cache does not keep: the whole data replaced.
+        version = (seen.config_map.get("metadata") or {}).get("resourceVersion")
+        return [
+            Replace({**desired, "metadata": {**desired["metadata"], "resourceVersion": version}})
+        ]
     deferrable = changed == {config_map.DISCOVER_HOSTS_KEY}
     return [
-        Patch("v1", "ConfigMap", observed.name_of(desired), {"data": data}, deferrable=deferrable)
+        Patch(
+            "v1",
+            "ConfigMap",
+            observed.name_of(desired),
+            {"data": desired["data"]},
+            deferrable=deferrable,
+        )
     ]
 
 

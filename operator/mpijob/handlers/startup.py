@@ -249,6 +249,8 @@ def make_informers(
                 namespaces=namespaces if namespaced else (None,),
                 admits=admits if namespaced else None,
                 on_listed=partial(rt.workers.open, index.value),
+                kept=watches.kept_metadata,
+                page=kind.page,
             )
         )
     return kube, informers

@@ -46,7 +46,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.api import JSON, JobKey
-from mpijob.desired import gpu_binding, names
+from mpijob.desired import config_map, gpu_binding, names
 from mpijob.gang import quota, topology
 from mpijob.handlers.cache import ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo, Runtime
@@ -56,17 +56,74 @@ from mpijob.pods.predicates import pod_requests, terminal
 
 log = logging.getLogger(__name__)
 
+#: Metadata fields kept of a pod or child, each further cut by :func:`kept_metadata`.
 POD_SUMMARY_METADATA = (
     "name",
     "namespace",
     "uid",
-    "labels",
-    "annotations",
     "creationTimestamp",
     "deletionTimestamp",
-    "ownerReferences",
     "resourceVersion",
 )
+
+#: The labels any reader reads of a pod or child: the job's (upstream's keys) and the gang
+#: schedulers'. Everything else a tenant puts on its objects is not kept.
+KEPT_LABELS = frozenset(
+    {
+        keys.LABEL_OPERATOR_NAME,
+        keys.LABEL_JOB_NAME,
+        keys.LABEL_JOB_ROLE,
+        keys.LABEL_REPLICA_INDEX,
+        keys.LABEL_REPLICA_TYPE,
+        keys.LABEL_APP,
+        keys.SCHED_PLUGINS_POD_GROUP_LABEL,
+    }
+)
+#: The annotations any reader reads: the operator's own keys (every ``mpijob.io/`` name in
+#: :mod:`mpijob.keys`), a closed set, so a tenant cannot make the cache hold more of them.
+KEPT_ANNOTATIONS = frozenset(
+    value
+    for value in vars(keys).values()
+    if isinstance(value, str) and value.startswith(keys.PREFIX) and value != keys.PREFIX
+)
+#: The longest annotation value kept. The operator's own are short (a GPU set, eight UUIDs, a
+#: claim's name, a share); a longer one was not written by it and is read as absent.
+MAX_KEPT_VALUE = 1024
+
+
+#: The annotations read of an MPIJob: the operator's and Volcano's queue.
+JOB_ANNOTATIONS = KEPT_ANNOTATIONS | {keys.VOLCANO_QUEUE_NAME_ANNOTATION}
+
+
+def kept_metadata(
+    metadata: Mapping[str, Any], annotations: frozenset[str] = KEPT_ANNOTATIONS
+) -> JSON:
+    """What the caches keep of an object's metadata: its identity and times, the labels and
+    annotations some reader reads (:data:`KEPT_LABELS`, :data:`KEPT_ANNOTATIONS`), and its
+    controller owner reference alone. What a tenant adds to its own objects (annotations, data,
+    owner references, labels) then costs the operator nothing: an object's summary has a size
+    bound whatever the object carries."""
+    out = _picked(metadata, POD_SUMMARY_METADATA)
+    labels = metadata.get("labels") or {}
+    if kept := {k: labels[k] for k in KEPT_LABELS if k in labels}:
+        out["labels"] = kept
+    present = metadata.get("annotations") or {}
+    kept = {
+        k: present[k]
+        for k in annotations
+        if k in present and len(str(present[k])) <= MAX_KEPT_VALUE
+    }
+    if kept:
+        out["annotations"] = kept
+    controller = names.controller_of({"metadata": metadata})
+    if controller is not None:
+        ref = {k: controller[k] for k in _OWNER_FIELDS if k in controller}
+        if all(len(str(v)) <= MAX_KEPT_VALUE for v in ref.values()):
+            out["ownerReferences"] = [ref]
+    return out
+
+
+_OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
 
 
 def _key(namespace: str | None, name: str) -> JobKey:
@@ -85,7 +142,7 @@ def _picked(section: Any, fields: tuple[str, ...]) -> JSON:
 
 
 def _metadata(body: Mapping[str, Any]) -> JSON:
-    return _picked(body.get("metadata"), POD_SUMMARY_METADATA)
+    return kept_metadata(body.get("metadata") or {})
 
 
 #: What is kept of a container's state: when it ran, and why and how it ended or cannot start.
@@ -164,7 +221,30 @@ def mpijob_event(rt: Runtime, type: str | None, body: JSON) -> dict[JobKey, JSON
         rt.workers.enqueue_after(key, SUSPENDED_FIRST_SYNC_SECONDS)
     else:
         rt.workers.enqueue_rate_limited(key)
-    return {key: body}
+    return {key: job_summary(body)}
+
+
+def job_summary(body: JSON) -> JSON:
+    """What the cache keeps of an MPIJob: spec and status whole (the reconciler reads them);
+    of the metadata, its labels and what :func:`kept_metadata` keeps, so neither the
+    ``managedFields`` nor annotations no reader reads (``kubectl apply``'s copy of the whole
+    object, a tenant's own) are held."""
+    metadata = body.get("metadata") or {}
+    kept = kept_metadata(metadata, JOB_ANNOTATIONS)
+    present = metadata.get("annotations") or {}
+    if too_long := {
+        k: str(present[k])[: MAX_KEPT_VALUE + 1]
+        for k in JOB_ANNOTATIONS
+        if len(str(present.get(k, ""))) > MAX_KEPT_VALUE
+    }:
+        # Cut rather than dropped: validation still refuses the value, naming the annotation.
+        kept["annotations"] = {**kept.get("annotations", {}), **too_long}
+    if labels := metadata.get("labels"):
+        kept["labels"] = labels  # a job's, which its children's selectors and Kueue read
+    for field in ("generateName", "generation", "finalizers"):
+        if field in metadata:
+            kept[field] = metadata[field]
+    return {**body, "metadata": kept}
 
 
 async def kopf_indexed(memo: OperatorMemo, **_: Any) -> None:
@@ -362,19 +442,23 @@ def _service(body: JSON) -> JSON:
 
 
 def _config_map(body: JSON) -> JSON:
-    return _child(body, data=dict(body.get("data") or {}))
+    """The digests of its data (:func:`mpijob.desired.config_map.digests`), not the data."""
+    return _child(body, **{config_map.DIGESTS: config_map.digests(body.get("data") or {})})
 
 
-def _whole(body: JSON) -> JSON:
-    return body
+def _launcher_job(body: JSON) -> JSON:
+    """Its spec (the template a resume replaces the Job with) and status, whole."""
+    return _child(body, spec=body.get("spec") or {}, status=body.get("status") or {})
 
 
 #: Children the reconciler reads whole or in part, listed and watched by informers of their own
-#: (:data:`INFORMED`): what each index keeps of one.
-_SUMMARIES: dict[Index, Callable[[JSON], JSON]] = {
-    Index.SERVICES_BY_JOB: _service,
-    Index.CONFIGMAPS_BY_JOB: _config_map,
-    Index.LAUNCHERS_BY_JOB: _whole,
+#: (:data:`INFORMED`): what each index keeps of one, and the suffix of the job's name that
+#: names it (:mod:`mpijob.desired.names`). Only the object of that name is the job's child: a
+#: tenant may make any number of others controlled by its own job, which are not filed.
+_SUMMARIES: dict[Index, tuple[Callable[[JSON], JSON], str]] = {
+    Index.SERVICES_BY_JOB: (_service, ""),
+    Index.CONFIGMAPS_BY_JOB: (_config_map, keys.CONFIG_SUFFIX),
+    Index.LAUNCHERS_BY_JOB: (_launcher_job, keys.LAUNCHER_SUFFIX),
 }
 
 
@@ -383,17 +467,22 @@ def child_event(rt: Runtime, index: Index, type: str | None, body: JSON) -> dict
     asked for, and what ``index`` keeps of it under the job's key (nothing once deleted, or
     for anyone else's object)."""
     metadata = body.get("metadata") or {}
-    if not (job := names.controlling_job({"metadata": metadata})):
+    summary, suffix = _SUMMARIES[index]
+    job = names.controlling_job({"metadata": metadata})
+    name = str(metadata.get("name") or "")
+    if not job or name != job + suffix:
         return {}
     key = _key(metadata.get("namespace"), job)
-    _child_changed(rt, key, str(body.get("kind")), str(metadata.get("name") or ""))
-    return {} if type == "DELETED" else {key: _SUMMARIES[index](body)}
+    _child_changed(rt, key, str(body.get("kind")), name)
+    return {} if type == "DELETED" else {key: summary(body)}
 
 
 async def podgroups_by_job(
     body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
-    return {key: dict(body)} if (key := _owned(body, namespace, name, memo)) else {}
+    if name != _job_of(body) or not (key := _owned(body, namespace, name, memo)):
+        return {}  # a gang's PodGroup is named after its job (see child_event)
+    return {key: {**dict(body), "metadata": kept_metadata(body.metadata)}}
 
 
 # --- DRA (the dra binding mode): claims and the NVIDIA driver's ResourceSlices -------------------
@@ -546,11 +635,13 @@ async def follow_hypernodes(rt: Runtime) -> None:
 
 
 class Informed(NamedTuple):
-    """A kind an informer lists and watches, and the label selector it lists them by."""
+    """A kind an informer lists and watches, the label selector it lists them by, and how many
+    objects a page of its list holds."""
 
     api_version: str
     kind: str
     labels: str = ""
+    page: int = 500
 
 
 #: The kinds listed and watched by informers of the operator's own
@@ -561,7 +652,9 @@ INFORMED: dict[Index, Informed] = {
     Index.MPIJOBS_BY_KEY: Informed(keys.API_VERSION, keys.KIND),
     Index.PODS: Informed("v1", "Pod"),
     Index.SERVICES_BY_JOB: Informed("v1", "Service"),
-    Index.CONFIGMAPS_BY_JOB: Informed("v1", "ConfigMap"),
+    # Every ConfigMap of the cluster is listed, and anyone's may carry a MiB of data: a page
+    # of 50 holds at most 50 MiB at once (of 500: half a GiB), at one request per 50 at start.
+    Index.CONFIGMAPS_BY_JOB: Informed("v1", "ConfigMap", page=50),
     Index.LAUNCHERS_BY_JOB: Informed("batch/v1", "Job"),
     Index.NODES_BY_NAME: Informed(
         "v1", "Node", f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"

@@ -58,9 +58,15 @@ LOG_EVERY_FAILURES = 60
 Key = str | tuple[str, ...]
 Handle = Callable[[str | None, JSON], Mapping[Key, Any]]
 
-#: What is kept of every object that is filed, for the ``DELETED`` event a list implies: what
-#: says whose it is (a pod's job label, a child's controller).
-_KEPT_METADATA = ("name", "namespace", "uid", "labels", "ownerReferences")
+#: What is kept of every object that is filed, for the ``DELETED`` event a list implies, unless
+#: the informer is given its own ``kept`` (what says whose it is: a pod's job label, a child's
+#: controller, cut to what its handler reads).
+_KEPT_METADATA = ("name", "namespace", "uid")
+
+
+def identity(metadata: JSON) -> JSON:
+    """An object's name, namespace and uid: the least an index keeps of a filed object."""
+    return {k: metadata[k] for k in _KEPT_METADATA if k in metadata}
 
 
 def scope(
@@ -112,7 +118,8 @@ class ObjectIndex(Mapping[Key, Store]):
         return len(self._stores)
 
     def file(self, uid: str, metadata: JSON, entries: Mapping[Key, Any]) -> None:
-        """The object's entries, in place of those it had."""
+        """The object's entries, in place of those it had; ``metadata`` is what is kept of it
+        (its handler's ``DELETED`` event reads it when a list no longer holds the object)."""
         self.drop(uid)
         if not entries:
             return
@@ -121,8 +128,7 @@ class ObjectIndex(Mapping[Key, Store]):
             if store is None:
                 store = self._stores[key] = Store()
             store._by_uid[uid] = value
-        kept = {k: metadata[k] for k in _KEPT_METADATA if k in metadata}
-        self._filed[uid] = (tuple(entries), kept)
+        self._filed[uid] = (tuple(entries), metadata)
 
     def drop(self, uid: str) -> JSON | None:
         """Unfile the object; the metadata kept of it, or None if it was not filed."""
@@ -167,6 +173,8 @@ class Informer:
         admits: Callable[[str], bool] | None = None,
         on_listed: Callable[[], None] = lambda: None,
         labels: str = "",
+        kept: Callable[[JSON], JSON] = identity,
+        page: int = 500,
     ) -> None:
         self.kube, self.api_version, self.kind = kube, api_version, kind
         self.labels = labels
@@ -174,6 +182,8 @@ class Informer:
         self.namespaces = tuple(namespaces)
         self.admits = admits
         self.on_listed = on_listed
+        self.kept = kept
+        self.page = page
         self._unlisted = set(self.namespaces)
 
     async def run(self) -> None:
@@ -192,7 +202,7 @@ class Informer:
                 self.index.drop(uid)
                 self.handle(type, body)
             else:
-                self.index.file(uid, metadata, self.handle(type, body))
+                self.index.file(uid, self.kept(metadata), self.handle(type, body))
         except Exception:  # one object's failure must not stop the watch of all the others
             log.exception(
                 "Handling %s %s/%s failed",
@@ -205,33 +215,53 @@ class Informer:
         """A whole list of ``namespace``: every item filed again, and whatever was filed but is
         no longer there deleted."""
         gone = self.index.uids(namespace)
+        self._filed_again(items, gone)
+        self._unfile(gone)
+
+    def _filed_again(self, items: Sequence[JSON], gone: set[str]) -> None:
         for item in items:
             gone.discard(str((item.get("metadata") or {}).get("uid") or ""))
             self.apply(None, item)
+
+    def _unfile(self, gone: set[str]) -> None:
         for uid in gone:
             if (metadata := self.index.kept(uid)) is not None:
                 deleted = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
                 self.apply("DELETED", deleted)  # unfiles it, then tells its handler
 
     async def _list(self, namespace: str | None) -> str:
-        items: list[JSON] = []
+        """List ``namespace`` a page at a time, each page filed as it comes: only one page of
+        whole objects is held at once, never the whole list (a tenant's objects can carry a MiB
+        each; the index keeps what its handler returns). Until the last page the index holds
+        the objects of the previous list that no page has shown yet, so no reader sees fewer
+        objects than there are; then those that are gone are unfiled."""
+        gone = self.index.uids(namespace)
+        listed = 0
         cont = ""
         while True:
             page = await self.kube.list_page(
-                self.api_version, self.kind, namespace, selectors(self.labels), cont
+                self.api_version,
+                self.kind,
+                namespace,
+                selectors(self.labels),
+                cont,
+                limit=self.page,
             )
-            for item in page.get("items") or []:
+            items = page.get("items") or []
+            for item in items:
                 # A list's items name no kind (their list does); a watch event's object does.
                 item.setdefault("apiVersion", self.api_version)
                 item.setdefault("kind", self.kind)
-                items.append(item)
+            self._filed_again(items, gone)
+            listed += len(items)
             meta = page.get("metadata") or {}
+            del page, items
             if not (cont := str(meta.get("continue") or "")):
-                self.relisted(namespace, items)
+                self._unfile(gone)
                 version = str(meta.get("resourceVersion") or "")
                 log.debug(
                     "Listed %d %ss in %s at version %s",
-                    len(items),
+                    listed,
                     self.kind,
                     namespace or "the cluster",
                     version,

@@ -567,12 +567,13 @@ class Kube:
         selected: Mapping[str, str],
         cont: str = "",
         urgent: bool = False,
+        limit: int = 500,
     ) -> JSON:
-        """One page of a list (500 objects) of what ``selected`` (:func:`selectors`) matches,
+        """One page of a list (``limit`` objects) of what ``selected`` (:func:`selectors`) matches,
         whole: its ``metadata`` holds the ``continue`` token and the ``resourceVersion`` a watch
         starts from. By default never ahead of a write in its client's bucket (``urgent=False``):
         an informer's lists."""
-        query = {"limit": "500", **selected}
+        query = {"limit": str(limit), **selected}
         if cont:
             query["continue"] = cont
         url = path(api_version, kind, namespace)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from mpijob import api
+from mpijob.desired import config_map, sync
 from mpijob.desired import status as rules
-from mpijob.desired import sync
 from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit
@@ -326,13 +326,13 @@ def test_a_drifted_service_gets_its_selector_back() -> None:
     assert patch.patch["spec"]["selector"]["training.kubeflow.org/job-name"] == "test"
 
 
-def test_hostfile_drift_is_patched_and_foreign_keys_are_dropped() -> None:
+def test_hostfile_drift_is_patched() -> None:
     job = created(make_job(name="test", namespace="default", workers=1))
     seen_children = children(job)
     desired = seen_children["config_map"]["data"]
     seen_children["config_map"] = {
         **seen_children["config_map"],
-        "data": {"hostfile": "stale\n", "extra": "x"},
+        "data": {**desired, "hostfile": "stale\n"},
     }
     plan = sync.plan(
         job,
@@ -341,8 +341,50 @@ def test_hostfile_drift_is_patched_and_foreign_keys_are_dropped() -> None:
     )
     [patch] = plan.actions
     assert isinstance(patch, sync.Patch)
-    assert patch.patch == {"data": {**desired, "extra": None}}
+    assert patch.patch == {"data": desired}
     assert not patch.deferrable, "the hostfile is read by the launcher: it goes out in the sync"
+
+
+def test_foreign_keys_in_the_config_map_replace_its_data_whole() -> None:
+    """The cache keeps digests of the operator's keys only and marks that others exist (a
+    tenant's data costs nothing to hold): the sync replaces the data, dropping them."""
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen_children = children(job)
+    desired = seen_children["config_map"]["data"]
+    live = {**desired, "extra": "x" * 100_000}
+    summary = {
+        **seen_children["config_map"],
+        "metadata": {**seen_children["config_map"]["metadata"], "resourceVersion": "7"},
+        config_map.DIGESTS: config_map.digests(live),
+    }
+    del summary["data"]
+    assert len(str(summary[config_map.DIGESTS])) < 200
+    seen_children["config_map"] = summary
+    plan = sync.plan(
+        job,
+        sync.Observed(launcher_job=launcher_job(job), pods=[pending_worker()], **seen_children),
+        NOW,
+    )
+    [replace] = plan.actions
+    assert isinstance(replace, sync.Replace)
+    assert replace.obj["data"] == desired
+    assert replace.obj["metadata"]["resourceVersion"] == "7"
+
+
+def test_a_config_map_summary_equal_to_the_desired_data_needs_nothing() -> None:
+    job = created(make_job(name="test", namespace="default", workers=1))
+    seen_children = children(job)
+    whole = seen_children["config_map"]
+    seen_children["config_map"] = {
+        "metadata": whole["metadata"],
+        config_map.DIGESTS: config_map.digests(whole["data"]),
+    }
+    plan = sync.plan(
+        job,
+        sync.Observed(launcher_job=launcher_job(job), pods=[pending_worker()], **seen_children),
+        NOW,
+    )
+    assert not [a for a in plan.actions if getattr(a, "kind", "") == "ConfigMap"]
 
 
 def test_a_discover_hosts_refresh_may_go_out_after_the_sync() -> None:

@@ -16,8 +16,11 @@ from mpijob.handlers.cache import Cache, ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
     SUSPENDED_FIRST_SYNC_SECONDS,
+    child_event,
     claim_event,
     informer_handler,
+    job_summary,
+    kept_metadata,
     kopf_indexed,
     limits_gpus,
     mpijob_event,
@@ -391,6 +394,7 @@ async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync()
         "Service",
         index=ObjectIndex(),
         handle=informer_handler(rt, Index.SERVICES_BY_JOB),
+        kept=kept_metadata,
     )
     owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi", "uid": "u"}
     meta = {"name": "pi", "namespace": "ns", "uid": "s"}
@@ -403,3 +407,111 @@ async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync()
     assert list(services.index) == []
     assert KEY in rt.workers.queue
     assert rt.cache.expected == {}
+
+
+# --- what the caches keep of what a tenant writes --------------------------------------------
+
+
+def _bloated_metadata(name: str, job_uid: str = "u") -> JSON:
+    """A tenant's object: the operator's labels and owner, and everything else it may add."""
+    owner = {"apiVersion": keys.API_VERSION, "kind": keys.KIND, "name": "pi", "uid": job_uid}
+    return {
+        "name": name,
+        "namespace": "ns",
+        "uid": f"uid-{name}",
+        "resourceVersion": "9",
+        "labels": {
+            keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+            keys.LABEL_JOB_NAME: "pi",
+            keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+            **{f"tenant/l{i}": "v" * 63 for i in range(200)},
+        },
+        "annotations": {
+            keys.GPU_IDS: "0,1",
+            keys.GPU_ACTUAL: "x" * 200_000,  # the operator's key, but not a value it writes
+            "kubectl.kubernetes.io/last-applied-configuration": "y" * 200_000,
+            **{f"{keys.PREFIX}tenant-{i}": "z" for i in range(200)},
+        },
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": f"o{i}", "uid": f"o{i}"}
+            for i in range(200)
+        ]
+        + [{**owner, "controller": True, "blockOwnerDeletion": True}],
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:data": {}}}] * 100,
+    }
+
+
+def test_the_kept_metadata_of_a_tenant_s_object_is_bounded_whatever_it_carries() -> None:
+    kept = kept_metadata(_bloated_metadata("pi-worker-0"))
+    assert kept["labels"] == {
+        keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+        keys.LABEL_JOB_NAME: "pi",
+        keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+    }
+    assert kept["annotations"] == {keys.GPU_IDS: "0,1"}  # over-long and unknown keys dropped
+    assert kept["ownerReferences"] == [
+        {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.KIND,
+            "name": "pi",
+            "uid": "u",
+            "controller": True,
+        }
+    ]
+    assert "managedFields" not in kept
+    assert len(repr(kept)) < 1024
+
+
+async def test_a_pod_summary_keeps_the_operator_s_metadata_only() -> None:
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), reported_actual={})
+    body = {"metadata": _bloated_metadata("pi-worker-0"), "spec": {"nodeName": "n"}, "status": {}}
+    filed = pod_event(rt, None, body)
+    summary = filed[(PodsBy.JOB, "ns", "pi")]
+    assert len(repr(summary)) < 1024
+    assert summary["metadata"]["annotations"] == {keys.GPU_IDS: "0,1"}
+
+
+def _config_map_body(name: str, data: JSON) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _bloated_metadata(name),
+        "data": data,
+    }
+
+
+async def test_only_the_child_of_the_operator_s_name_is_filed_and_its_data_as_digests() -> None:
+    rt: Any = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1))
+    data = {"hostfile": "h" * 500_000, "discover_hosts.sh": "d", "tenant": "t" * 500_000}
+    filed = child_event(rt, Index.CONFIGMAPS_BY_JOB, None, _config_map_body("pi-config", data))
+    summary = filed[("ns", "pi")]
+    assert len(repr(summary)) < 1024
+    assert "data" not in summary
+    # Controlled by the job, but not the name the operator gives its ConfigMap: not filed.
+    other = _config_map_body("pi-config-2", {"hostfile": "h"})
+    assert child_event(rt, Index.CONFIGMAPS_BY_JOB, None, other) == {}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _bloated_metadata("decoy")}
+    assert child_event(rt, Index.LAUNCHERS_BY_JOB, None, job) == {}
+
+
+def test_a_job_summary_keeps_spec_status_and_labels_not_managed_fields_or_applied_copies() -> None:
+    meta = _bloated_metadata("pi")
+    meta["annotations"][keys.GPU_TOPOLOGY] = "true"
+    meta["annotations"][keys.FABRIC_REQUIRED_LEVEL] = "l" * 5000
+    body = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": meta,
+        "spec": {"a": 1},
+        "status": {"b": 2},
+    }
+    summary = job_summary(body)
+    assert summary["spec"] == {"a": 1}
+    assert summary["status"] == {"b": 2}
+    assert summary["metadata"]["labels"] == meta["labels"]
+    annotations = summary["metadata"]["annotations"]
+    assert annotations[keys.GPU_TOPOLOGY] == "true"
+    # Cut, not dropped: its validation still names the annotation.
+    assert 1000 < len(annotations[keys.FABRIC_REQUIRED_LEVEL]) < 2000
+    assert "kubectl.kubernetes.io/last-applied-configuration" not in annotations
+    assert "managedFields" not in summary["metadata"]
