@@ -17,9 +17,11 @@ from matplotlib.colors import to_rgb
 from mpijob import keys
 from mpijob.console import plot
 from support.gpus import hold
+from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
+from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
@@ -345,3 +347,106 @@ def test_seed_000_002_topology_job_and_its_comparison_as_typed(
         replay_comparison_job(crds, namespace, mpijobs)
     finally:
         crds.kubectl("label", "node", *SEED_NODES, label, "--overwrite")
+
+
+# --- A tenant's text on an admin's terminal -------------------------------------------------
+
+#: What a status message breaking its line would add to ``mpijob get``: a row that passes for
+#: an instance of the job, holding a node's eight GPUs.
+FORGED_ROW = "evil-worker-7  Running  1m  false  8  0,1,2,3,4,5,6,7  gpu-node-0"
+#: Characters a terminal obeys (but LF, the CLI's own line break), written out here: C0, DEL,
+#: C1, the bidi marks, embeddings, overrides and isolates.
+RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: The only sequences the CLI may send a terminal: its own colours and styles (SGR).
+OWN_STYLES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def hostile(what: str) -> str:
+    """A tenant's text: its line erased and the cursor moved up, the window retitled, red,
+    then CR/LF and a forged row, a bidi override, a C1 CSI clearing the screen, a tab."""
+    return f"{what}\x1b[2K\x1b[1A\x1b]0;owned\x07\x1b[31m\r\n{FORGED_ROW}\u202e\x9b2J\tend"
+
+
+def shown(what: str) -> str:
+    """:func:`hostile` as the CLI must print it: escaped, on one line."""
+    return (
+        f"{what}\\x1b[2K\\x1b[1A\\x1b]0;owned\\x07\\x1b[31m\\r\\n{FORGED_ROW}\\u202e\\x9b2J\\tend"
+    )
+
+
+def assert_inert(out: str) -> None:
+    """Nothing a terminal obeys; no line the tenant's text started."""
+    assert not RAW.search(out), repr(out)
+    assert not any(line.lstrip().startswith("evil-worker-7") for line in out.splitlines()), out
+
+
+def test_a_tenants_escape_sequences_and_line_breaks_reach_no_admins_terminal_raw(
+    crds: Cluster, namespace: str, mpijobs: MPIJobs
+) -> None:
+    """A tenant writes escape sequences and line breaks into its job's status (conditions'
+    reason and message, through the status subresource its role grants), its spec's priority
+    class and the annotations of a pod that carries the job's labels; an admin's ``mpijob get``
+    and ``list`` print every one escaped, on its own line, piped and on a colour terminal."""
+    user = bind_tenant(crds, namespace, "console-tenant@example.com")
+    tenant = TenantJobs(crds, namespace, user)
+    body = mpijob("forger", workers=1)
+    body["spec"]["runPolicy"] = {"schedulingPolicy": {"priorityClass": hostile("priority")}}
+    tenant.create(body)
+    failed = {"type": "Failed", "status": "True"}
+    left = {"type": keys.COND_WORKERS_LEFT_RUNNING, "status": "True", "reason": "Left"}
+    conditions = [
+        {**failed, "reason": hostile("reason"), "message": hostile("message")},
+        {**left, "message": hostile("left")},
+    ]
+    tenant.patch_status("forger", {"status": {"conditions": conditions}})
+    labels = {
+        keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+        keys.LABEL_JOB_NAME: "forger",
+        keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+    }
+    tenant.create_pod(
+        {
+            "metadata": {
+                "name": "forger-worker-0",
+                "labels": labels,
+                # mpijob.io/gpu-ids is the tenant's to write on its pods (placement believes only
+                # PlacementDecisions); gpu-actual is not, where the agent's policy is installed.
+                "annotations": {keys.GPU_IDS: hostile("ids")},
+            },
+            # Pending for good: no node has this label, so it holds nothing of the cluster's.
+            "spec": {
+                "nodeSelector": {"mpijob.io/test-nowhere": "true"},
+                "containers": [{"name": "worker", "image": "busybox"}],
+            },
+        }
+    )
+    stored = mpijobs.get("forger")["status"]["conditions"]
+    assert stored[0]["message"] == hostile("message")  # the API keeps it as written
+
+    out = mpijob_cli(crds, "get", "forger", "-n", namespace).stdout
+    assert_inert(out)
+    for what in ("priority", "reason", "message", "left", "ids"):
+        assert shown(what) in out, f"{what} not shown escaped:\n{out}"
+    assert len([line for line in out.splitlines() if line.startswith("Why:")]) == 2
+    assert [row[0] for row in table(out, "NAME")] == ["NAME", "forger-worker-0"]
+
+    listed = mpijob_cli(crds, "list", "-n", namespace).stdout
+    assert_inert(listed)
+    assert [row[:2] for row in table(listed, "NAME")] == [["NAME", "STATUS"], ["forger", "FAILED"]]
+
+    # On a colour terminal: the CLI's own colours, and no other sequence.
+    env = {**os.environ, "KUBECONFIG": str(crds.kubeconfig), "FORCE_COLOR": "1", "COLUMNS": "400"}
+    env.pop("NO_COLOR", None)
+    coloured = subprocess.run(
+        [str(Path(sys.executable).parent / "mpijob"), "get", "forger", "-n", namespace],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    ).stdout
+    assert OWN_STYLES.search(coloured), "no colour: not printed as on a terminal"
+    plain = OWN_STYLES.sub("", coloured)
+    assert "\x1b" not in plain, repr(coloured)
+    assert_inert(plain)
+    assert shown("message") in plain

@@ -7,6 +7,7 @@ with a message fit for a terminal. Called by :mod:`mpijob.console.main`.
 
 from __future__ import annotations
 
+import codecs
 import json
 import warnings
 from collections.abc import Iterator
@@ -163,7 +164,8 @@ class Api:
         return [self._plain(p) for p in pods.items], cluster_wide
 
     def logs(self, pod: str, *, follow: bool) -> Iterator[str]:
-        """The pod's log, chunk by chunk (until the container ends, with ``follow``)."""
+        """The pod's log, chunk by chunk (until the container ends, with ``follow``), as text:
+        a character whose UTF-8 bytes two chunks split is decoded whole, not as two U+FFFD."""
         try:
             response: Any = self._core.read_namespaced_pod_log(
                 pod, self.namespace, follow=follow, _preload_content=False
@@ -172,9 +174,13 @@ class Api:
             raise ConsoleError(
                 f"cannot read the logs of pod {self.namespace}/{pod}: {_message(exc)}"
             ) from None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
             for chunk in response.stream(4096):
-                yield chunk.decode(errors="replace")
+                if text := decoder.decode(chunk):
+                    yield text
+            if rest := decoder.decode(b"", final=True):
+                yield rest
         finally:
             response.release_conn()
 

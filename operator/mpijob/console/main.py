@@ -2,7 +2,8 @@
 
 A thin click shell: each command reads through :mod:`mpijob.console.kube`, computes with the
 pure modules and prints with rich (colour and tables on a terminal, plain text when piped).
-Errors print one line on stderr and exit 1.
+Errors print one line on stderr and exit 1. What came from the API (and the user's own words
+printed back) is printed as :func:`~mpijob.console.terminal.text`: escaped, never markup.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from mpijob import keys
-from mpijob.console import jobs, render, submit
+from mpijob.console import jobs, render, submit, terminal
 from mpijob.console.kube import Api, ConsoleError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,10 +69,10 @@ def _uuid_index(api: Api, node: str) -> dict[str, int]:
     from mpijob.placement import codec
 
     try:
-        text = ((api.node(node).get("metadata") or {}).get("annotations") or {}).get(
+        annotation = ((api.node(node).get("metadata") or {}).get("annotations") or {}).get(
             keys.GPU_TOPOLOGY
         )
-        topology = codec.loads(text) if text else None
+        topology = codec.loads(annotation) if annotation else None
     except (ConsoleError, ValueError):
         return {}
     return {g.uuid: g.index for g in topology.gpus if g.uuid} if topology else {}
@@ -80,7 +82,9 @@ def _run(action: Callable[[], None]) -> None:
     try:
         action()
     except ConsoleError as exc:
-        make_console(stderr=True).print(f"[red]error:[/] {exc}", highlight=False)
+        # The message may quote the API server's, which may quote what a tenant wrote.
+        error = Text.assemble(("error:", "red"), " ", terminal.text(exc))
+        make_console(stderr=True).print(error, highlight=False)
         sys.exit(1)
 
 
@@ -172,7 +176,7 @@ def submit_command(
             return
         api = Api(kubeconfig, namespace)
         created = api.create_job(manifest)
-        out.print(f"mpijob.kubeflow.org/{created['metadata']['name']} created", highlight=False)
+        out.print(terminal.text(f"mpijob.kubeflow.org/{created['metadata']['name']} created"))
         if wait:
             wait_for_job(api, options.name, timeout, out)
 
@@ -183,18 +187,18 @@ def wait_for_job(api: Api, name: str, timeout: float, out: Console) -> None:
     """Show the job's status until it is Running or finished; ConsoleError on timeout."""
     start = time.monotonic()
     last = None
-    with out.status(f"Waiting for MPIJob {name}") as spinner:
+    with out.status(terminal.text(f"Waiting for MPIJob {name}")) as spinner:
         while True:
             status = jobs.job_status(api.get_job(name))
             elapsed = jobs.human_duration(time.monotonic() - start)
             if status != last:
-                out.print(f"{elapsed:>6}  ", render.status_text(status), sep="")
+                out.print(Text(f"{elapsed:>6}  "), render.status_text(status), sep="")
                 last = status
             if status == "RUNNING" or status in jobs.FINAL_STATUSES:
                 return
             if time.monotonic() - start >= timeout:
                 raise ConsoleError(f"MPIJob {name} is still {status} after {timeout:.0f}s")
-            spinner.update(f"Waiting for MPIJob {name}: {status} for {elapsed}")
+            spinner.update(terminal.text(f"Waiting for MPIJob {name}: {status} for {elapsed}"))
             time.sleep(1.0)
 
 
@@ -276,7 +280,7 @@ def list_(namespace: str | None, kubeconfig: str | None, all_namespaces: bool) -
         out = make_console()
         if not views:
             where = "any namespace" if all_namespaces else f"namespace {api.namespace}"
-            out.print(f"No MPIJobs in {where}.", highlight=False)
+            out.print(terminal.text(f"No MPIJobs in {where}."))
             return
         out.print(render.jobs_table(views, namespaces=all_namespaces), highlight=False)
 
@@ -288,7 +292,11 @@ def list_(namespace: str | None, kubeconfig: str | None, all_namespaces: bool) -
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the launcher ends.")
 @cluster_options
 def logs(name: str, follow: bool, namespace: str | None, kubeconfig: str | None) -> None:
-    """Print the launcher's log (where mpirun's output goes)."""
+    """Print the launcher's log (where mpirun's output goes).
+
+    Its control characters are printed escaped (\\x1b, \\r), all but its line breaks and tabs:
+    the log is the job's to write and the terminal is yours. `kubectl logs` prints it raw.
+    """
 
     def action() -> None:
         api = Api(kubeconfig, namespace)
@@ -304,7 +312,8 @@ def logs(name: str, follow: bool, namespace: str | None, kubeconfig: str | None)
                 f"(status {jobs.job_status(job)})"
             )
         newest = max(launchers, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        for chunk in api.logs(newest["metadata"]["name"], follow=follow):
+        # The container's output is the tenant's: its lines stay lines, nothing else is obeyed.
+        for chunk in terminal.escape_log(api.logs(newest["metadata"]["name"], follow=follow)):
             click.echo(chunk, nl=False)
 
     _run(action)
@@ -319,7 +328,7 @@ def delete(name: str, namespace: str | None, kubeconfig: str | None) -> None:
     def action() -> None:
         api = Api(kubeconfig, namespace)
         api.delete_job(name)
-        make_console().print(f"mpijob.kubeflow.org/{name} deleted", highlight=False)
+        make_console().print(terminal.text(f"mpijob.kubeflow.org/{name} deleted"))
 
     _run(action)
 
@@ -341,23 +350,23 @@ def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str
         api = Api(kubeconfig, namespace)
         body = api.node(node)
         annotations = body.get("metadata", {}).get("annotations") or {}
-        text = annotations.get(keys.GPU_TOPOLOGY)
+        annotation = annotations.get(keys.GPU_TOPOLOGY)
         pods, cluster_wide = api.node_pods(node)
         shares = view.shares_table(body, view.share_usage(pods))
-        if not text and shares is None:
+        if not annotation and shares is None:
             raise ConsoleError(
                 f"node {node} has no {keys.GPU_TOPOLOGY} annotation: its GPU topology is not "
                 "published (is mpijob-agent running on it?)"
             )
         out = make_console()
         topo = None
-        if text:
+        if annotation:
             try:
-                topo = codec.loads(text)
+                topo = codec.loads(annotation)
             except ValueError as exc:
                 raise ConsoleError(f"node {node}: unreadable {keys.GPU_TOPOLOGY}: {exc}") from None
             usage = view.gpu_usage(pods)
-            out.print(view.summary(node, topo, usage), highlight=False)
+            out.print(terminal.text(view.summary(node, topo, usage)))
             out.print()
             out.print(view.matrix_table(topo, usage), highlight=False)
             out.print()
@@ -366,13 +375,14 @@ def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str
             if topo is not None:
                 out.print()
             else:
-                out.print(f"Node {node}", highlight=False)
+                out.print(terminal.text(f"Node {node}"))
             out.print(shares, highlight=False)
         if not cluster_wide:
             out.print(
-                f"Only namespace {api.namespace} was searched for pods (no right to list all).",
-                style="yellow",
-                highlight=False,
+                terminal.text(
+                    f"Only namespace {api.namespace} was searched for pods (no right to list all).",
+                    style="yellow",
+                )
             )
         if png is not None and topo is not None:
             try:
@@ -383,6 +393,6 @@ def topology(node: str, png: Path | None, namespace: str | None, kubeconfig: str
                 ) from None
 
             plot.write_png(png, topo, view.gpu_usage(pods), node=node)
-            out.print(f"Wrote {png}", highlight=False)
+            out.print(terminal.text(f"Wrote {png}"))
 
     _run(action)

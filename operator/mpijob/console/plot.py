@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Circle, FancyBboxPatch, Patch
 
 from mpijob.console import picture
+from mpijob.console.terminal import escape
 from mpijob.console.topology import GpuUse, jobs_of, link_code
 from mpijob.placement.model import Topology
 
@@ -68,7 +69,8 @@ def draw(topology: Topology, usage: Mapping[int, GpuUse], title: str) -> Figure:
     ax = fig.subplots()
     ax.set_axis_off()
     ax.set_aspect("equal")
-    ax.set_title(title)
+    # Names from the API, escaped as on the terminal: a line break would forge a line here too.
+    ax.set_title(escape(title))
     for group in geometry.groups:
         x, y, w, h = group.box
         ax.add_patch(
@@ -109,7 +111,7 @@ def draw(topology: Topology, usage: Mapping[int, GpuUse], title: str) -> Figure:
         ax.text(x, y, f"GPU{gpu}", ha="center", va="center", fontsize=8, zorder=5)
     ax.set_xlim(min(xs) - 1.2, max(xs) + 1.2)
     ax.set_ylim(min(ys) - 1.2, max(ys) + 1.2)
-    handles = [Patch(facecolor=job_colour(job, usage), label=job) for job in jobs_of(usage)]
+    handles = [Patch(facecolor=job_colour(job, usage), label=escape(job)) for job in jobs_of(usage)]
     handles.append(Patch(facecolor=FREE_COLOUR, edgecolor="black", label="free"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3)
     fig.text(0.99, 0.01, "line width: GB/s per direction", ha="right", fontsize=7, color="#777777")

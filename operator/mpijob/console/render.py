@@ -2,7 +2,9 @@
 
 Rich prints colour and styles on a terminal and plain text when the output is piped, so the
 same renderables serve both; the tables have no borders, so piped output reads like kubectl's
-and splits on whitespace. Called by :mod:`mpijob.console.main`.
+and splits on whitespace. Every value from the API goes in as :func:`~mpijob.console.terminal.text`
+(the tables' ``str`` cells by :class:`~mpijob.console.terminal.Table`): its control characters
+escaped, so a field stays on its line. Called by :mod:`mpijob.console.main`.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from mpijob.console.jobs import FINAL_STATUSES, NONE, Instance, JobView
+from mpijob.console.terminal import Table, text
 
 STATUS_STYLES: Final = {
     "SUCCEEDED": "green",
@@ -31,7 +33,8 @@ STATUS_STYLES: Final = {
 
 
 def status_text(status: str) -> Text:
-    return Text(status, style=STATUS_STYLES.get(status, ""))
+    """A job's status word, or a pod's (the kubelet's reason, which is not ours to trust)."""
+    return text(status, style=STATUS_STYLES.get(status, ""))
 
 
 def plain_table(*headers: str) -> Table:
@@ -97,8 +100,8 @@ def _gpu_set(value: str, row: Instance) -> Text:
     if not value:
         return Text(NONE)
     if set(value.split(",")) != set(row.gpu_ids.split(",")):
-        return Text(value + NOT_HONOURED_MARK, style="bold red")
-    return Text(value)
+        return text(value + NOT_HONOURED_MARK, style="bold red")
+    return text(value)
 
 
 def job_details(view: JobView) -> RenderableType:
@@ -116,8 +119,8 @@ def job_details(view: JobView) -> RenderableType:
     if view.placement:
         fields.add_row("Placement:", view.placement)
     parts: list[RenderableType] = [fields]
-    # Wrapped rather than cut: the message names the pod, container and reason.
-    parts += [Text(f"Why: {why}", style="red") for why in view.why]
+    if view.why:
+        parts.append(why_lines(view.why))
     parts.append(Text(""))
     if view.instances:
         parts += [Text("Instances:", style="bold"), instance_table(view)]
@@ -130,6 +133,18 @@ def job_details(view: JobView) -> RenderableType:
     else:
         parts.append(Text("Instances: none yet", style="bold"))
     return Group(*parts)
+
+
+def why_lines(why: Sequence[str]) -> Table:
+    """The ``Why:`` lines. Wrapped rather than cut (the message names the pod, container and
+    reason), and in a column of their own: a wrapped line goes on under its message, indented,
+    so no message can wrap into a line of its own choosing at the left margin."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="red", no_wrap=True)
+    grid.add_column(style="red")
+    for line in why:
+        grid.add_row("Why:", line)
+    return grid
 
 
 LIST_HEADERS: Final = ("NAME", "STATUS", "TRAINER", "DURATION", "GPU(Requested)", "NODE")

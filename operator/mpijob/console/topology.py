@@ -3,9 +3,10 @@
 pod, from the pods' ``mpijob.io/gpu-share`` annotations).
 
 Pure: a :class:`~mpijob.placement.model.Topology` (decoded from the node's
-``mpijob.io/gpu-topology`` annotation) and the node's pods in, data and rich tables out. A GPU is
-in use when a pod on the node that has not finished carries it in ``mpijob.io/gpu-ids``. Called
-by :mod:`mpijob.console.main` and :mod:`mpijob.console.plot`.
+``mpijob.io/gpu-topology`` annotation) and the node's pods in, data and rich tables out, the
+API's text in them escaped (:mod:`mpijob.console.terminal`). A GPU is in use when a pod on the
+node that has not finished carries it in ``mpijob.io/gpu-ids``. Called by
+:mod:`mpijob.console.main` and :mod:`mpijob.console.plot`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from rich.table import Table
 from rich.text import Text
 
 from mpijob import keys
 from mpijob.api import gpu_ids
+from mpijob.console.terminal import Table, text
 from mpijob.objects import JSON
 from mpijob.placement.model import PcieLevel, Topology
 from mpijob.pods.predicates import terminal
@@ -102,7 +103,7 @@ def matrix_table(topology: Topology, usage: Mapping[int, GpuUse]) -> Table:
             for b in range(topology.size)
         ]
         use = usage.get(a)
-        job = Text(use.job, style=job_style(use.job, jobs)) if use else Text("-", style="dim")
+        job = text(use.job, style=job_style(use.job, jobs)) if use else Text("-", style="dim")
         numa = "N/A" if gpu.numa_node is None else str(gpu.numa_node)
         table.add_row(f"GPU{a}", *cells, numa, job)
     return table
