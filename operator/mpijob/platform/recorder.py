@@ -25,6 +25,19 @@ write and its Event, or the API server goes away:
   previous process made. A transition older than :data:`EVENT_TTL_SECONDS` is not posted again:
   its Event may have expired, which says nothing of whether it was posted.
 
+What the list finds is read as a tenant may have written it: anyone who can create Events in a
+namespace can give one this component's source, any reason and message, and (with an
+``eventTime``, which lifts the API server's check) any ``involvedObject``, another namespace's
+job included. So an Event is filed under its object only within the object's namespace (a
+series is keyed by namespace, uid, type, reason and message); a listed Event whose own
+namespace is not its object's, whose object is not an MPIJob of :data:`keys.API_VERSION`, or
+whose reason or message is longer than any this recorder posts (:data:`REASON_LIMIT`,
+:data:`MESSAGE_LIMIT`: every Event posted is cut to them) is none of this component's and is
+not kept; of the rest, the :data:`MAX_TRACKED` last seen are. Forged Events in a tenant's own
+namespace can then fill the tenant's own series and nothing else: at worst they push other
+series out of the cap, and then a repeat after the restart starts a new Event instead of
+counting one up, and a check may post an Event again that the API has.
+
 The cost in requests: one list (a page per 500 Events) per start, plus one create for each
 Event found missing; nothing is written on the MPIJobs.
 
@@ -41,8 +54,8 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -50,6 +63,7 @@ from typing import Any
 import aiohttp
 
 from mpijob import keys, metrics
+from mpijob.api.errors import EVENT_MESSAGE_LIMIT, truncate_message
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.objects import about
@@ -60,7 +74,19 @@ from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
+#: The most Event series kept to count up. Each holds at most about 3 KiB (its strings are
+#: bounded below), so 4,096 of them hold at most about 11 MiB, whoever wrote the Events.
 MAX_TRACKED = 4096
+#: The longest reason and message (UTF-8 bytes) of an Event this recorder posts: every Event is
+#: cut to them (:func:`_bounded`), so a listed Event that is longer was not made here. They are
+#: the limits the ``events.k8s.io`` API enforces on an Event's reason and note, and the message
+#: limit is upstream's ``truncateMessage``, which the status messages already follow.
+REASON_LIMIT = 128
+MESSAGE_LIMIT = EVENT_MESSAGE_LIMIT
+#: The longest name (a DNS subdomain) and uid (a UUID the API server makes) of an Event's
+#: object: a longer one is no object's, and the Event is not kept.
+NAME_LIMIT = 253
+UID_LIMIT = 36
 #: The most Events (creates, count updates, checks after a restart) waiting to be sent.
 MAX_WAITING = 1000
 #: The API server's default ``--event-ttl`` (1 h): an older transition's Event may be gone.
@@ -92,6 +118,65 @@ class Series:
     """The object the Event is about, for log lines (:func:`mpijob.objects.about`)."""
 
 
+Key = tuple[str, str, str, str, str]
+"""What makes Events one series: their object's namespace and uid, their type, reason and message.
+The namespace is part of it because an Event belongs in its object's namespace only."""
+
+
+def _key(obj: dict[str, Any], event: Event) -> Key:
+    """The series of ``event`` (already :func:`_bounded`) about ``obj``."""
+    meta = obj.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    return (namespace, str(meta.get("uid") or ""), event.type, event.reason, event.message)
+
+
+def _bounded(event: Event) -> Event:
+    """``event`` as it is posted: its reason and message cut to :data:`REASON_LIMIT` and
+    :data:`MESSAGE_LIMIT` bytes."""
+    reason = truncate_message(event.reason, REASON_LIMIT)
+    message = truncate_message(event.message, MESSAGE_LIMIT)
+    if (reason, message) == (event.reason, event.message):
+        return event
+    return replace(event, reason=reason, message=message)
+
+
+def _listed(item: dict[str, Any]) -> tuple[Key, Series] | None:
+    """A listed Event as the series it continues, or None when it cannot be one this recorder
+    made: another namespace's object, not an MPIJob, or longer than anything posted here."""
+    meta = item.get("metadata") or {}
+    involved = item.get("involvedObject") or {}
+    source = item.get("source") or {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    uid, job = str(involved.get("uid") or ""), str(involved.get("name") or "")
+    type_, reason, message = (str(item.get(f) or "") for f in ("type", "reason", "message"))
+    if not (
+        namespace
+        and name
+        and uid
+        and str(involved.get("namespace") or "") == namespace
+        and involved.get("kind") == keys.KIND
+        and involved.get("apiVersion") == keys.API_VERSION
+        and source.get("component") == keys.EVENT_COMPONENT
+        and type_ in ("Normal", "Warning")
+        and len(reason.encode()) <= REASON_LIMIT
+        and len(message.encode()) <= MESSAGE_LIMIT
+        and len(uid) <= UID_LIMIT
+        and len(job) <= NAME_LIMIT
+    ):
+        return None
+    count = item.get("count")
+    count = count if isinstance(count, int) and count > 0 else 1
+    series = Series(name, namespace, count, count, subject=about(keys.KIND, namespace, job))
+    return (namespace, uid, type_, reason, message), series
+
+
+def _newest_first(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` (Events) by when they last happened, the latest first."""
+    return sorted(
+        items, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""), reverse=True
+    )
+
+
 def _about(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     return about(str(obj.get("kind") or keys.KIND), meta.get("namespace"), meta.get("name"))
@@ -109,7 +194,8 @@ class Recorder:
         self._kube = kube
         self._instance = instance
         self._namespaces = tuple(namespaces)
-        self._seen: OrderedDict[tuple[str, str, str, str], Series] = OrderedDict()
+        self._seen: OrderedDict[Key, Series] = OrderedDict()
+        """The Event series to count up, the least recently posted first."""
         self._line = Line("event writer", limit=MAX_WAITING)
         self._dropping = False
         """The last Event offered was dropped: the next drop is not logged again."""
@@ -134,7 +220,8 @@ class Recorder:
         uid = meta.get("uid", "")
         if obj.get("kind", keys.KIND) == keys.KIND and uid:
             self._posted[(meta.get("namespace", ""), meta.get("name", ""))] = uid
-        key = (uid, event.type, event.reason, event.message)
+        event = _bounded(event)
+        key = _key(obj, event)
         series = self._seen.get(key)
         if series is not None and not series.failed:
             # One count update in line is enough: it sends the count it finds when its turn comes.
@@ -149,6 +236,10 @@ class Recorder:
         body = self._event(obj, event, series)
         if not self._offer(("create", series.name), partial(self._create, series, body), event):
             return
+        self._track(key, series)
+
+    def _track(self, key: Key, series: Series) -> None:
+        """Keep ``series`` as the most recent, and no more than :data:`MAX_TRACKED` in all."""
         self._seen[key] = series
         while len(self._seen) > MAX_TRACKED:
             self._seen.popitem(last=False)
@@ -192,7 +283,7 @@ class Recorder:
         if checked:
             self._line.discard(("ensure", checked))  # the check of a job that is gone: moot
         uids = {checked, self._posted.pop(job, None)} - {None}
-        for key in [k for k in self._seen if k[0] in uids]:
+        for key in [k for k in self._seen if k[0] == job[0] and k[1] in uids]:
             del self._seen[key]
 
     async def drain(self) -> None:
@@ -242,40 +333,36 @@ class Recorder:
             )
             self._loaded = self._blind = True
             return
-        for item in found:
-            meta = item.get("metadata") or {}
-            involved = item.get("involvedObject") or {}
-            key = (
-                str(involved.get("uid") or ""),
-                str(item.get("type") or ""),
-                str(item.get("reason") or ""),
-                str(item.get("message") or ""),
+        # The latest first, each in front of what is kept: the series this process made stay
+        # the most recent, and when the cap is reached what is left is older still.
+        ignored = 0
+        for item in _newest_first(found):
+            if len(self._seen) >= MAX_TRACKED:
+                break
+            listed = _listed(item)
+            if listed is None:
+                ignored += 1
+                continue
+            key, series = listed
+            if key not in self._seen:  # one this process made, or listed later, is the one
+                self._seen[key] = series
+                self._seen.move_to_end(key, last=False)
+        if ignored:
+            log.info(
+                "Ignored listed Events that this component did not post: another namespace's "
+                "object, not an MPIJob, or longer than any it posts",
+                extra={"count": ignored},
             )
-            count = int(item.get("count") or 1)
-            series = Series(
-                str(meta.get("name")),
-                str(meta.get("namespace")),
-                count,
-                count,
-                subject=about(
-                    str(involved.get("kind") or keys.KIND),
-                    involved.get("namespace"),
-                    involved.get("name"),
-                ),
-            )
-            self._seen.setdefault(key, series)
-        while len(self._seen) > MAX_TRACKED:
-            self._seen.popitem(last=False)
         self._loaded = True
 
     async def _ensure(self, obj: dict[str, Any], implied: list[events.Implied]) -> None:
         if self._blind:
             return
-        uid = (obj.get("metadata") or {}).get("uid", "")
         now = datetime.now(UTC)
         for item in implied:
-            e = item.event
-            if (uid, e.type, e.reason, e.message) in self._seen:
+            e = _bounded(item.event)
+            key = _key(obj, e)
+            if key in self._seen:
                 continue
             if item.since is None or (now - item.since).total_seconds() > EVENT_TTL_SECONDS:
                 continue
@@ -284,7 +371,7 @@ class Recorder:
             series = Series(
                 f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns, subject=_about(obj)
             )
-            self._seen[(uid, e.type, e.reason, e.message)] = series
+            self._track(key, series)
             body = self._event(obj, e, series, at=_stamp(item.since))
             log.info(
                 "Posting an Event a restart or an outage lost",

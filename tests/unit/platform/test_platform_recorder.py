@@ -11,7 +11,13 @@ from prometheus_client import REGISTRY
 
 from mpijob.desired.events import Event, Implied, normal
 from mpijob.platform.kube import ApiError
-from mpijob.platform.recorder import MAX_WAITING, Recorder
+from mpijob.platform.recorder import (
+    MAX_TRACKED,
+    MAX_WAITING,
+    MESSAGE_LIMIT,
+    REASON_LIMIT,
+    Recorder,
+)
 from support.fake_kube import FakeKube
 from support.virtual_time import virtual_time
 
@@ -168,14 +174,27 @@ NOW = datetime.now(UTC)
 CREATED = normal("MPIJobCreated", "MPIJob ns/pi is created.")
 
 
-def stored(event: Event, count: int = 1) -> dict[str, Any]:
+def stored(
+    event: Event,
+    count: int = 1,
+    *,
+    namespace: str = "ns",
+    name: str = "pi.0123",
+    about: dict[str, Any] | None = None,
+    last: str = "2024-05-01T10:00:00Z",
+) -> dict[str, Any]:
+    """An Event the API holds, as this recorder writes one about ``about`` (JOB's object
+    reference by default) in ``namespace``."""
     return {
-        "metadata": {"name": "pi.0123", "namespace": "ns"},
-        "involvedObject": {"uid": "u1", "kind": "MPIJob"},
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": about
+        or {"apiVersion": JOB["apiVersion"], "kind": "MPIJob", "namespace": "ns", "uid": "u1"},
         "type": event.type,
         "reason": event.reason,
         "message": event.message,
         "count": count,
+        "source": {"component": "mpi-job-controller"},
+        "lastTimestamp": last,
     }
 
 
@@ -276,3 +295,143 @@ async def test_the_check_of_a_job_deleted_before_its_turn_is_taken_out_of_line()
     recorder.forget(("ns", "pi"))
     await recorder.drain()
     assert [e["reason"] for e in created(api)] == ["MPIJobRunning"]
+
+
+# --- what a tenant can put in the list: Events of its own, forged ------------------------------
+
+SUCCEEDED = normal("MPIJobSucceeded", "MPIJob ns/pi successfully completed.")
+#: JOB's object reference, as an Event in the tenant's namespace names it (with an ``eventTime``,
+#: the API server lets an Event name an object of another namespace).
+VICTIM = {"apiVersion": JOB["apiVersion"], "kind": "MPIJob", "name": "pi", "namespace": "ns"}
+
+
+def forged(event: Event, involved_namespace: str) -> dict[str, Any]:
+    """An Event in the tenant's namespace under JOB's uid, with JOB's reason and message."""
+    about = {**VICTIM, "uid": "u1", "namespace": involved_namespace}
+    return stored(event, 7, namespace="tenant", name=f"forged.{event.reason}", about=about)
+
+
+@pytest.mark.parametrize("involved_namespace", ["ns", "tenant"])
+@virtual_time
+async def test_events_forged_in_another_namespace_under_a_jobs_uid_receive_none_of_its_events(
+    involved_namespace: str,
+) -> None:
+    """A tenant's Events in its own namespace, naming the victim's uid (and its namespace, or
+    the tenant's own), are listed at start-up but count up nothing of the victim's: its Events
+    are made in its namespace, checked and posted alike, and the forged ones are untouched."""
+    api = slow_api(*(forged(e, involved_namespace) for e in (CREATED, RUNNING, SUCCEEDED)))
+    recorder = Recorder(api, instance="test", namespaces=["ns", "tenant"])
+    recorder.ensure(JOB, lambda: [Implied(CREATED, NOW)])  # the API lacks it in "ns"
+    await recorder.drain()
+    recorder.post(JOB, RUNNING)
+    recorder.post(JOB, SUCCEEDED)
+    recorder.post(JOB, SUCCEEDED)
+    await recorder.drain()
+    made = [(e["metadata"]["namespace"], e["reason"]) for e in created(api)]
+    assert made == [("ns", "MPIJobCreated"), ("ns", "MPIJobRunning"), ("ns", "MPIJobSucceeded")]
+    # The repeat counts up the victim's own Event, in its namespace.
+    assert [c.args[2:4] for c in api.calls if c.verb == "patch"] == [("ns", made_name(api, 2))]
+    assert counts(api) == [2]
+    assert [(e["metadata"]["name"], e["count"]) for e in api.stored("Event", "tenant")] == [
+        ("forged.MPIJobCreated", 7),
+        ("forged.MPIJobRunning", 7),
+        ("forged.MPIJobSucceeded", 7),
+    ]
+
+
+def made_name(api: FakeKube, index: int) -> str:
+    name: str = created(api)[index]["metadata"]["name"]
+    return name
+
+
+def _not_ours() -> dict[str, dict[str, Any]]:
+    """Events in JOB's namespace, about JOB's uid, with RUNNING's reason or message (unless
+    that is what is wrong), which this recorder cannot have made."""
+    ours = stored(RUNNING)
+    involved = ours["involvedObject"]
+    return {
+        "a pod's": {**ours, "involvedObject": {**involved, "kind": "Pod"}},
+        "another version's": {**ours, "involvedObject": {**involved, "apiVersion": "x/v1"}},
+        "another namespace's object": {**ours, "involvedObject": {**involved, "namespace": "t"}},
+        "another component's": {**ours, "source": {"component": "kubelet"}},
+        "a message too long": {**ours, "message": "m" * (MESSAGE_LIMIT + 1)},
+        "a reason too long": {**ours, "reason": "R" * (REASON_LIMIT + 1)},
+        "a uid too long": {**ours, "involvedObject": {**involved, "uid": "u" * 37}},
+        "a name too long": {**ours, "involvedObject": {**involved, "name": "n" * 254}},
+        "no type": {**ours, "type": ""},
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_not_ours()))
+@virtual_time
+async def test_a_listed_event_this_recorder_cannot_have_made_is_not_kept(case: str) -> None:
+    """What the list finds is not kept unless this recorder could have posted it: about an
+    MPIJob of its namespace, from this component, no longer than any Event posted here."""
+    api = slow_api(_not_ours()[case])
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    recorder.ensure(JOB, list)
+    await recorder.drain()
+    assert (len(lists(api)), len(recorder._seen)) == (1, 0)
+
+
+@virtual_time
+async def test_the_same_event_stored_as_this_recorder_writes_it_is_kept() -> None:
+    """The control for the cases above: the Event they alter is counted up after a restart."""
+    api = slow_api(stored(RUNNING, count=2))
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    recorder.ensure(JOB, list)
+    await recorder.drain()
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert (created(api), counts(api)) == ([], [3])
+
+
+@virtual_time
+async def test_a_message_longer_than_the_limit_is_posted_cut_and_counted_up_after_a_restart() -> (
+    None
+):
+    """Every Event is posted within the limits the list is read by, so the next process
+    counts up even the longest one."""
+    long = normal("MPIJobFailed", "é" * MESSAGE_LIMIT)
+    first = slow_api()
+    recorder = Recorder(first, instance="test", namespaces=["ns"])
+    recorder.post(JOB, long)
+    await recorder.drain()
+    [event] = created(first)
+    assert len(event["message"].encode()) == MESSAGE_LIMIT - 1  # a 2-byte character not split
+    assert event["message"].endswith("...")
+    again = slow_api({**event, "count": 1, "metadata": dict(event["metadata"])})
+    recorder = Recorder(again, instance="test", namespaces=["ns"])
+    recorder.ensure(JOB, lambda: [Implied(long, NOW)])
+    await recorder.drain()
+    recorder.post(JOB, long)
+    await recorder.drain()
+    assert (created(again), counts(again)) == ([], [2])
+
+
+@virtual_time
+async def test_at_most_max_tracked_listed_events_are_kept_the_latest_ones() -> None:
+    """A namespace full of Events (a tenant's forged ones, say) does not decide how much the
+    recorder holds: of those listed, the latest :data:`MAX_TRACKED` are kept."""
+    extra = 50
+    listed = [
+        stored(
+            normal("MPIJobRunning", f"run {i}"),
+            name=f"pi.{i:05d}",
+            last=f"2024-05-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z",
+        )
+        for i in range(MAX_TRACKED + extra)
+    ]
+    api = FakeKube(*({"apiVersion": "v1", "kind": "Event", **e} for e in reversed(listed)))
+    recorder = Recorder(api, instance="test", namespaces=["ns"])
+    recorder.ensure(JOB, list)
+    await recorder.drain()
+    assert len(recorder._seen) == MAX_TRACKED
+    recorder.post(JOB, normal("MPIJobRunning", f"run {MAX_TRACKED + extra - 1}"))  # the latest
+    recorder.post(JOB, normal("MPIJobRunning", f"run {extra - 1}"))  # too old to be kept
+    await recorder.drain()
+    assert [c.args[3] for c in api.calls if c.verb == "patch"] == [
+        f"pi.{MAX_TRACKED + extra - 1:05d}"
+    ]
+    assert [e["message"] for e in created(api)] == [f"run {extra - 1}"]
+    assert len(recorder._seen) == MAX_TRACKED
