@@ -8,7 +8,8 @@ own ``mpijob.io/gpu-ids`` counts for nothing, its GPU requests do.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from mpijob import keys
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
+from support.operator import OperatorProcess
+from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
@@ -359,3 +362,116 @@ def test_a_tenant_may_not_write_the_agents_gpu_actual_report(
     assert keys.GPU_ACTUAL not in (
         crds.core.read_namespaced_pod("mine", namespace).metadata.annotations or {}
     )
+
+
+# --- a placed worker aliased --------------------------------------------------------------------
+
+ALIASER = "aliaser@example.com"
+VICTIM = "victim@example.com"
+
+
+@pytest.fixture
+def aliaser_ns(crds: Cluster) -> Iterator[str]:
+    """The aliasing tenant's own namespace (the test's ``namespace`` is the victim's)."""
+    name = f"t-aliaser-{uuid.uuid4().hex[:6]}"
+    crds.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    bind_tenant(crds, name, ALIASER)
+    yield name
+    crds.delete_namespace(name)
+
+
+def bound_pods(cluster: Cluster, ns: str, job: str) -> list[Any]:
+    """The job's worker pods bound to a node."""
+    return [p for p in worker_pods(cluster, ns, job) if p.spec.node_name]
+
+
+def placed_ids(pod: Any) -> list[int]:
+    return [int(i) for i in pod.metadata.annotations[keys.GPU_IDS].split(",")]
+
+
+def test_a_pod_aliasing_a_placed_worker_holds_its_gpus_as_a_foreign_pod(
+    crds: Cluster,
+    namespace: str,
+    aliaser_ns: str,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """A tenant copies worker 0 of its own placed job into a second pod: the job's labels, a
+    controller reference to the job (its uid), the worker's ``mpijob.io/gpu-ids``, its node, as
+    many GPUs, and the name ``<job>-worker-00``, which a lenient reading takes for worker 0. The
+    role label is left off, as the operator deletes a pod of its job's worker role under a name
+    it does not give. gpu-node-0 then holds the decision's 4 GPUs and the alias's 4: the
+    victim's job, of another namespace and wanting 4 GPUs of that node, must wait, told that
+    pods the operator did not place hold them, rather than be admitted onto GPUs its worker
+    cannot get (Pending, "Insufficient nvidia.com/gpu"); once the alias is gone it runs."""
+    op = start_operator("--namespace", aliaser_ns, "--gpu-binding", "annotations")
+    aliaser = TenantJobs(crds, aliaser_ns, ALIASER)
+    victim = TenantJobs(crds, namespace, bind_tenant(crds, namespace, VICTIM))
+    victims = MPIJobs(crds, namespace)
+    job = aliaser.create(on_node("own", "gpu-node-0", gpus=4))
+    [worker] = wait_until(
+        lambda: bound_pods(crds, aliaser_ns, "own"), timeout=60, what="the tenant's worker bound"
+    )
+    labels = {k: v for k, v in worker.metadata.labels.items() if k != keys.LABEL_JOB_ROLE}
+    assert labels[keys.LABEL_OPERATOR_NAME] == keys.OPERATOR_NAME
+    alias = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "own-worker-00",
+            "labels": labels,
+            "annotations": {keys.GPU_IDS: worker.metadata.annotations[keys.GPU_IDS]},
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.API_VERSION,
+                    "kind": keys.KIND,
+                    "name": "own",
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpu-node-0"},
+            "containers": [
+                {"name": "c", "image": "busybox", "resources": {"limits": {keys.GPU_RESOURCE: "4"}}}
+            ],
+        },
+    }
+    aliaser.create_pod(alias)
+    wait_until(
+        lambda: (
+            crds.core.read_namespaced_pod("own-worker-00", aliaser_ns).status.phase == "Running"
+        ),
+        timeout=60,
+        what="the alias running on gpu-node-0",
+    )
+
+    victim.create(on_node("victim", "gpu-node-0", gpus=4))
+    wait_until(
+        lambda: "held by pods this operator did not place" in message(victims, "victim"),
+        timeout=60,
+        what="the victim told the GPUs are held",
+    )
+    text = message(victims, "victim")
+    assert "needs 4 GPUs" in text, text
+    assert "gpu-node-0: 4 GPU(s) by pods of other namespaces" in text, text
+    op.wait_admission_passes()
+    assert victims.decision("victim") is None
+    assert not worker_pods(crds, namespace, "victim"), "no worker is made to wait for GPUs"
+    own = MPIJobs(crds, aliaser_ns).decision("own")
+    assert own is not None, "the tenant's own job keeps its placement"
+    assert own["spec"]["workers"] == [{"node": "gpu-node-0", "gpus": placed_ids(worker)}]
+
+    aliaser.core.delete_namespaced_pod("own-worker-00", aliaser_ns, grace_period_seconds=0)
+    [pod] = wait_until(
+        lambda: bound_pods(crds, namespace, "victim"), timeout=60, what="the victim's worker bound"
+    )
+    assert pod.spec.node_name == "gpu-node-0"
+    refused = [
+        e.message
+        for e in crds.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=victim-worker-0"
+        ).items
+        if e.reason == "FailedScheduling"
+    ]
+    assert not refused, f"the victim's worker waited for GPUs another pod held: {refused}"

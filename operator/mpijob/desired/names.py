@@ -1,7 +1,9 @@
 """Names, labels and owner references shared by every child of an MPIJob.
 
 Names are deterministic (upstream's suffixes), so a restarted operator finds what it created.
-Used by every builder here and by the handlers to look children up.
+Used by every builder here and by the handlers to look children up; :func:`worker_index` is the
+one reading of which worker of which job a pod is, for everyone who asks (placement's
+accounting, the checks of a held placement, GPU shares).
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ def launcher_name(job: MPIJob) -> str:
 
 def worker_name(job: MPIJob, index: int) -> str:
     """``<job>-worker-<index>``: the worker pod and its hostname."""
-    return f"{job.name}{keys.WORKER_SUFFIX}-{index}"
+    return f"{_worker_prefix(job.name)}{index}"
+
+
+def _worker_prefix(job: str) -> str:
+    return f"{job}{keys.WORKER_SUFFIX}-"
 
 
 def worker_names(job: MPIJob) -> list[str]:
@@ -108,3 +114,48 @@ def is_controlled_by(obj: Mapping[str, Any], owner_uid: str | None) -> bool:
     """Whether ``obj``'s controller owner reference points at the owner with that UID."""
     ref = controller_of(obj)
     return ref is not None and bool(owner_uid) and ref.get("uid") == owner_uid
+
+
+def worker_index(
+    pod: Mapping[str, Any],
+    namespace: str,
+    job: str,
+    uid: str | None,
+    replicas: int | None = None,
+) -> int | None:
+    """The index of the worker of the MPIJob ``namespace/job`` (``uid``) that ``pod`` is, as
+    the operator creates it; None for any other pod.
+
+    Everything is read, and all of it must agree, because a tenant who may create pods in the
+    namespace can write each part (labels, an owner reference to their own job, any free name)
+    and a pod taken for a placed worker has its GPUs accounted by the job's decision:
+
+    - the name is exactly :func:`worker_name` of an index written as the operator writes it
+      (ASCII decimal, no sign, no leading zero: ``<job>-worker-00`` is no worker), below
+      ``replicas`` when the caller knows them;
+    - the pod is in the job's namespace;
+    - it carries the operator's labels: ``operator-name``, ``job-name`` of the job and role
+      ``worker``;
+    - its controller owner reference is an MPIJob of that name and ``uid`` (no uid: no worker).
+    """
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    prefix = _worker_prefix(job)
+    digits = name[len(prefix) :]
+    if not job or not name.startswith(prefix) or not (digits.isascii() and digits.isdigit()):
+        return None
+    index = int(digits)
+    if str(index) != digits or (replicas is not None and index >= replicas):
+        return None  # "00", "007": not a name the operator gives
+    if meta.get("namespace") != namespace:
+        return None
+    labels = meta.get("labels") or {}
+    if (
+        labels.get(keys.LABEL_OPERATOR_NAME) != keys.OPERATOR_NAME
+        or labels.get(keys.LABEL_JOB_NAME) != job
+        or labels.get(keys.LABEL_JOB_ROLE) != keys.ROLE_WORKER
+    ):
+        return None
+    if not is_controlled_by(pod, uid) or controlling_job(pod) != job:
+        return None
+    return index

@@ -77,7 +77,7 @@ def release(
     if body is None:
         return None
     decision = topology.parse_decision(body)
-    if decision is not None and not topology.releasable(decision, key[1], job, pods):
+    if decision is not None and not topology.releasable(decision, key, job, pods):
         return None
     meta = body.get("metadata") or {}
     return sync.Delete(keys.DECISION_API_VERSION, keys.DECISION_KIND, key[1], meta.get("uid"))
@@ -251,7 +251,7 @@ def check_placement(
         if taken.recheck is not None:
             rechecks.append(taken.recheck + 0.5)
     if g.decision is not None:
-        stuck = topology.unschedulable_workers(g.decision, key[1], pods, now, release_seconds)
+        stuck = topology.unschedulable_workers(g.decision, key, pods, now, release_seconds)
         if stuck.message:
             return Check(keys.REASON_WORKERS_UNSCHEDULABLE, stuck.message, rechecks=rechecks)
         if stuck.recheck is not None:

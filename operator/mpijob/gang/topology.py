@@ -11,7 +11,10 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
   forge one; when it may be deleted (:func:`releasable`);
 - which opted-in nodes exist and which of their GPUs are taken (:func:`holdings`,
   :func:`node_states`): by decisions, and by the GPU requests of bound, unfinished pods that
-  no decision placed (terminating ones included), never by annotations a pod carries;
+  no decision placed (terminating ones included), never by annotations a pod carries; a pod is
+  a decision's placed worker only when it is the worker the operator created
+  (:func:`mpijob.desired.names.worker_index`), and what it requests beyond its assignment is
+  counted too;
 - the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
   of its ComputeDomain when the job spans nodes of one NVLink clique;
 - each node's place in the fabric, from its labels (:func:`locations`);
@@ -236,17 +239,17 @@ def locations(
 
 
 def releasable(
-    decision: Decision, name: str, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]
+    decision: Decision, key: JobKey, job: MPIJob | None, pods: Iterable[Mapping[str, Any]]
 ) -> bool:
-    """Whether the decision for the job ``name`` can be deleted now: its job is gone (or
+    """Whether the decision for the job ``key`` can be deleted now: its job is gone (or
     replaced by a same-named one), finished or suspended, and none of its placed workers holds a
     GPU any more (a terminating one still does: its container keeps the device until it exits).
     The record of a hold-off (``released``) goes only with its job.
 
-    Only a placed worker keeps a decision: a pod of the worker's name and index, controlled by
-    the job, bound to the node its assignment names. Any other pod, even one naming the job as
-    its controller (anyone who may create pods in the namespace can write such a reference),
-    holds nothing of the decision's: bound, it is counted by its own GPU requests instead.
+    Only a placed worker keeps a decision (:func:`placed_worker`). Any other pod, even one
+    naming the job as its controller (anyone who may create pods in the namespace can write such
+    a reference), holds nothing of the decision's: bound, it is counted by its own GPU requests
+    instead.
     """
     same = job is not None and job.metadata.uid == decision.uid
     if same and decision.released is not None:
@@ -256,24 +259,27 @@ def releasable(
     running = job is not None and not (job.status.finished or job.spec.suspended)
     if running and same:
         return False
-    return not any(placed_worker(p, name, decision) is not None for p in pods)
+    return not any(placed_worker(p, key, decision) is not None for p in pods)
 
 
-def placed_worker(pod: Mapping[str, Any], name: str, decision: Decision) -> int | None:
-    """The index of the worker ``pod`` is in the decision for job ``name``, while it holds that
-    worker's GPUs (bound to the assignment's node, not finished); None for any other pod."""
-    meta = pod.get("metadata") or {}
-    if not names.is_controlled_by(pod, decision.uid) or terminal(pod):
+def placed_worker(pod: Mapping[str, Any], key: JobKey, decision: Decision) -> int | None:
+    """The index of the worker ``pod`` is in the decision for job ``key``, while it holds that
+    worker's GPUs: the worker the operator created (:func:`mpijob.desired.names.worker_index`,
+    an index the decision has), bound to its assignment's node and not finished; None for any
+    other pod."""
+    if terminal(pod):
         return None
-    prefix = f"{name}{keys.WORKER_SUFFIX}-"
-    pod_name = str(meta.get("name") or "")
-    index = pod_name[len(prefix) :]
-    if not pod_name.startswith(prefix) or not index.isdigit() or str(int(index)) != index:
-        return None
-    if int(index) >= len(decision.assignments):
+    index = _worker_of(pod, key, decision)
+    if index is None:
         return None
     node = (pod.get("spec") or {}).get("nodeName")
-    return int(index) if node == decision.assignments[int(index)].node else None
+    return index if node == decision.assignments[index].node else None
+
+
+def _worker_of(pod: Mapping[str, Any], key: JobKey, decision: Decision) -> int | None:
+    """Which of the decision's workers ``pod`` is, wherever it runs."""
+    namespace, name = key
+    return names.worker_index(pod, namespace, name, decision.uid, len(decision.assignments))
 
 
 def lost_nodes(
@@ -291,15 +297,17 @@ def lost_nodes(
     loses it once the worker is gone, terminating or failed: a worker recreated there would
     wait for good, pinned to a node placement no longer offers.
     """
-    workers = {
-        str((p.get("metadata") or {}).get("name")): p
-        for p in pods
-        if names.is_controlled_by(p, job.metadata.uid)
-    }
+    workers = {}
+    for pod in pods:
+        index = names.worker_index(
+            pod, job.namespace, job.name, job.metadata.uid, job.spec.worker_replicas
+        )
+        if index is not None:
+            workers[index] = pod
     found = []
     for index, assignment in enumerate(decision.assignments):
         node = nodes.get(assignment.node)
-        worker = workers.get(names.worker_name(job, index))
+        worker = workers.get(index)
         alive = worker is not None and not terminal(worker) and not _terminating(worker)
         if node is not None and (opted_in(node) or alive):
             continue
@@ -390,7 +398,7 @@ def _unschedulable(pod: Mapping[str, Any], now: datetime) -> tuple[float, str] |
 
 def unschedulable_workers(
     decision: Decision,
-    name: str,
+    key: JobKey,
     pods: Iterable[Mapping[str, Any]],
     now: datetime,
     seconds: float,
@@ -400,12 +408,10 @@ def unschedulable_workers(
     decision would otherwise hold GPUs for a pod that never runs (a request no node can meet,
     a toleration it lacks), and the jobs behind it would wait for good."""
     recheck: float | None = None
-    prefix = f"{name}{keys.WORKER_SUFFIX}-"
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        pod_name = str(meta.get("name") or "")
-        if not pod_name.startswith(prefix) or not names.is_controlled_by(pod, decision.uid):
+        if _worker_of(pod, key, decision) is None:
             continue
+        pod_name = str((pod.get("metadata") or {}).get("name") or "")
         if (pod.get("spec") or {}).get("nodeName") or terminal(pod) or _terminating(pod):
             continue
         if (stuck := _unschedulable(pod, now)) is None:
@@ -469,9 +475,12 @@ class Holdings:
     """Which GPUs are taken, as far as the operator may believe it.
 
     Decisions are believed: only the operator writes them. A pod is counted by what the cluster
-    says it holds, never by annotations it carries: a worker whose ``mpijob.io/gpu-ids`` match
-    its job's decision holds exactly those GPUs (the decision counts them); any other pod bound
-    to a node holds as many GPUs as it requests there, which ones unknown.
+    says it holds, never by what it says of itself: a bound pod holds as many GPUs as it
+    requests there, which ones unknown, less those its job's decision already counts when it is
+    that decision's placed worker (:func:`placed_worker`, carrying exactly its assignment's
+    ``mpijob.io/gpu-ids``). A placed worker requesting more than its assignment holds the rest
+    as any other pod: the tenant writes the worker's template, the operator only its name,
+    labels and owner.
     """
 
     known: dict[str, set[int]] = field(default_factory=dict)
@@ -522,8 +531,10 @@ def holdings(
             out.known.setdefault(assignment.node, set()).update(assignment.gpus)
     for pod in pods:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
-        count = _gpus_of(pod)
-        if not node or not count or terminal(pod) or _placed_by(pod, decisions):
+        if not node or terminal(pod):
+            continue
+        count = _gpus_of(pod) - _placed_gpus(pod, decisions)
+        if count <= 0:
             continue
         meta = pod.get("metadata") or {}
         out.unplaced[node] = out.unplaced.get(node, 0) + count
@@ -533,24 +544,28 @@ def holdings(
     return out
 
 
-def _placed_by(pod: Mapping[str, Any], decisions: Mapping[JobKey, Decision]) -> bool:
-    """Whether ``pod`` is the worker its job's decision placed, on that node and those GPUs."""
+def _placed_gpus(pod: Mapping[str, Any], decisions: Mapping[JobKey, Decision]) -> int:
+    """How many of ``pod``'s GPUs its job's decision already counts: its assignment's, when it
+    is that decision's placed worker on exactly those GPUs; none for any other pod.
+
+    Its ``mpijob.io/gpu-ids`` (which its tenant may rewrite) can only take that away: a worker
+    whose annotation names other GPUs than its assignment (one left from an earlier placement
+    of the job, or one rewritten) is counted by its requests, as a pod no decision placed.
+    """
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(keys.LABEL_JOB_NAME)
-    decision = decisions.get((str(meta.get("namespace") or ""), str(job))) if job else None
-    if decision is None or not names.is_controlled_by(pod, decision.uid):
-        return False
-    prefix = f"{job}{keys.WORKER_SUFFIX}-"
-    name = str(meta.get("name") or "")
-    index = name[len(prefix) :]
-    if not name.startswith(prefix) or not index.isdigit():
-        return False
-    if int(index) >= len(decision.assignments):
-        return False
-    assignment = decision.assignments[int(index)]
+    key = (
+        str(meta.get("namespace") or ""),
+        str((meta.get("labels") or {}).get(keys.LABEL_JOB_NAME) or ""),
+    )
+    decision = decisions.get(key)
+    if decision is None:
+        return 0
+    index = placed_worker(pod, key, decision)
+    if index is None:
+        return 0
+    gpus = decision.assignments[index].gpus
     ids = gpu_ids((meta.get("annotations") or {}).get(keys.GPU_IDS))
-    node = (pod.get("spec") or {}).get("nodeName")
-    return node == assignment.node and tuple(sorted(ids)) == assignment.gpus
+    return len(gpus) if tuple(sorted(ids)) == gpus else 0
 
 
 def _gpus_of(pod: Mapping[str, Any]) -> int:

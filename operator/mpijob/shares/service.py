@@ -50,7 +50,7 @@ import kopf
 
 from mpijob import keys, metrics
 from mpijob.api.errors import aggregate
-from mpijob.desired import events
+from mpijob.desired import events, names
 from mpijob.desired.events import Event
 from mpijob.objects import about
 from mpijob.platform.kube import ApiError
@@ -85,15 +85,16 @@ _GPU_GAUGES: Final = (
     metrics.GPU_SHARE_CLIENTS,
 )
 
-#: ``(namespace, name)`` of an MPIJob to its number of workers (None: no such job).
-WorkersOf = Callable[[str, str], Awaitable[int | None]]
+#: ``(namespace, name, uid)`` of an MPIJob to its number of workers (None: no such job, or
+#: the job of that name has another uid).
+WorkersOf = Callable[[str, str, str], Awaitable[int | None]]
 #: Posts an Event about a pod.
 PostEvent = Callable[[dict[str, Any], Event], None]
 #: ``(namespace, name, JSON patch)``: send the patch placing a waiting pod.
 PatchPod = Callable[[str, str, list[dict[str, Any]]], Awaitable[None]]
 
 
-async def one_by_one(namespace: str, name: str) -> int | None:
+async def one_by_one(namespace: str, name: str, uid: str) -> int | None:
     """No reader of MPIJobs: each worker is placed on its own."""
     return None
 
@@ -117,19 +118,19 @@ class Worker:
 
 
 def worker_of(body: dict[str, Any]) -> Worker | None:
-    """The MPIJob worker ``body`` is (by its controller reference, role label and name)."""
-    meta = body.get("metadata") or {}
-    if (meta.get("labels") or {}).get(keys.LABEL_JOB_ROLE) != keys.ROLE_WORKER:
+    """The MPIJob worker ``body`` says it is: the worker of the job its controller reference
+    names, by :func:`mpijob.desired.names.worker_index` (its name, labels and owner all agree).
+
+    The reference's uid is the pod's word only: :meth:`ShareService._workers` asks the job of
+    that name whether it has that uid before the pod reserves shares for its job's workers (a
+    pod of another uid is placed on its own)."""
+    namespace = str((body.get("metadata") or {}).get("namespace") or "")
+    job = names.controlling_job(body)
+    uid = str((names.controller_of(body) or {}).get("uid") or "")
+    if job is None:
         return None
-    ref = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
-    if ref is None or (ref.get("apiVersion"), ref.get("kind")) != (keys.API_VERSION, keys.KIND):
-        return None
-    job, name = str(ref.get("name") or ""), str(meta.get("name") or "")
-    prefix = f"{job}{keys.WORKER_SUFFIX}-"
-    if not job or not name.startswith(prefix) or not name[len(prefix) :].isdigit():
-        return None
-    index = int(name[len(prefix) :])
-    return Worker(str(meta.get("namespace") or ""), job, str(ref.get("uid") or ""), index)
+    index = names.worker_index(body, namespace, job, uid)
+    return None if index is None else Worker(namespace, job, uid, index)
 
 
 class ShareService:
@@ -448,7 +449,7 @@ class ShareService:
         worker = worker_of(body)
         if worker is None:
             return None
-        return await self.workers_of(worker.namespace, worker.job)
+        return await self.workers_of(worker.namespace, worker.job, worker.uid)
 
     def _place(
         self, body: dict[str, Any], share: Share, count: int | None, *, claim: str
@@ -574,11 +575,12 @@ def pod_patcher(kube: KubeApi) -> PatchPod:
 
 
 def workers_reader(kube: KubeApi) -> WorkersOf:
-    """How many workers an MPIJob has, read from the API server (None: no such job)."""
+    """How many workers an MPIJob has, read from the API server (None: no such job, or one of
+    another uid: a pod's owner reference is written by whoever creates the pod)."""
 
-    async def workers_of(namespace: str, name: str) -> int | None:
+    async def workers_of(namespace: str, name: str, uid: str) -> int | None:
         job = await kube.get(keys.API_VERSION, keys.KIND, namespace, name)
-        if job is None:
+        if job is None or (job.get("metadata") or {}).get("uid") != uid:
             return None
         worker = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(keys.REPLICA_WORKER)
         replicas = (worker or {}).get("replicas", 1)

@@ -35,7 +35,11 @@ def pod(
     if ids:
         meta["annotations"][keys.GPU_IDS] = ids
     if job:
-        meta["labels"] = {keys.LABEL_JOB_NAME: job}
+        meta["labels"] = {
+            keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+            keys.LABEL_JOB_NAME: job,
+            keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+        }
     if owner:
         meta["ownerReferences"] = [
             {
@@ -64,7 +68,8 @@ def decision(*workers: tuple[str, tuple[int, ...]], uid: str = JOB_UID) -> topol
     return topology.Decision(uid, assignments, 25.0, "summary")
 
 
-DECISIONS = {("ns", "j"): decision(("n0", (0, 1)), ("n0", (2, 3)))}
+KEY = ("ns", "j")
+DECISIONS = {KEY: decision(("n0", (0, 1)), ("n0", (2, 3)))}
 
 
 def test_decisions_hold_their_gpus_and_their_own_workers_add_nothing() -> None:
@@ -119,6 +124,83 @@ def test_a_pod_that_only_looks_like_a_placed_worker_is_counted_by_its_requests(
     held = topology.holdings(DECISIONS, [forged])
     assert held.known == {"n0": {0, 1, 2, 3}}
     assert sum(held.unplaced.values()) == 2
+
+
+def aliased(name: str = "j-worker-00", node: str = "n0", ids: str = "0,1", **kw: Any) -> Any:
+    """A tenant's pod that copies worker 0 of ``j`` (labels, owner, node, GPU ids) under
+    another name."""
+    return pod(node, ids, gpus=len(ids.split(",")), name=name, job="j", owner=JOB_UID, **kw)
+
+
+def relabelled(label: str, value: str | None) -> Any:
+    p = worker(0, "n0", "0,1")
+    if value is None:
+        del p["metadata"]["labels"][label]
+    else:
+        p["metadata"]["labels"][label] = value
+    return p
+
+
+def elsewhere_ns() -> Any:
+    p = worker(0, "n0", "0,1")
+    p["metadata"]["namespace"] = "other"
+    return p
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        aliased("j-worker-00"),
+        aliased("j-worker-000"),
+        aliased("j-worker-\u0660"),  # ARABIC-INDIC DIGIT ZERO: isdigit(), and int() reads 0
+        aliased("j-worker-0\u0660"),
+        relabelled(keys.LABEL_JOB_ROLE, None),
+        relabelled(keys.LABEL_JOB_ROLE, keys.ROLE_LAUNCHER),
+        relabelled(keys.LABEL_OPERATOR_NAME, None),
+        elsewhere_ns(),
+    ],
+)
+def test_an_aliased_worker_is_a_foreign_pod_beside_the_placed_one(alias: Any) -> None:
+    """The real worker 0 runs; a pod that reads as worker 0 only leniently holds GPUs of its
+    own on the node, and they are counted, as any foreign pod's."""
+    held = topology.holdings(DECISIONS, [worker(0, "n0", "0,1"), worker(1, "n0", "2,3"), alias])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {"n0": 2}
+    name = alias["metadata"]["name"]
+    assert held.holders == {"n0": [(alias["metadata"]["namespace"], name, 2)]}
+
+
+def test_an_aliased_worker_leaves_a_full_node_no_gpu_to_offer() -> None:
+    """Eight GPUs: the decision's four, and four the alias holds; nothing is left to admit onto
+    (the lenient reading left four free, and a victim's worker Pending on them)."""
+    decisions = {KEY: decision(("n0", (0, 1, 2, 3)))}
+    real = worker(0, "n0", "0,1,2,3")
+    alias = aliased(ids="0,1,2,3")
+    [state] = topology.node_states([dgx_node()], topology.holdings(decisions, [real, alias]))
+    assert state.used == {0, 1, 2, 3}
+    assert state.unplaced == 4
+    assert state.free_count == 0
+
+
+def test_a_placed_worker_requesting_more_than_its_assignment_holds_the_rest() -> None:
+    """The tenant writes the worker's template: GPUs it asks for beyond its assignment are held
+    all the same, and counted as a pod no decision placed, under its name."""
+    greedy = worker(0, "n0", "0,1")
+    greedy["spec"]["containers"][0]["resources"]["limits"][keys.GPU_RESOURCE] = "5"
+    held = topology.holdings(DECISIONS, [greedy, worker(1, "n0", "2,3")])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {"n0": 3}
+    assert held.holders == {"n0": [("ns", "j-worker-0", 3)]}
+    greedy["spec"]["initContainers"] = [{"resources": {"requests": {keys.GPU_RESOURCE: "8"}}}]
+    assert topology.holdings(DECISIONS, [greedy]).unplaced == {"n0": 6}
+
+
+def test_a_placed_worker_requesting_less_than_its_assignment_adds_nothing() -> None:
+    modest = worker(0, "n0", "0,1")
+    modest["spec"]["containers"][0]["resources"]["limits"][keys.GPU_RESOURCE] = "1"
+    held = topology.holdings(DECISIONS, [modest])
+    assert held.known == {"n0": {0, 1, 2, 3}}
+    assert held.unplaced == {}
 
 
 def test_a_terminating_pod_keeps_its_gpus_until_it_is_gone() -> None:
@@ -192,17 +274,17 @@ def test_a_decision_is_released_only_once_its_job_stopped_and_its_pods_are_gone(
     held = decision(("n0", (0, 1)))
     live = [worker(0, "n0", "0,1")]
     gone = [worker(0, "n0", "0,1", phase="Succeeded")]
-    assert not topology.releasable(held, "j", job, [])  # running: it holds its GPUs
+    assert not topology.releasable(held, KEY, job, [])  # running: it holds its GPUs
     suspended = job.model_copy(deep=True)
     suspended.spec.run_policy.suspend = True
     terminating = [worker(0, "n0", "0,1", terminating=True)]
-    assert not topology.releasable(held, "j", suspended, terminating)
-    assert topology.releasable(held, "j", suspended, gone)
-    assert not topology.releasable(held, "j", None, live)  # deleted, a pod still terminating
-    assert topology.releasable(held, "j", None, [])
+    assert not topology.releasable(held, KEY, suspended, terminating)
+    assert topology.releasable(held, KEY, suspended, gone)
+    assert not topology.releasable(held, KEY, None, live)  # deleted, a pod still terminating
+    assert topology.releasable(held, KEY, None, [])
     successor = job.model_copy(deep=True)
     successor.metadata.uid = "uid-successor"
-    assert topology.releasable(held, "j", successor, [])
+    assert topology.releasable(held, KEY, successor, [])
 
 
 def test_only_the_placed_workers_keep_a_decision() -> None:
@@ -221,9 +303,9 @@ def test_only_the_placed_workers_keep_a_decision() -> None:
     padded = worker(1, "n1", "0,1")
     padded["metadata"]["name"] = "j-worker-01"
     for pods in ([extra], [pending], [elsewhere], [beyond], [padded]):
-        assert topology.releasable(held, "j", None, pods), pods
-        assert topology.releasable(held, "j", finished, pods), pods
-    assert not topology.releasable(held, "j", None, [worker(1, "n1", "0,1")])
+        assert topology.releasable(held, KEY, None, pods), pods
+        assert topology.releasable(held, KEY, finished, pods), pods
+    assert not topology.releasable(held, KEY, None, [worker(1, "n1", "0,1")])
 
 
 def topology_job(node_name: str = "", *, opted: str = "true") -> Any:
@@ -456,3 +538,43 @@ def test_a_worker_of_an_earlier_job_of_the_name_is_not_this_job_s() -> None:
     nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
     earlier = [worker(0, "n0", "0,1"), pod("n1", "0,1", name="j-worker-1", job="j", owner="old")]
     assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, earlier) != ""
+
+
+def test_only_the_worker_itself_keeps_a_lost_node_s_placement() -> None:
+    """A live pod under the name of worker 1 keeps the job on a node that is not Ready only
+    if it is the worker the operator created."""
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    squatter = worker(1, "n1", "0,1")
+    del squatter["metadata"]["labels"][keys.LABEL_JOB_ROLE]
+    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
+    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, [BOTH_RUNNING[0], squatter])
+    assert why.startswith("node n1 is not Ready and its worker is gone")
+
+
+def stuck(p: Any, seconds_ago: float) -> Any:
+    """``p`` unbound and unschedulable for ``seconds_ago``."""
+    since = (T0 - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    p["spec"]["nodeName"] = ""
+    p["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "Insufficient nvidia.com/gpu",
+                "lastTransitionTime": since,
+            }
+        ],
+    }
+    return p
+
+
+def test_only_a_worker_of_the_job_unschedulable_too_long_releases_its_placement() -> None:
+    alias = stuck(aliased("j-worker-00"), 600)
+    assert topology.unschedulable_workers(TWO_NODES, KEY, [alias], T0, 300) == topology.Taken()
+    real = stuck(worker(0, "n0", "0,1"), 600)
+    taken = topology.unschedulable_workers(TWO_NODES, KEY, [alias, real], T0, 300)
+    assert taken.message.startswith("worker j-worker-0 has been unschedulable for 600s")
+    soon = stuck(worker(1, "n1", "0,1"), 100)
+    assert topology.unschedulable_workers(TWO_NODES, KEY, [soon], T0, 300).recheck == 200

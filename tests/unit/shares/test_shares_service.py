@@ -350,7 +350,11 @@ def worker_pod(job: str, index: int, memory: str = "2", core: str = "25") -> dic
     body["metadata"] = {
         "name": f"{job}-worker-{index}",
         "namespace": "team",
-        "labels": {keys.LABEL_JOB_ROLE: keys.ROLE_WORKER, keys.LABEL_JOB_NAME: job},
+        "labels": {
+            keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+            keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+            keys.LABEL_JOB_NAME: job,
+        },
         "ownerReferences": [
             {
                 "apiVersion": keys.API_VERSION,
@@ -365,10 +369,54 @@ def worker_pod(job: str, index: int, memory: str = "2", core: str = "25") -> dic
 
 
 def workers(count: int) -> fractional.WorkersOf:
-    async def workers_of(namespace: str, name: str) -> int | None:
-        return count
+    """Every job of the namespace ``team`` has ``count`` workers and the uid ``uid-<name>``."""
+
+    async def workers_of(namespace: str, name: str, uid: str) -> int | None:
+        return count if (namespace, uid) == ("team", f"uid-{name}") else None
 
     return workers_of
+
+
+def test_a_worker_is_read_strictly_and_its_job_by_its_controller() -> None:
+    assert fractional.worker_of(worker_pod("train", 2)) == fractional.Worker(
+        "team", "train", "uid-train", 2
+    )
+    padded = worker_pod("train", 0)
+    padded["metadata"]["name"] = "train-worker-00"
+    unlabelled = worker_pod("train", 0)
+    del unlabelled["metadata"]["labels"][keys.LABEL_OPERATOR_NAME]
+    other_job = worker_pod("train", 0)
+    other_job["metadata"]["labels"][keys.LABEL_JOB_NAME] = "other"
+    for body in (padded, unlabelled, other_job):
+        assert fractional.worker_of(body) is None, body["metadata"]
+
+
+async def test_a_pod_that_only_looks_like_a_worker_reserves_nothing_for_a_job() -> None:
+    """The first worker of a job reserves shares for all its workers; a tenant's pod that reads
+    as a worker only leniently, or names the job under another uid, is placed on its own."""
+    admission = await admission_with(node("gpu-a"))
+    admission.workers_of = workers(4)
+    padded = worker_pod("train", 0)
+    padded["metadata"]["name"] = "train-worker-00"
+    forged = worker_pod("train", 1)
+    forged["metadata"]["ownerReferences"][0]["uid"] = "uid-forged"
+    for body in (padded, forged):
+        _, record = placed_of(body, await decided(admission, body))
+        assert record.claim == f"pod-uid-{body['metadata']['name']}"
+    assert len(admission.ledger) == 2
+
+
+async def test_the_job_reader_answers_only_for_the_uid_the_job_has() -> None:
+    job = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.KIND,
+        "metadata": {"name": "train", "namespace": "team", "uid": "uid-train"},
+        "spec": {"mpiReplicaSpecs": {keys.REPLICA_WORKER: {"replicas": 3}}},
+    }
+    read = fractional.workers_reader(FakeKube(job))
+    assert await read("team", "train", "uid-train") == 3
+    assert await read("team", "train", "uid-forged") is None
+    assert await read("team", "gone", "uid-train") is None
 
 
 async def test_the_first_worker_reserves_every_worker_of_its_job() -> None:
