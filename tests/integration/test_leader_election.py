@@ -1,10 +1,11 @@
 """One active replica: two operators on one cluster never both write, and a replica that cannot
 lead never holds the Lease (a Lease, as upstream's leader election).
 
-Beside the plain take-over (the leader SIGKILLed), three faults, each while topology jobs wait
-for GPUs that other jobs free meanwhile: one replica's start-up fails; the leader is frozen
-(SIGSTOP) past its Lease and resumed; the leader is cut off from the API server by a relay that
-stops forwarding (its requests hang, as in a partition), then healed. Each asserts from the API
+Beside the plain take-over (the leader SIGKILLed) and the leader's reconcile workers failing
+(it exits at once and releases the Lease), three faults, each while topology jobs wait for GPUs
+that other jobs free meanwhile: one replica's start-up fails; the leader is frozen (SIGSTOP)
+past its Lease and resumed; the leader is cut off from the API server by a relay that stops
+forwarding (its requests hang, as in a partition), then healed. Each asserts from the API
 server's audit log that no replica (its own requests and its Kopf's, both naming it) wrote
 while it did not hold the Lease and that nothing was written under Kopf's own User-Agent, and
 from a sampler that no GPU was ever held by two PlacementDecisions, nor by two live worker pods,
@@ -36,6 +37,8 @@ from support.wait import stays, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
 
 LEASE_SECONDS = 15
+#: The folder of the test-only ``sitecustomize`` that makes the reconcile workers fail.
+FAILING_WORKERS = Path(__file__).resolve().parents[1] / "support" / "failing_workers"
 #: 6 jobs of 2 workers x 4 GPUs: 48 GPUs asked of the cluster's 32; each launcher succeeds 8 s
 #: after it runs and its workers go then (cleanPodPolicy Running), so the last two jobs wait
 #: until GPUs free up.
@@ -124,6 +127,63 @@ def test_only_the_leader_reconciles_and_the_standby_takes_over(
     mpijobs.wait_condition("two", "Created", timeout=30)
     assert second.metric("mpi_operator_jobs_created_total") == 1
     assert lease(crds, namespace)["spec"]["holderIdentity"] != holder
+
+
+def test_a_leader_whose_reconcile_workers_fail_exits_and_the_standby_leads(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """The leader's reconcile workers' task raises (a bug; injected by
+    ``support/failing_workers/sitecustomize.py`` on SIGUSR1): the process exits with status 1
+    within 5 s, releasing the Lease, and the standby leads at its next retry and reconciles."""
+    first = OperatorProcess(
+        crds.kubeconfig,
+        namespace,
+        ROOT / ".test-logs",
+        *flags(namespace),
+        env={"PYTHONPATH": str(FAILING_WORKERS), "MPIJOB_TEST_FAIL_WORKERS": "1"},
+    )
+    try:
+        first.start()
+        wait_until(lambda: first.metric("mpi_operator_is_leader") == 1, timeout=30, what="a leader")
+        second = start_operator(*flags(namespace))
+        wait_until(second.ready, timeout=30, what="the standby ready (its caches filled)")
+        mpijobs.create(mpijob("one", workers=1))
+        mpijobs.wait_condition("one", "Created")  # the workers run, and reconcile
+        assert first.metric("mpi_operator_jobs_created_total") == 1
+        assert first.ready()
+        assert second.metric("mpi_operator_is_leader") == 0
+        holder = lease(crds, namespace)["spec"]["holderIdentity"]
+
+        assert first.proc is not None
+        raised = time.monotonic()
+        first.proc.send_signal(signal.SIGUSR1)
+        status = first.proc.wait(timeout=30)
+        exited = time.monotonic() - raised
+        wait_until(
+            lambda: second.metric("mpi_operator_is_leader") == 1,
+            timeout=45,
+            interval=0.1,
+            what="the standby leading",
+        )
+        leads = time.monotonic() - raised
+    finally:
+        first.kill()
+    print(f"raise -> exit {exited:.2f} s, raise -> the standby leads {leads:.2f} s")
+    log = first.logs()
+    assert status == 1, log
+    assert exited < 5, log
+    # The one line on call, with the bug's traceback under it.
+    assert (
+        "\"reconcile failed: RuntimeError: the reconcile workers failed (the test's injected"
+        " bug); exiting (status 1)"
+    ) in log, log
+    assert "Released the Lease" in log, log
+    # Released, not expired: the standby took it at a retry, not a lease duration later.
+    assert leads < LEASE_SECONDS - 5
+    mpijobs.create(mpijob("two", workers=1))
+    mpijobs.wait_condition("two", "Created", timeout=30)
+    assert second.metric("mpi_operator_jobs_created_total") == 1
+    assert lease(crds, namespace)["spec"]["holderIdentity"] not in (holder, None)
 
 
 def test_a_replica_whose_start_up_fails_exits_in_one_line_and_never_holds_the_lease(

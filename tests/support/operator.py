@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,10 +26,20 @@ class OperatorProcess:
     logged: ClassVar[set[Path]] = set()
     """The log files of this test session's processes."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *args: str) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_dir: Path,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: variables the process gets beside the test's own (``PYTHONPATH`` is put
+        before the test's)."""
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.args = list(args)
+        self.env = dict(env or {})
         self.port = free_port()
         self.log_path = log_dir / f"operator-{namespace}.log"
         for n in range(2, 100):  # a second replica in one namespace logs to a file of its own
@@ -58,7 +69,9 @@ class OperatorProcess:
         ]
         if not any(a.startswith("--leader-elect") or a == "--no-leader-elect" for a in argv):
             argv.append("--no-leader-elect")
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        if "PYTHONPATH" in self.env and os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.pathsep.join((self.env["PYTHONPATH"], os.environ["PYTHONPATH"]))
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         if wait:
@@ -66,8 +79,15 @@ class OperatorProcess:
         return self
 
     def healthy(self) -> bool:
+        return self._probe("/healthz")
+
+    def ready(self) -> bool:
+        """``/readyz``: started, its caches filled, campaigning or leading."""
+        return self._probe("/readyz")
+
+    def _probe(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+            with urllib.request.urlopen(self.url + path, timeout=1) as r:
                 return r.status == 200
         except OSError:
             return False

@@ -170,7 +170,12 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         runnables.append(
             Runnable("gpu-share-placement", lambda: shares.run_placement(patcher), True)
         )
-    manager = Manager(runnables, elector=elector, stopping=(recorder.close, rt.deferred.drain))
+    manager = Manager(
+        runnables,
+        elector=elector,
+        synced=workers.synced,
+        stopping=(recorder.close, rt.deferred.drain),
+    )
 
     # Kopf's cleanup activity runs once its watches have stopped and before it waits (5 s) for
     # the tasks it did not start: our work, stopped there, is not left to that wait, so SIGTERM
@@ -362,8 +367,11 @@ def registry_for(
     Kopf's watches log in exactly as the operator's own requests do, naming the replica."""
     registry = kopf.OperatorRegistry()
 
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kube_module.named(connection_info(), user_agent)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        # A coroutine, as every handler (Kopf would run a plain function in its executor, which
+        # the operator refuses: kopf_tuning.NoThreads). The credentials' files are read in the
+        # loop's default executor: a read of files, nothing the loop changes.
+        return kube_module.named(await asyncio.to_thread(connection_info), user_agent)
 
     kopf.on.login(registry=registry)(login)
     gang = GangMode.from_flag(ours.gang_scheduling)

@@ -3,8 +3,8 @@
 Kopf's settings (:func:`configure`): its peering is off (a Lease elects the leader instead,
 :mod:`mpijob.platform.leader`), Event posting is off (the operator posts its own, with
 upstream's source component), its finalizer and storage keys use our prefix so that if anything
-is ever stored it is ours, no diff-base is kept, and node watches are filtered server-side to
-opted-in nodes.
+is ever stored it is ours, no diff-base is kept, node watches are filtered server-side to
+opted-in nodes, and no handler runs in Kopf's threads (:class:`NoThreads`).
 
 Three changes reach into Kopf's private ``kopf._cogs`` modules, which no setting covers: watch
 lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
@@ -20,11 +20,13 @@ not.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import logging
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 
@@ -50,6 +52,21 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         pass
+
+
+class NoThreads(concurrent.futures.Executor):
+    """Kopf's executor for handlers that are plain functions: it refuses them. Kopf runs such a
+    handler in a thread while the event loop goes on changing what the handler reads (the
+    share ledger, the caches, the queues); every handler of the operator is a coroutine, run on
+    the loop between two of its steps. A plain one added by mistake fails at its first call,
+    loudly in the log, rather than racing the loop unseen."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> NoReturn:
+        handler = fn
+        while isinstance(handler, functools.partial):  # Kopf's: the context's run, the kwargs
+            handler = next((a for a in handler.args if callable(a)), handler.func)
+        name = getattr(handler, "__qualname__", type(handler).__name__)
+        raise TypeError(f"Kopf handlers must be coroutine functions, never run in a thread: {name}")
 
 
 #: Kopf's waits between tries of a request the API server did not answer (its watches' included).
@@ -82,7 +99,7 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.watching.label_selectors["v1", "nodes"] = (
         f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
     )
-    settings.execution.max_workers = max(4, ours.threadiness)
+    settings.execution.executor = NoThreads()
     if ours.fractional_gpus:
         # Shares go to core_mem nodes; the topology handlers still filter on their own label.
         settings.watching.label_selectors["v1", "nodes"] = (

@@ -1,7 +1,8 @@
 """The reconcile workers: a fixed number of tasks taking job keys from the work queue.
 
 Workers take nothing before every cache is full (:meth:`Workers.open`: Kopf's indices, as the
-watch handlers see, and each informer's first list), run only on the leader (the manager
+watch handlers see, and each informer's first list; the manager awaits :meth:`Workers.synced`,
+within :data:`CACHE_SYNC_SECONDS`, before it campaigns), run only on the leader (the manager
 starts :meth:`Workers.serve` once this replica holds the Lease), retry a failed reconcile with
 the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
 heartbeat that the metrics thread reads. Also :func:`on_wake`, the loop of the background
@@ -28,6 +29,14 @@ HEARTBEAT_SECONDS = 5.0
 #: The name Kopf's indices open the workers by (:meth:`Workers.open`); each informer opens
 #: them by the name of the index it fills.
 KOPF_INDICES = "kopf-indices"
+#: How long the caches may take to fill at start-up (controller-runtime's ``CacheSyncTimeout``,
+#: 2 minutes): a replica whose caches are still not filled by then exits (status 1), so the
+#: kubelet restarts it and its probes say so, rather than it waiting unseen for good.
+CACHE_SYNC_SECONDS = 120.0
+
+
+class CacheSyncTimeout(Exception):
+    """The caches were not filled within the deadline; the message names those that were not."""
 
 
 async def on_wake(
@@ -73,6 +82,16 @@ class Workers:
         self._full.add(cache)
         if self._full >= self.caches:
             self.indexed.set()
+
+    async def synced(self, within: float = CACHE_SYNC_SECONDS) -> None:
+        """Return once every cache is full; :class:`CacheSyncTimeout` after ``within`` seconds,
+        naming the caches still empty (an informer that cannot list its kind, Kopf's indices)."""
+        try:
+            async with asyncio.timeout(within):
+                await self.indexed.wait()
+        except TimeoutError:
+            missing = ", ".join(sorted(self.caches - self._full))
+            raise CacheSyncTimeout(f"not filled within {within:.0f} s: {missing}") from None
 
     def enqueue(self, key: JobKey) -> None:
         self.queue.add(key)

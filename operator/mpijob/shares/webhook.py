@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 def register(registry: kopf.OperatorRegistry, service: ShareService) -> None:
     """Add the node and pod watches and both webhooks to ``registry``. They ask the operator's
-    one :class:`ShareService`, made complete at start-up before Kopf starts."""
+    one :class:`ShareService`, made complete at start-up before Kopf starts, and all run on the
+    event loop, as the watches that change its ledger do."""
     core_mem = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_CORE_MEM}
 
     async def node_event(body: Any, type: str | None, **_: Any) -> None:
@@ -42,7 +43,10 @@ def register(registry: kopf.OperatorRegistry, service: ShareService) -> None:
         if ops:
             patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
-    def validate(body: Any, **_: Any) -> None:
+    # A coroutine, as every handler: Kopf would run a plain function in a thread, reading the
+    # ledger while the loop changes it (the operator's Kopf refuses that: kopf_tuning.NoThreads).
+    # On the loop, the ledger is read between two of its changes, never during one.
+    async def validate(body: Any, **_: Any) -> None:
         service.validate(dict(body))
 
     kopf.on.event(*resource("v1", "Node"), labels=core_mem, registry=registry)(node_event)

@@ -1,5 +1,5 @@
 """The changes to Kopf's private classes: its watch streams' JSON decoding, its views without
-reference cycles."""
+reference cycles; and that no handler of the operator runs in Kopf's threads."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
+import kopf
 import pytest
 from kopf._cogs.clients import api
+from kopf._core.actions import invocation
 
+from mpijob import keys
+from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.handlers import startup
 from mpijob.platform import kopf_tuning, kube
+from mpijob.settings import OperatorSettings
+from mpijob.shares.service import ShareService
 
 pytestmark = pytest.mark.unit
 
@@ -139,3 +147,40 @@ def test_kopf_retries_an_unanswered_request_every_second_for_an_hour() -> None:
     assert max(waits) <= 1.0
     assert sum(waits) >= 3600
     assert list(settings.networking.error_backoffs) == waits  # read afresh by every request
+
+
+@pytest.mark.parametrize("gang", ["", keys.VOLCANO_SCHEDULER_NAME, "scheduler-plugins-scheduler"])
+@pytest.mark.parametrize("binding", list(GpuBinding))
+def test_every_handler_the_operator_gives_kopf_is_a_coroutine_function(
+    gang: str, binding: GpuBinding
+) -> None:
+    """Kopf runs a plain function in a thread, beside the loop that changes what it reads (the
+    share ledger, the caches): every handler, in every mode, runs on the loop instead."""
+    ours = OperatorSettings(gang_scheduling=gang, fractional_gpus=True)
+    registry = startup.registry_for(ours, binding, ShareService())
+    kinds = (registry._activities, registry._indexing, registry._watching, registry._spawning)
+    kinds += (registry._changing, registry._webhooks)
+    handlers = [handler for kind in kinds for handler in kind.get_all_handlers()]
+    assert len(handlers) > 10
+    plain = [str(h.id) for h in handlers if not invocation.is_async_fn(h.fn)]
+    assert plain == []
+
+
+async def test_kopf_as_the_operator_configures_it_runs_no_handler_in_a_thread() -> None:
+    settings = kopf.OperatorSettings()
+    kopf_tuning.configure(settings, OperatorSettings())
+    loop = threading.get_ident()
+    ran: list[int] = []
+
+    async def coroutine(**_: object) -> str:
+        ran.append(threading.get_ident())
+        return "ran"
+
+    def plain(**_: object) -> str:
+        ran.append(threading.get_ident())
+        return "ran"
+
+    assert await invocation.invoke(coroutine, settings=settings) == "ran"
+    with pytest.raises(TypeError, match=r"never run in a thread: .*plain"):
+        await invocation.invoke(plain, settings=settings)
+    assert ran == [loop]  # the plain one never ran
