@@ -124,10 +124,11 @@ ROWS: Final[list[tuple[str, list[Chart]]]] = [
         [
             Chart(
                 "Job failures by reason",
-                "Failed MPIJobs per second, by the kubelet's reason for the first pod failure "
+                "Failures per second of MPIJobs and of their workers, by the kubelet's reason "
                 "(OOMKilled, Error, Evicted, DeadlineExceeded, ImagePullBackOff, ...), else the "
-                "launcher Job's reason. The job's Failed condition and Warning Event name the "
-                "pod, container and exit code.",
+                "launcher Job's reason: each failure of a worker while its job runs, and each "
+                "failed job by its first pod failure unless counted so already. The WorkerFailed "
+                "and the job's Failed Warning Events name the pod, container and exit code.",
                 [
                     (
                         f"sum by (reason) (rate(mpi_operator_job_failures_total{SEL}[{RATE}]))",

@@ -111,6 +111,11 @@ REASON_WORKERS_GONE: Final = "WorkersGone"
 #: Warning Event, once, when a finished job's workers are left running (its message is the
 #: condition's).
 REASON_WORKERS_LEFT_RUNNING: Final = "WorkersLeftRunning"
+#: Warning Event on the MPIJob: a worker's container ended with a non-zero exit code (or the
+#: kubelet stopped the pod) while the job runs; the message names the pod, the container, the
+#: reason and the exit code, and says whether the kubelet restarts it. Once per failure; the
+#: same text each time, so a crash loop counts up one Event.
+REASON_WORKER_FAILED: Final = "WorkerFailed"
 
 # --- Upstream spec values --------------------------------------------------------------------
 #: Keys of ``spec.mpiReplicaSpecs`` and ``status.replicaStatuses``.

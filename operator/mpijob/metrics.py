@@ -71,9 +71,11 @@ JOB_DURATION: Final = Histogram(
 )
 JOB_FAILURES: Final = Counter(
     "mpi_operator_job_failures",
-    "MPIJobs that failed, by the kubelet's reason for the first pod failure (OOMKilled, Error, "
-    "Evicted, DeadlineExceeded, ImagePullBackOff, ...), else the launcher Job's reason; a "
-    "reason outside the known set counts as Other",
+    "Failures of MPIJobs and of their workers, by the kubelet's reason (OOMKilled, Error, "
+    "Evicted, DeadlineExceeded, ImagePullBackOff, ...), else the launcher Job's: each failure "
+    "of a worker while its job runs (every kill of a restarting container), and each failed "
+    "job by its first pod failure unless that was counted already; a reason outside the known "
+    "set counts as Other",
     ["reason"],
 )
 TIME_TO_WORKERS_READY: Final = Histogram(

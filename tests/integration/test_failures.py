@@ -2,11 +2,13 @@
 
 On the real nodes (real kubelet, containerd, runc, cgroup v1): a worker over its memory limit is
 OOM-killed by the kernel and the job's Failed condition, Warning Event and ``mpijob get`` name
-the pod, container and ``OOMKilled``; a worker evicted through the Eviction API ends the job as
-upstream's launcher Job decides, and ``cleanPodPolicy`` cleans up (Running, All); with
-WaitForWorkersReady, suspend, an operator restart and resume create the launcher only after
-every worker is Ready. On kwok's GPU nodes: a finished job whose workers cleanPodPolicy None
-keeps says so (condition, gauge), and ``--default-clean-pod-policy=Running`` frees them.
+the pod, container and ``OOMKilled``; one OOM-killed while its launcher runs on is named at once
+in a Warning of its own, and its restarts count that Warning up; a worker evicted through the
+Eviction API ends the job as upstream's launcher Job decides, and ``cleanPodPolicy`` cleans up
+(Running, All); with WaitForWorkersReady, suspend, an operator restart and resume create the
+launcher only after every worker is Ready. On kwok's GPU nodes: a finished job whose workers
+cleanPodPolicy None keeps says so (condition, gauge), and ``--default-clean-pod-policy=Running``
+frees them.
 """
 
 from __future__ import annotations
@@ -155,7 +157,81 @@ def test_an_oom_killed_worker_is_named_in_the_condition_the_event_and_mpijob_get
     shown = mpijob_get(crds, namespace, "oom")
     assert named.search(shown), shown
     assert re.search(r"oom-worker-[01] OOMKilled", shown), shown
-    assert operator.metric('mpi_operator_job_failures_total{reason="OOMKilled"}') == 1
+    # Each kill counts once: as a worker's failure when a sync saw it while the launcher still
+    # ran (a WorkerFailed Warning says so), else as the job's first failure.
+    said = [e for e in mpijobs.events("oom") if e["reason"] == keys.REASON_WORKER_FAILED]
+    first = re.search(r"first failure: worker pod (oom-worker-[01]) ", failed["message"])
+    assert first is not None, failed
+    counted = sum(e["count"] or 1 for e in said)
+    if not any(e["message"].startswith(f"worker pod {first[1]} ") for e in said):
+        counted += 1
+    assert operator.metric('mpi_operator_job_failures_total{reason="OOMKilled"}') == counted
+
+
+def oom_while_running_job() -> dict[str, Any]:
+    """pi on the real node, its one worker reading /dev/zero into memory past a 64 MiB limit as
+    soon as it starts and restarted each time (restartPolicy OnFailure), its launcher only
+    sleeping: nothing ends the job, as an MPI that hangs on a lost rank would not."""
+    body = pi_job("oom-running")
+    replicas = body["spec"]["mpiReplicaSpecs"]
+    replicas["Worker"]["replicas"] = 1
+    replicas["Worker"]["restartPolicy"] = "OnFailure"
+    launcher = containers(body, "Launcher")[0]
+    launcher["command"], launcher["args"] = ["sleep"], ["600"]
+    worker = containers(body, "Worker")[0]
+    worker["command"], worker["args"] = ["sh", "-c"], ["exec tail /dev/zero"]
+    body = on_real_node(body)
+    containers(body, "Worker")[0]["resources"]["limits"]["memory"] = "64Mi"
+    return body
+
+
+def oom_killed(cluster: Cluster, namespace: str, job: str) -> bool:
+    """Whether a worker of the job shows an OOM kill (its container's run now, or the last)."""
+    return any(
+        s is not None and s.terminated is not None and s.terminated.reason == "OOMKilled"
+        for p in worker_pods(cluster, namespace, job)
+        for c in p.status.container_statuses or []
+        for s in (c.state, c.last_state)
+    )
+
+
+@pytest.mark.realnode
+def test_a_worker_oom_killed_while_its_launcher_runs_is_named_in_a_warning_within_30_s(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """The kernel kills the worker, the launcher runs on: a Warning on the MPIJob names the pod,
+    the container, ``OOMKilled`` and the exit code within 30 s of the kill, while nothing else
+    says anything (the job stays Created, as before); each restart and kill again counts the
+    same Warning up, and the failures metric counts every kill once."""
+    ready_real_node(crds)
+    crds.apply(oom_while_running_job(), namespace=namespace)
+    wait_until(
+        lambda: oom_killed(crds, namespace, "oom-running"),
+        timeout=TIMEOUT,
+        interval=0.5,
+        what="the worker OOM-killed",
+    )
+    warning = mpijobs.wait_event("oom-running", keys.REASON_WORKER_FAILED, timeout=30)
+    assert warning["type"] == "Warning"
+    assert warning["message"] == (
+        "worker pod oom-running-worker-0 container mpi-worker OOMKilled (exit code 137) while "
+        "the job runs; the kubelet restarts the container (restartPolicy OnFailure)"
+    ), warning
+    launchers = pods(crds, namespace, "oom-running", keys.ROLE_LAUNCHER)
+    assert any(p.status.phase == "Running" for p in launchers), pod_states(crds, namespace)
+    status = mpijobs.get("oom-running").get("status") or {}
+    assert not status.get("completionTime"), status
+
+    # Killed again after its restart (CrashLoopBackOff waits 10 s): the same Event, counted up.
+    def counted_twice() -> list[dict[str, Any]] | None:
+        said = [
+            e for e in mpijobs.events("oom-running") if e["reason"] == keys.REASON_WORKER_FAILED
+        ]
+        return said if sum(e["count"] or 1 for e in said) >= 2 else None
+
+    said = wait_until(counted_twice, timeout=90, what="the second kill counted up")
+    assert len(said) == 1, said
+    assert operator.metric('mpi_operator_job_failures_total{reason="OOMKilled"}') >= 2
 
 
 @pytest.mark.realnode

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mpijob import keys
 from mpijob.api import JSON, MPIJob
@@ -56,10 +56,31 @@ def role_of(pod: Mapping[str, Any]) -> str:
     return str(((pod.get("metadata") or {}).get("labels") or {}).get(keys.LABEL_JOB_ROLE, ""))
 
 
-def workers_of(job: MPIJob, pods: Sequence[JSON]) -> list[JSON]:
+#: A pod as the caches give it, or as read (a mapping).
+PodT = TypeVar("PodT", bound=Mapping[str, Any])
+
+
+def workers_of(job: MPIJob, pods: Sequence[PodT]) -> list[PodT]:
     """The job's worker pods among ``pods``: the role label, and controlled by the job."""
     uid = job.metadata.uid
     return [p for p in pods if role_of(p) == keys.ROLE_WORKER and names.is_controlled_by(p, uid)]
+
+
+def desired_workers(job: MPIJob, workers: Sequence[PodT]) -> list[PodT]:
+    """The ones of the job's worker pods (:func:`workers_of`) that the job wants: those named
+    for an index below ``replicas`` (a worker left from a larger size is only deleted)."""
+    wanted = set(names.worker_names(job))
+    return [p for p in workers if name_of(p) in wanted]
+
+
+def evicted(pod: Mapping[str, Any]) -> bool:
+    """Whether the kubelet evicted the pod (node pressure): Failed, with reason ``Evicted``."""
+    return phase_of(pod) == "Failed" and (pod.get("status") or {}).get("reason") == EVICTED
+
+
+def holds_on(pod: Mapping[str, Any]) -> bool:
+    """Running or Pending, and not being deleted: a worker that still holds what it asked for."""
+    return phase_of(pod) in ("Running", "Pending") and not _deleted(pod)
 
 
 def launcher_pods_of(pods: Sequence[JSON]) -> list[JSON]:
@@ -118,11 +139,14 @@ STUCK_WAITING_REASONS = frozenset(
     }
 )
 
+#: The reason the kubelet gives a pod it evicted for node pressure.
+EVICTED = "Evicted"
+
 #: Pod-level reasons the kubelet sets on a pod it stopped or refused: evicted for node pressure,
 #: past ``activeDeadlineSeconds``, ended by a node shutdown, refused at admission.
 POD_FAILURE_REASONS = frozenset(
     {
-        "Evicted",
+        EVICTED,
         "DeadlineExceeded",
         "Terminated",
         "Shutdown",
@@ -133,6 +157,11 @@ POD_FAILURE_REASONS = frozenset(
         "OutOfcpu",
     }
 )
+
+
+#: Whose failure a :class:`PodFailure` is: the pod's uid and the container's name (empty for a
+#: pod-level reason); its ``at`` says which of that container's failures.
+FailureKey = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -151,6 +180,14 @@ class PodFailure:
     """The kubelet's message (an eviction's says which resource ran low)."""
     at: str = ""
     """When it happened (RFC 3339, as the API writes it; empty when unknown): orders failures."""
+    uid: str = ""
+    """The pod's uid."""
+
+    @property
+    def key(self) -> FailureKey:
+        """Whose failure this is: one container of one pod (the pod's uid: a pod made again
+        under the same name is another)."""
+        return (self.uid, self.container)
 
     def describe(self) -> str:
         """``worker pod p container c OOMKilled (exit code 137)``, with the message if any."""
@@ -169,69 +206,107 @@ def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
     """Why ``pod`` failed or cannot start, from its status as the kubelet wrote it; None when
     nothing says so.
 
-    In order: a pod-level reason of the kubelet (``Evicted``, ``DeadlineExceeded``, with its
-    message); a container that terminated with a non-zero exit code (``OOMKilled``, ``Error``,
-    ...; the last run's when the container restarted since); a container stuck waiting
-    (:data:`STUCK_WAITING_REASONS`: image pulls, bad configuration, crash loops). A pod
-    stopped by a disruption (the Eviction API, preemption) names the disruption's reason
-    in its message. Containers are read in the pod's order, init containers first.
+    The first of :func:`failures_of` (a pod-level reason of the kubelet, else a container that
+    terminated with a non-zero exit code); else a container stuck waiting
+    (:data:`STUCK_WAITING_REASONS`: image pulls, bad configuration, crash loops).
+    """
+    found = failures_of(pod)
+    if found:
+        return found[0]
+    status = pod.get("status") or {}
+    if _deleted(pod) and _disruption(status) is None:
+        return None
+    for container in _container_statuses(status):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING_REASONS:
+            return PodFailure(
+                name_of(pod),
+                role_of(pod),
+                str(waiting["reason"]),
+                container=str(container.get("name") or ""),
+                message=str(waiting.get("message") or "")[:200],
+                at=str(status.get("startTime") or ""),
+                uid=_uid(pod),
+            )
+    return None
+
+
+def failures_of(pod: Mapping[str, Any]) -> list[PodFailure]:
+    """Every failure ``pod``'s status shows, in order: a pod-level reason of the kubelet
+    (``Evicted``, ``DeadlineExceeded``, with its message) alone; else each container run that
+    ended with a non-zero exit code (``OOMKilled``, ``Error``, ...): a container's current run
+    and, once it restarted, its last one (``lastState``). A pod stopped by a disruption (the
+    Eviction API, preemption) names the disruption's reason in its message; one deleted by
+    anyone else (a cleanup, the Job controller) shows none. Containers are read in the pod's
+    order, init containers first.
     """
     status = pod.get("status") or {}
-    name, role = name_of(pod), role_of(pod)
-    conditions = status.get("conditions") or []
-    disruption = next(
-        (
-            c
-            for c in conditions
-            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-        ),
-        None,
-    )
-    if (pod.get("metadata") or {}).get("deletionTimestamp") and disruption is None:
-        return None  # stopped because someone deleted it (a cleanup, the Job controller)
+    name, role, uid = name_of(pod), role_of(pod), _uid(pod)
+    disruption = _disruption(status)
+    if _deleted(pod) and disruption is None:
+        return []  # stopped because someone deleted it (a cleanup, the Job controller)
     extra = ""
     if disruption is not None:
         extra = f"{disruption.get('reason') or 'DisruptionTarget'}"
         if disruption.get("message"):
             extra += f" ({disruption['message']})"
     if status.get("reason") in POD_FAILURE_REASONS:
-        return PodFailure(
-            name,
-            role,
-            str(status["reason"]),
-            message=str(status.get("message") or extra),
-            at=_finished_at(status) or str(status.get("startTime") or ""),
-        )
-    statuses = [
-        *(status.get("initContainerStatuses") or []),
-        *(status.get("containerStatuses") or []),
-    ]
-    for container in statuses:
+        return [
+            PodFailure(
+                name,
+                role,
+                str(status["reason"]),
+                message=str(status.get("message") or extra),
+                at=_finished_at(status) or str(status.get("startTime") or ""),
+                uid=uid,
+            )
+        ]
+    found = []
+    for container in _container_statuses(status):
         for state in ((container.get("state") or {}), (container.get("lastState") or {})):
             terminated = state.get("terminated") or {}
             code = terminated.get("exitCode")
             if terminated and code not in (None, 0):
-                return PodFailure(
-                    name,
-                    role,
-                    str(terminated.get("reason") or "Error"),
-                    container=str(container.get("name") or ""),
-                    exit_code=int(code),
-                    message=extra or str(terminated.get("message") or "").strip()[:200],
-                    at=str(terminated.get("finishedAt") or ""),
+                found.append(
+                    PodFailure(
+                        name,
+                        role,
+                        str(terminated.get("reason") or "Error"),
+                        container=str(container.get("name") or ""),
+                        exit_code=int(code),
+                        message=extra or str(terminated.get("message") or "").strip()[:200],
+                        at=str(terminated.get("finishedAt") or ""),
+                        uid=uid,
+                    )
                 )
-    for container in statuses:
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK_WAITING_REASONS:
-            return PodFailure(
-                name,
-                role,
-                str(waiting["reason"]),
-                container=str(container.get("name") or ""),
-                message=str(waiting.get("message") or "")[:200],
-                at=str(status.get("startTime") or ""),
-            )
-    return None
+    return found
+
+
+def _disruption(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's ``DisruptionTarget=True`` condition: the Eviction API or a preemption stops it."""
+    return next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        None,
+    )
+
+
+def _deleted(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def _container_statuses(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
 
 
 def _finished_at(status: Mapping[str, Any]) -> str:

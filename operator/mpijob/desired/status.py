@@ -2,10 +2,13 @@
 
 :func:`next_status` is the one place a job's status is composed. It takes the job, its children
 as the sync leaves them (the plan's :attr:`~mpijob.desired.sync.Plan.projected` observation) and
-the admission outcome, and returns the new status with the Events to post and the counters to
-increment; the handler only writes it, when :attr:`StatusResult.changed`. :func:`mark_invalid`
-is its counterpart for a job that fails validation (no model of the spec exists then, only of
-the status). Everything here is pure: ``now`` is passed in.
+the admission outcome, and returns the new status with the Events to post, the steps of the
+job's life it saw the children take and the workers it saw fail while the job runs; the handler
+only writes it, when :attr:`StatusResult.changed`. The steps and worker failures
+(:mod:`mpijob.desired.life`) are counted and announced once per job, whatever the status says:
+a status the tenant rewrote is rewritten from the children, but counts nothing again.
+:func:`mark_invalid` is its counterpart for a job that fails validation (no model of the spec
+exists then, only of the status). Everything here is pure: ``now`` is passed in.
 """
 
 from __future__ import annotations
@@ -13,21 +16,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from mpijob import keys
 from mpijob.api import JobCondition, MPIJob, MPIJobStatus, ReplicaStatus
 from mpijob.api.errors import truncate_message
 from mpijob.api.models import parse_time, utc_seconds
-from mpijob.desired import events, names, observed
+from mpijob.desired import events, names, observed, template
 from mpijob.desired.conditions import set_condition
 from mpijob.desired.events import Event
-from mpijob.desired.observed import Observed
+from mpijob.desired.life import Step, Transition, WorkerFailure
+from mpijob.desired.observed import EVICTED, Observed, PodFailure
 from mpijob.pods.predicates import template_gpus
 
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
-EVICTED = "Evicted"
 UPSTREAM_CONDITIONS = frozenset(
     {
         keys.COND_CREATED,
@@ -40,17 +42,6 @@ UPSTREAM_CONDITIONS = frozenset(
 )
 
 
-class Counter(StrEnum):
-    """The upstream counters a status computation can ask to increment."""
-
-    CREATED = "created"
-    """``mpi_operator_jobs_created_total``."""
-    SUCCESSFUL = "successful"
-    """``mpi_operator_jobs_successful_total``."""
-    FAILED = "failed"
-    """``mpi_operator_jobs_failed_total``."""
-
-
 @dataclass
 class StatusResult:
     """The outcome of one status computation."""
@@ -60,17 +51,37 @@ class StatusResult:
     changed: bool
     """Whether it differs from the job's current status (write it only then)."""
     events: list[Event] = field(default_factory=list)
-    """Events to post on the MPIJob, in order."""
-    counters: list[Counter] = field(default_factory=list)
-    """Counters to increment, one entry per increment."""
+    """Events to post on the MPIJob whenever computed, in order (upstream's ``MPIJobRunning``
+    on every running sync, suspension, admission, workers left running)."""
+    steps: list[Step] = field(default_factory=list)
+    """Steps of the job's life this computation saw (created, first running, succeeded,
+    failed), with their Events: counted and posted once per job (:mod:`mpijob.desired.life`)."""
+    worker_failures: list[WorkerFailure] = field(default_factory=list)
+    """Every failure its wanted workers' pods show while the job runs, each with its Warning
+    (posted once per failure); none when the workers are not read (the job is done, suspended,
+    ends in this computation, or its status says it finished)."""
     launcher_seen: bool = False
     """The launcher Job exists: set ``mpi_operator_job_info{launcher,namespace}`` to 1."""
-    failure_reason: str | None = None
-    """The job failed in this sync: the kubelet's reason for its first pod failure (or the
-    launcher Job's reason when no pod says), for ``mpi_operator_job_failures_total{reason}``."""
     gpus_held: int = 0
     """GPUs that the Running or Pending workers of a finished job hold (cleanPodPolicy None
     left them): ``mpi_operator_finished_jobs_gpus_held``."""
+
+    @property
+    def transitions(self) -> list[Transition]:
+        """The transitions of :attr:`steps`, in order."""
+        return [step.transition for step in self.steps]
+
+    @property
+    def failure_reason(self) -> str | None:
+        """The reason of the job's failure in this computation, if it failed: the kubelet's for
+        its first pod failure, else the launcher Job's (``mpi_operator_job_failures_total``)."""
+        return next((s.reason for s in self.steps if s.transition is Transition.FAILED), None)
+
+    def every_event(self) -> list[Event]:
+        """Every Event of this computation as if nothing had been announced before: its
+        steps', its worker failures', then the rest."""
+        failures = [f.event for f in self.worker_failures]
+        return [*(s.event for s in self.steps if s.event is not None), *failures, *self.events]
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ def next_status(
     *,
     admission: AdmissionOutcome | None = None,
 ) -> StatusResult:
-    """The job's status after this sync, with its Events and counters.
+    """The job's status after this sync, with its Events, steps and worker failures.
 
     Upstream's order: ``Created`` first; a job already finished with a completion time is only
     cleaned up (worker counts reset when cleanPodPolicy deletes its workers); otherwise the
@@ -121,8 +132,11 @@ def next_status(
     job = job.model_copy(update={"status": created.status})
     if finished_with_completion(job.status):
         if cleans_up_at_finish(job):
-            # Upstream writes this status unconditionally after the cleanup.
-            result = StatusResult(finished_cleanup_status(job), changed=True)
+            # Upstream writes this status after every cleanup, changed or not; it is written
+            # only when it changed here: a sync of a finished job (each event of its pods going,
+            # a rewrite of its status) costs no write of the same status.
+            cleaned = finished_cleanup_status(job)
+            result = StatusResult(cleaned, changed=cleaned.to_body() != job.status.to_body())
         else:
             result = created
             _left_running(job, result, observed.workers_of(job, seen.pods), now)
@@ -136,17 +150,24 @@ def next_status(
         )
         result.changed = result.changed or created.changed
         result.events[:0] = created.events
-        result.counters[:0] = created.counters
+        result.steps[:0] = created.steps
+        if finished_with_completion(result.status) and not cleans_up_at_finish(job):
+            # What the end leaves running goes in the end's own write, not a second one.
+            _left_running(job, result, observed.workers_of(job, seen.pods), now)
     if admission is not None:
-        if _apply_admission(result.status, admission, now):
-            result.changed = True
-            if admission.event is not None:
-                result.events.append(admission.event)
-        if admission.failed and result.status.completion_time is None:
-            result.status.completion_time = utc_seconds(now)
-            result.counters.append(Counter.FAILED)
-            result.failure_reason = keys.REASON_GANG_SCHEDULE_TIMEOUT
-            result.changed = True
+        applied = _apply_admission(result.status, admission, now)
+        result.changed = result.changed or applied
+        event = admission.event if applied else None
+        if admission.failed:
+            if result.status.completion_time is None:
+                result.status.completion_time = utc_seconds(now)
+                result.changed = True
+            result.steps.append(
+                Step(Transition.FAILED, event, now, reason=keys.REASON_GANG_SCHEDULE_TIMEOUT)
+            )
+            result.worker_failures = []  # it ends here: the Failed Warning says why
+        elif event is not None:
+            result.events.append(event)
     result.changed = result.changed or was_invalid
     return result
 
@@ -208,7 +229,9 @@ def clear_invalid(status: MPIJobStatus) -> bool:
 
 
 def mark_created(job: MPIJob, now: datetime) -> StatusResult:
-    """Upstream's step 5: a job with no conditions gets ``Created=True``, an Event and a count.
+    """Upstream's step 5: a job with no conditions gets ``Created=True``, and the step that
+    counts it and posts its Event (once per job: the status may have been cleared by its
+    tenant).
 
     Conditions of our own (``Invalid``, ``GangAdmitted``) do not count as conditions here.
     """
@@ -217,12 +240,12 @@ def mark_created(job: MPIJob, now: datetime) -> StatusResult:
         return StatusResult(status, changed=False)
     message = f"MPIJob {job.key} is created."
     set_condition(status, keys.COND_CREATED, "True", keys.REASON_CREATED, message, now)
-    return StatusResult(
-        status,
-        changed=True,
-        events=[events.normal(keys.REASON_CREATED, message)],
-        counters=[Counter.CREATED],
+    step = Step(
+        Transition.CREATED,
+        events.normal(keys.REASON_CREATED, message),
+        job.metadata.creation_timestamp or now,
     )
+    return StatusResult(status, changed=True, steps=[step])
 
 
 def finished_with_completion(status: MPIJobStatus) -> bool:
@@ -361,6 +384,8 @@ def compute_status(
     # Upstream lists no workers once the launcher is done or while suspended.
     listed = not suspended and not launcher_done(launcher_job)
     all_running = _workers(job, status, result, worker_pods if listed else None, failures, now)
+    if listed and not any(step.transition is Transition.FAILED for step in result.steps):
+        result.worker_failures = worker_failures(job, worker_pods)
 
     if suspended:
         message = f"MPIJob {job.key} is suspended."
@@ -383,6 +408,7 @@ def compute_status(
         set_condition(status, keys.COND_RUNNING, "True", keys.REASON_RUNNING, message, now)
         # Upstream posts this on every such sync, not only on the transition.
         result.events.append(events.normal(keys.REASON_RUNNING, f"MPIJob {job.key} is running"))
+        result.steps.append(Step(Transition.RUNNING, at=now))
 
     result.changed = status.to_body() != job.status.to_body()
     return result
@@ -419,11 +445,12 @@ def _launcher(
     if observed.job_condition(launcher_job, "Complete") is not None:
         launcher.succeeded = 1
         message = f"MPIJob {job.key} successfully completed."
-        result.events.append(events.normal(keys.REASON_SUCCEEDED, message))
+        completed = parse_time(job_status.get("completionTime"))
         if status.completion_time is None:
-            status.completion_time = parse_time(job_status.get("completionTime"))
+            status.completion_time = completed
         set_condition(status, keys.COND_SUCCEEDED, "True", keys.REASON_SUCCEEDED, message, now)
-        result.counters.append(Counter.SUCCESSFUL)
+        event = events.normal(keys.REASON_SUCCEEDED, message)
+        result.steps.append(Step(Transition.SUCCEEDED, event, completed or now))
     elif failed is not None:
         reason = failed.get("reason") or keys.REASON_FAILED
         message = failed.get("message") or f"MPIJob {job.key} has failed"
@@ -434,12 +461,17 @@ def _launcher(
                 reason += "/" + (pod_status.get("reason") or "")
                 message = truncate_message(f"{message}: {pod_status.get('message') or ''}")
         message = with_failures(message, failures)
-        result.events.append(events.warning(reason, message))
         if status.completion_time is None:
             status.completion_time = now
         set_condition(status, keys.COND_FAILED, "True", reason, message, now)
-        result.counters.append(Counter.FAILED)
-        result.failure_reason = failures[0].reason if failures else failed.get("reason")
+        result.steps.append(
+            _failed(
+                events.warning(reason, message),
+                parse_time(failed.get("lastTransitionTime")) or now,
+                failures,
+                failed.get("reason"),
+            )
+        )
     else:
         launcher.active = running
 
@@ -457,30 +489,59 @@ def _workers(
     An evicted worker fails the job, as upstream; unlike upstream (mpi-operator#647) the job
     is then finished (``completionTime``), so ``cleanPodPolicy`` cleans up after it and it is
     counted as failed."""
-    wanted = set(names.worker_names(job)) if worker_pods is not None else set()
-    pods = [pod for pod in worker_pods or () if observed.name_of(pod) in wanted]
+    wanted = len(names.worker_names(job)) if worker_pods is not None else 0
+    pods = observed.desired_workers(job, worker_pods or [])
     counts = ReplicaStatus()
-    evicted = 0
     for pod in pods:
         phase = observed.phase_of(pod)
         if phase == "Failed":
             counts.failed += 1
-            if (pod.get("status") or {}).get("reason") == EVICTED:
-                evicted += 1
         elif phase == "Succeeded":
             counts.succeeded += 1
         elif phase == "Running":
             counts.active += 1
     status.replica_statuses[keys.REPLICA_WORKER] = counts
+    evicted = sum(1 for pod in pods if observed.evicted(pod))
     if evicted:
-        message = with_failures(f"{evicted}/{len(wanted)} workers are evicted", failures)
+        message = with_failures(f"{evicted}/{wanted} workers are evicted", failures)
         set_condition(status, keys.COND_FAILED, "True", keys.REASON_EVICTED, message, now)
-        result.events.append(events.warning(keys.REASON_EVICTED, message))
         if status.completion_time is None:
             status.completion_time = now
-            result.counters.append(Counter.FAILED)
-            result.failure_reason = failures[0].reason if failures else EVICTED
-    return counts.active == len(wanted)
+        result.steps.append(
+            _failed(events.warning(keys.REASON_EVICTED, message), now, failures, EVICTED)
+        )
+    return counts.active == wanted
+
+
+def _failed(
+    event: Event, at: datetime, failures: Sequence[PodFailure], otherwise: str | None
+) -> Step:
+    """The job's failure: its Warning, and for ``mpi_operator_job_failures_total`` its first
+    pod failure's reason (``otherwise`` when no pod says why)."""
+    first = failures[0] if failures else None
+    return Step(
+        Transition.FAILED, event, at, reason=first.reason if first else otherwise, failure=first
+    )
+
+
+def worker_failures(job: MPIJob, worker_pods: Sequence[Mapping[str, Any]]) -> list[WorkerFailure]:
+    """Every failure the job's wanted workers show (:func:`mpijob.desired.observed.failures_of`:
+    a container run that ended with a non-zero exit code, the current one's or the last one's,
+    or a pod the kubelet stopped), each with the Warning that names it while the job runs.
+
+    The Warning's text is the same each time the same container of the same worker fails the
+    same way (no count, no time in it), so the recorder counts a crash loop up on one Event."""
+    policy = template.restart_policy(job.spec.worker)
+    out = []
+    for pod in observed.desired_workers(job, worker_pods):
+        for failure in observed.failures_of(pod):
+            if failure.container and policy != keys.RESTART_NEVER:
+                then = f"the kubelet restarts the container (restartPolicy {policy})"
+            else:
+                then = "the pod is not restarted"
+            message = truncate_message(f"{failure.describe()} while the job runs; {then}")
+            out.append(WorkerFailure(failure, events.warning(keys.REASON_WORKER_FAILED, message)))
+    return out
 
 
 #: Reasons ``mpi_operator_job_failures_total`` names as they are; any other is ``Other``, so a
@@ -523,13 +584,9 @@ def _left_running(
     job: MPIJob, result: StatusResult, workers: Sequence[Mapping[str, Any]], now: datetime
 ) -> None:
     """A finished job whose cleanPodPolicy (None) keeps its workers: say so while any of them
-    is Running or Pending, with the GPUs they hold (a condition, one Warning, the gauge)."""
-    held = [
-        pod
-        for pod in workers
-        if observed.phase_of(pod) in ("Running", "Pending")
-        and not (pod.get("metadata") or {}).get("deletionTimestamp")
-    ]
+    is Running or Pending, with the GPUs they hold (a condition, the gauge, and a Warning once
+    per job: the step :attr:`~mpijob.desired.life.Transition.WORKERS_LEFT_RUNNING`)."""
+    held = [pod for pod in workers if observed.holds_on(pod)]
     # The GPUs one worker asks for, from the job's template: the watch keeps no container specs.
     per_worker = template_gpus(job.spec.worker.template) if job.spec.worker is not None else 0
     result.gpus_held = per_worker * len(held)
@@ -551,7 +608,12 @@ def _left_running(
             now,
         ):
             result.changed = True
-            result.events.append(events.warning(keys.REASON_WORKERS_LEFT_RUNNING, message))
+        condition = status.condition(keys.COND_WORKERS_LEFT_RUNNING)
+        said, since = message, now
+        if condition is not None:
+            said, since = condition.message, condition.last_transition_time or now
+        event = events.warning(keys.REASON_WORKERS_LEFT_RUNNING, said)
+        result.steps.append(Step(Transition.WORKERS_LEFT_RUNNING, event, since))
     elif status.is_true(keys.COND_WORKERS_LEFT_RUNNING):
         message = f"No worker pod of MPIJob {job.key} is left running."
         set_condition(

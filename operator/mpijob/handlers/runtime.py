@@ -3,6 +3,7 @@
 - :class:`~mpijob.handlers.cache.Cache`: the indices, expectations and our last status write;
 - :class:`~mpijob.platform.workers.Workers`: the work queue, its workers and the leader gate;
 - :class:`JobMetrics`: the little state the job-level gauges and histograms need;
+- :class:`~mpijob.desired.life.Lives`: what was counted and announced of each job's life;
 - the API adapter, the Event recorder, the deferred patches and the admission loop.
 
 Built by the composition root (:mod:`mpijob.handlers.startup`) and kept in Kopf's memo
@@ -19,6 +20,7 @@ import kopf
 from mpijob import keys, metrics
 from mpijob.api import JobKey
 from mpijob.desired.gpu_binding import GpuBinding
+from mpijob.desired.life import Lives
 from mpijob.gang.service import Admission
 from mpijob.handlers.cache import Cache
 from mpijob.placement.fabric import Fabric
@@ -77,6 +79,8 @@ class Runtime:
     workers: Workers
     cache: Cache = field(default_factory=Cache)
     job_metrics: JobMetrics = field(default_factory=JobMetrics)
+    lives: Lives = field(default_factory=Lives)
+    """What was counted and announced of each live job's life (:mod:`mpijob.desired.life`)."""
     admission: Admission | None = None
     gpu_binding: GpuBinding = GpuBinding.ANNOTATIONS
     """How placed workers get their GPUs, chosen once at startup (``--gpu-binding``)."""
@@ -87,6 +91,7 @@ class Runtime:
         """Drop every memory of a deleted job, so a long-lived process holds what exists."""
         self.cache.forget(key)
         self.job_metrics.forget(key)
+        self.lives.forget(key)
         self.recorder.forget(key)
         self.deferred.forget(key)
         if self.admission is not None:

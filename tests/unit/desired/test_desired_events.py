@@ -24,11 +24,11 @@ def test_each_transition_s_event_is_implied_by_the_status_it_wrote() -> None:
     launcher = {"metadata": {"name": "test-launcher", "uid": "l"}, "status": {}}
     running = [pod("test-launcher-x", "Running", owner_uid="l")]
     result = rules.next_status(job, rules.Observed(), T0)
-    posted = list(result.events)
+    posted = result.every_event()
     job.status = result.status
     seen = rules.Observed(launcher_job=launcher, pods=[*running, pod("test-worker-0", "Running")])
     result = rules.next_status(job, seen, T0 + timedelta(seconds=5))
-    posted += result.events
+    posted += result.every_event()
     job.status = result.status
     implied_running = {i.event for i in events.implied_by(job)}
     assert set(posted) <= implied_running
@@ -40,7 +40,7 @@ def test_each_transition_s_event_is_implied_by_the_status_it_wrote() -> None:
         },
     }
     result = rules.next_status(job, rules.Observed(launcher_job=done), T0 + timedelta(minutes=1))
-    posted += result.events
+    posted += result.every_event()
     job.status = result.status
     implied = events.implied_by(job)
     assert [i.event.reason for i in implied] == ["MPIJobCreated", "MPIJobSucceeded"]

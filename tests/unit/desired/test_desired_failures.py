@@ -11,7 +11,7 @@ import pytest
 from mpijob import api, keys
 from mpijob.desired import binding, observed, sync
 from mpijob.desired import status as rules
-from mpijob.desired.status import Counter
+from mpijob.desired.life import Transition
 from support.desired_jobs import make_job, pod
 from support.jobs import body, parsed
 
@@ -226,8 +226,8 @@ def test_a_failed_launcher_names_the_first_pod_failure_and_counts_the_others() -
     failed = result.status.condition(keys.COND_FAILED)
     assert failed is not None
     assert (failed.reason, failed.message) == ("BackoffLimitExceeded/", message)
-    assert [(e.type, e.message) for e in result.events] == [("Warning", message)]
-    assert result.counters == [Counter.FAILED]
+    assert [(e.type, e.message) for e in result.every_event()] == [("Warning", message)]
+    assert result.transitions == [Transition.FAILED]
     assert result.failure_reason == "OOMKilled"
     assert rules.failure_label(result.failure_reason) == "OOMKilled"
 
@@ -296,7 +296,7 @@ def test_a_finished_job_says_its_workers_hold_gpus_until_they_are_gone() -> None
         "(test-worker-0, test-worker-1), holding 16 GPU(s); delete them, or set "
         "spec.runPolicy.cleanPodPolicy: Running"
     )
-    assert [(e.type, e.reason) for e in result.events] == [
+    assert [(e.type, e.reason) for e in result.every_event()] == [
         ("Warning", keys.REASON_WORKERS_LEFT_RUNNING)
     ]
     assert sync.plan(job, sync.Observed(pods=pods), NOW).actions == [], "upstream's None"
@@ -304,6 +304,8 @@ def test_a_finished_job_says_its_workers_hold_gpus_until_they_are_gone() -> None
     job.status = result.status
     again = rules.next_status(job, sync.Observed(pods=pods), NOW)
     assert (again.changed, again.events, again.gpus_held) == (False, [], 16)
+    # The same step, which the job's record of its life announces once (test_desired_life).
+    assert again.every_event() == result.every_event()
 
     gone = rules.next_status(job, sync.Observed(pods=[]), NOW)
     cond = gone.status.condition(keys.COND_WORKERS_LEFT_RUNNING)
@@ -473,4 +475,4 @@ def test_the_workers_left_running_warning_is_implied_by_the_status_it_wrote() ->
     )
     job.status = result.status
     implied = {i.event for i in events.implied_by(job)}
-    assert set(result.events) <= implied
+    assert set(result.every_event()) <= implied

@@ -11,7 +11,7 @@ import pytest
 from mpijob import api
 from mpijob.desired import status as rules
 from mpijob.desired.conditions import set_condition
-from mpijob.desired.status import Counter
+from mpijob.desired.life import Transition
 from support.desired_jobs import make_job, pod
 
 pytestmark = pytest.mark.unit
@@ -61,10 +61,10 @@ def test_all_resources_created_status() -> None:
     job = _job(workers=5)
     created = rules.mark_created(job, T0)
     assert created.changed
-    assert [(e.type, e.reason, e.message) for e in created.events] == [
+    assert [(e.type, e.reason, e.message) for e in created.every_event()] == [
         ("Normal", "MPIJobCreated", "MPIJob default/test is created.")
     ]
-    assert created.counters == [Counter.CREATED]
+    assert created.transitions == [Transition.CREATED]
     job.status = created.status
     result = rules.compute_status(
         job, launcher_job=_launcher(), launcher_pods=[], worker_pods=_workers(5, "Pending"), now=NOW
@@ -104,8 +104,8 @@ def test_launcher_succeeded_status() -> None:
     assert running.last_transition_time == running.last_update_time == completed
     assert result.status.completion_time == completed
     assert _replicas(result.status) == {"Launcher": {"succeeded": 1}, "Worker": {}}
-    assert [(e.type, e.reason) for e in result.events] == [("Normal", "MPIJobSucceeded")]
-    assert result.counters == [Counter.SUCCESSFUL]
+    assert [(e.type, e.reason) for e in result.every_event()] == [("Normal", "MPIJobSucceeded")]
+    assert result.transitions == [Transition.SUCCEEDED]
     assert rules.finished_with_completion(result.status)
 
 
@@ -137,7 +137,7 @@ def test_launcher_succeeded_with_running_pod_status() -> None:
     assert running.last_transition_time == running.last_update_time == T0
     assert running.last_transition_time <= completion
     assert _replicas(result.status)["Launcher"] == {"succeeded": 1}
-    assert [e.reason for e in result.events] == ["MPIJobSucceeded"]
+    assert [e.reason for e in result.every_event()] == ["MPIJobSucceeded"]
 
 
 def test_launcher_failed_status() -> None:
@@ -186,8 +186,9 @@ def test_launcher_failed_status() -> None:
     ]
     assert result.status.completion_time == NOW
     assert _replicas(result.status) == {"Launcher": {"failed": 2}, "Worker": {}}
-    assert [(e.type, e.reason, e.message) for e in result.events] == [("Warning", reason, message)]
-    assert result.counters == [Counter.FAILED]
+    events = result.every_event()
+    assert [(e.type, e.reason, e.message) for e in events] == [("Warning", reason, message)]
+    assert result.transitions == [Transition.FAILED]
 
 
 def test_launcher_failed_without_reason_uses_upstream_defaults() -> None:
@@ -213,7 +214,7 @@ def test_mpi_job_failure_failed_launcher_pod_alone_does_not_fail_the_job() -> No
     )
     assert not result.status.finished
     assert _replicas(result.status)["Launcher"] == {"failed": 1}
-    assert result.counters == []
+    assert result.transitions == []
 
 
 def test_launcher_active_worker_not_ready_status() -> None:
@@ -291,7 +292,7 @@ def test_create_suspended_mpi_job_status() -> None:
     ]
     assert _replicas(result.status) == {"Launcher": {}, "Worker": {}}
     assert result.status.start_time is None
-    assert [e.reason for e in created.events + result.events] == [
+    assert [e.reason for e in created.every_event() + result.every_event()] == [
         "MPIJobCreated",
         "MPIJobSuspended",
     ]
@@ -407,10 +408,10 @@ def test_evicted_worker_fails_the_job_and_finishes_it() -> None:
     assert result.status.completion_time == NOW
     assert rules.finished_with_completion(result.status)
     assert _replicas(result.status)["Worker"] == {"active": 1, "failed": 1}
-    assert [(e.type, e.reason, e.message) for e in result.events] == [
+    assert [(e.type, e.reason, e.message) for e in result.every_event()] == [
         ("Warning", "MPIJobEvicted", message)
     ]
-    assert result.counters == [Counter.FAILED]
+    assert result.transitions == [Transition.FAILED]
     assert result.failure_reason == "Evicted"
 
 
