@@ -2,22 +2,32 @@
 
 A finished job never runs again (``ttlSecondsAfterFinished: 0``); a job deleted and created
 again under its name at once runs; a storm of SIGKILLs loses no ``MPIJobCreated``; a node lost
-under a running topology job releases its GPUs and the job is placed again on healthy ones.
+under a running topology job releases its GPUs and the job is placed again on healthy ones; the
+API server restarted under running topology jobs, their nodes not Ready meanwhile, deletes none
+of their workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
+import os
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
 
 from mpijob import keys
+from mpijob.gang import topology
+from support import audit
 from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
@@ -27,6 +37,7 @@ from support.wait import stays, wait_until
 pytestmark = pytest.mark.integration
 
 TOPOLOGY = {keys.GPU_TOPOLOGY: "true"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launcher_job_uids(cluster: Cluster, namespace: str, job: str) -> set[str]:
@@ -259,3 +270,158 @@ def test_a_node_lost_under_a_running_job_releases_its_gpus_and_the_job_runs_else
         timeout=120,
         what="the job's pods gone",
     )
+
+
+# --- the API server restarted under running jobs -----------------------------------------------
+
+#: How long the API server stays away at each restart (a control-plane upgrade's restart).
+OUTAGE_SECONDS = 20.0
+#: How long the nodes stay not Ready after each restart: past the operator's grace, so that
+#: only the pool's disruption (every node not Ready at once) keeps their jobs in place.
+UNHEARD_SECONDS = topology.NODE_LOST_GRACE_SECONDS + 10
+KWOK_NODE = "kwok.x-k8s.io/node"
+
+
+def restart_api_server(outage: float) -> None:
+    """SIGKILL the local cluster's kube-apiserver and start it again ``outage`` s later with the
+    same arguments; returns when it answers.
+
+    Holds the lock under which a test session starts or checks the cluster
+    (:func:`support.kube.start_cluster`) meanwhile: a session starting beside this one would
+    take the cluster without its API server for a dead one and start another."""
+    from hack import cluster as local
+
+    with (ROOT / ".test-logs" / "cluster.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = local.State.load()
+        assert state is not None, "no local cluster state"
+        pid = state.pids["kube-apiserver"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not local.alive(pid), timeout=30, interval=0.05, what="it gone")
+        time.sleep(outage)
+        local.start("kube-apiserver", [a.decode() for a in argv], state)
+        wait_until(lambda: local.healthy(state), timeout=60, what="the API server back")
+
+
+@contextlib.contextmanager
+def heartbeats_lost(cluster: Cluster, names: list[str]) -> Iterator[None]:
+    """``names`` not Ready as the node lifecycle controller marks a node whose heartbeats did
+    not reach the API server (``Ready=Unknown``), and kept so (the simulator stops
+    heart-beating them) until the block ends; then simulated again, and Ready."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    unknown = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastTransitionTime": now,
+    }
+    try:
+        for name in names:
+            cluster.core.patch_node(name, {"metadata": {"annotations": {KWOK_NODE: None}}})
+            cluster.core.patch_node_status(name, {"status": {"conditions": [unknown]}})
+        yield
+    finally:
+        for name in names:
+            wait_until(
+                lambda n=name: cluster.core.patch_node(
+                    n, {"metadata": {"annotations": {KWOK_NODE: "fake"}}}
+                ),
+                timeout=60,
+                what=f"{name} simulated again",
+            )
+
+        def ready() -> bool:
+            found = [cluster.core.read_node(n) for n in names]
+            return all(
+                any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+                for n in found
+            )
+
+        wait_until(ready, timeout=60, what="the nodes Ready again")
+
+
+def workers(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The namespace's live worker pods by name."""
+    pods = cluster.core.list_namespaced_pod(
+        namespace, label_selector=f"{keys.LABEL_JOB_ROLE}={keys.ROLE_WORKER}"
+    ).items
+    return {p.metadata.name: p for p in pods if not p.metadata.deletion_timestamp}
+
+
+def operator_pod_deletes(namespace: str, since: datetime) -> list[str]:
+    """The operator's deletes of pods in ``namespace`` since ``since``, by the audit log."""
+    return [
+        f"{(e.get('objectRef') or {}).get('name')} at {e['requestReceivedTimestamp']}"
+        for e in audit.events(since)
+        if e["verb"] == "delete"
+        and (e.get("objectRef") or {}).get("resource") == "pods"
+        and (e.get("objectRef") or {}).get("namespace") == namespace
+        and str(e.get("userAgent", "")).startswith(audit.OPERATOR_AGENT)
+    ]
+
+
+@pytest.mark.usefixtures("idle_gpus")
+def test_an_api_server_restart_deletes_no_running_worker(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """Killed and started again 20 s later, three times, with topology jobs running: the
+    operator's caches lose their watches, and the jobs' nodes are then marked not Ready as the
+    node lifecycle controller marks nodes whose heartbeats missed the API server, for longer
+    than the operator's grace. Each time a worker of a job really vanishes too (evicted), and
+    is created again at once on its node. No other worker is deleted and no job placed anew
+    (the audit log: no delete of a pod by the operator)."""
+    start_operator("--gpu-binding", "annotations")
+    shapes = {"wide": (2, 8), "three": (3, 2), "pair": (2, 2), "one": (1, 4)}  # 30 of 32 GPUs
+    for name, (count, gpus) in shapes.items():
+        mpijobs.create(mpijob(name, workers=count, gpus=gpus, annotations=TOPOLOGY))
+    for name in shapes:
+        mpijobs.wait_condition(name, "Running", timeout=120)
+    before = {name: p.metadata.uid for name, p in workers(crds, namespace).items()}
+    assert len(before) == sum(count for count, _ in shapes.values())
+    decisions = {name: mpijobs.decision(name)["metadata"]["uid"] for name in shapes}
+    nodes = sorted({w["node"] for n in shapes for w in mpijobs.decision(n)["spec"]["workers"]})
+
+    since = datetime.now(UTC)
+    vanished: list[str] = []
+
+    def placed_as_before() -> bool:
+        now = {name: p.metadata.uid for name, p in workers(crds, namespace).items()}
+        kept = all(now.get(n) == uid for n, uid in before.items() if n not in vanished)
+        held = {
+            name: (mpijobs.decision(name) or {}).get("metadata", {}).get("uid") for name in shapes
+        }
+        return kept and held == decisions
+
+    for restart in range(3):
+        restart_api_server(OUTAGE_SECONDS)
+        with heartbeats_lost(crds, nodes):
+            victim = f"three-worker-{restart}"
+            crds.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+            vanished.append(victim)
+            wait_until(
+                lambda v=victim: (
+                    (p := workers(crds, namespace).get(v)) is not None
+                    and p.metadata.uid != before[v]
+                ),
+                timeout=30,
+                what=f"{victim} created again",
+            )
+            stays(placed_as_before, duration=UNHEARD_SECONDS, interval=2, what="the placements")
+    deleted = operator_pod_deletes(namespace, since)
+    assert not deleted, f"the operator deleted running workers: {deleted}"
+    assert {name: mpijobs.decision(name)["metadata"]["uid"] for name in shapes} == decisions
+
+    def all_running() -> dict[str, Any] | None:
+        now = workers(crds, namespace)
+        ok = len(now) == len(before) and all(p.status.phase == "Running" for p in now.values())
+        return now if ok else None
+
+    after = wait_until(all_running, timeout=120, what="every worker Running again")
+    kept = {name: p.metadata.uid for name, p in after.items() if name not in vanished}
+    assert kept == {name: uid for name, uid in before.items() if name not in vanished}
+    lost = [
+        e for name in shapes for e in mpijobs.events(name) if e["reason"] == keys.REASON_NODE_LOST
+    ]
+    assert lost == []

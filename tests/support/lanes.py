@@ -66,7 +66,10 @@ MODULES: dict[str, str] = {
     "test_ownership.py": FREE,
     "test_placement.py": GPUS,
     "test_realnode.py": REAL_NODES,
+    "test_tenant_events.py": FREE,
+    "test_tenant_memory.py": FREE,
     "test_tenant_queue.py": GPUS,
+    "test_tenant_status.py": FREE,
     "test_training.py": REAL_NODES,
     "test_trust.py": EXCLUSIVE,  # the agent's cluster-wide RBAC and policies
     "test_upstream_e2e.py": EXCLUSIVE,  # cordons the simulated nodes; watches every namespace

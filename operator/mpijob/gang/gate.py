@@ -7,7 +7,8 @@ decision names, what the admission service knows of the job), then asks here:
   to show, the deletion of a decision it no longer needs (an action of the plan), and what the
   admission service's line should do with the job (:class:`Line`);
 - :func:`check_placement`: whether the placement it holds still holds (a node lost, pinned GPUs
-  taken, a worker unschedulable too long), and when time alone may change that;
+  taken, a worker unschedulable too long), and when time alone may change that; nothing is
+  given back while the caches may lack events;
 - :func:`place_anew`: the actions that give a placement back: the job's workers and claims
   deleted, the condition saying why, then its decision deleted.
 
@@ -222,6 +223,14 @@ class Check:
     gone: frozenset[str] = frozenset()
     """Nodes under the job that were deleted."""
     rechecks: list[float] = field(default_factory=list)
+    withheld: str = ""
+    """Why the placement would be given back, had the caches been complete: nothing is torn
+    down on a view that may be partial (see :func:`check_placement`)."""
+
+
+#: How soon a job whose placement was not given back on a partial view is looked at again: an
+#: informer lists again within a second of its API server's return.
+CATCH_UP_SECONDS = 1.0
 
 
 def check_placement(
@@ -234,16 +243,46 @@ def check_placement(
     binding: GpuBinding,
     release_seconds: float,
     now: datetime,
+    health: topology.PoolHealth | None = None,
+    complete: bool = True,
 ) -> Check:
     """Whether the job's placement no longer holds: a node lost (``nodes``: each node the
-    decision names, None when deleted), pinned GPUs taken (dra binding), a worker
-    unschedulable too long."""
+    decision names, None when deleted; ``health``: the pool's, see
+    :func:`~mpijob.gang.topology.lost_nodes`), pinned GPUs taken (dra binding), a worker
+    unschedulable too long.
+
+    Giving a placement back deletes the job's running workers, and every answer here rests on
+    what the caches lack (a worker, a node, a claim's allocation). While they may lack events
+    (``complete`` False: an informer lost its watch and has not listed again since, as after
+    the API server's restart) the answer is withheld, and the job looked at again
+    :data:`CATCH_UP_SECONDS` later; the plan still creates what is missing."""
+    health = health or topology.PoolHealth()
+    check = _check(key, job, g, pods, claims, nodes, binding, release_seconds, now, health)
+    if check.why and not complete:
+        return Check(rechecks=[*check.rechecks, CATCH_UP_SECONDS], withheld=check.why)
+    return check
+
+
+def _check(
+    key: JobKey,
+    job: api.MPIJob,
+    g: Gate,
+    pods: Sequence[JSON],
+    claims: Mapping[str, JSON],
+    nodes: Mapping[str, JSON | None],
+    binding: GpuBinding,
+    release_seconds: float,
+    now: datetime,
+    health: topology.PoolHealth,
+) -> Check:
     rechecks: list[float] = []
     if g.decision is not None:
-        why = topology.lost_nodes(g.decision, job, nodes, pods)
-        if why:
+        lost = topology.lost_nodes(g.decision, job, nodes, pods, now, health)
+        if lost.message:
             gone = frozenset(name for name, node in nodes.items() if node is None)
-            return Check(keys.REASON_NODE_LOST, why, gone)
+            return Check(keys.REASON_NODE_LOST, lost.message, gone)
+        if lost.recheck is not None:
+            rechecks.append(lost.recheck + 0.5)
     if g.placement is not None and binding is GpuBinding.DRA:
         taken = topology.gpus_taken(pods, claims, now)
         if taken.message:

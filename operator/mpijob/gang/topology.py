@@ -18,7 +18,8 @@ The placement engine knows nothing of Kubernetes; this module translates, and st
 - the per-pod annotations and node of each worker (:func:`pod_placements`), and the channel
   of its ComputeDomain when the job spans nodes of one NVLink clique;
 - each node's place in the fabric, from its labels (:func:`locations`);
-- whether a node under a placed job was lost (:func:`lost_nodes`).
+- whether a node under a placed job was lost (:func:`lost_nodes`): at once when deleted; when
+  not Ready, only after a grace and not while most of the pool is not Ready with it.
 
 Called by :mod:`mpijob.gang.service` and the reconciler.
 """
@@ -282,20 +283,105 @@ def _worker_of(pod: Mapping[str, Any], key: JobKey, decision: Decision) -> int |
     return names.worker_index(pod, namespace, name, decision.uid, len(decision.assignments))
 
 
+#: How long a node must have been not Ready before a placed job's worker that is gone from it
+#: loses the node: until then a missing worker is only created again there. A node is not
+#: Ready for a moment when its heartbeats could not reach the API server (a restart of the
+#: control plane, a kubelet's), and a job placed anew loses its training's progress. Counted
+#: from the Ready condition's ``lastTransitionTime``, or from when this process first saw the
+#: node not Ready if that is later (a process started long after the transition has seen
+#: nothing of it). Kubernetes' own node lifecycle controller waits before it acts on a node,
+#: too: 50 s without heartbeats before not Ready, then each pod's 300 s toleration of it.
+NODE_LOST_GRACE_SECONDS = 60.0
+
+#: The share of the topology pool's nodes that, not Ready together, make no node of them
+#: count as lost for being not Ready: the node lifecycle controller's unhealthy-zone threshold
+#: (``--unhealthy-zone-threshold``, 0.55), at which it takes the zone for disrupted and evicts
+#: from its nodes slowly, or not at all (a cluster under 50 nodes; every zone fully disrupted,
+#: when it takes the control plane for the broken part). Most nodes not Ready at once is the
+#: network's or the control plane's trouble, seldom that of each node. Kubernetes also wants
+#: three such nodes at least; here any share counts, so a pool of one or two nodes that all
+#: went not Ready loses none of them either.
+DISRUPTION_SHARE = 0.55
+
+#: While the pool is disrupted, how often a job whose worker is gone from a node that is not
+#: Ready is looked at again (no event says when the other nodes are back).
+DISRUPTED_RECHECK_SECONDS = 10.0
+
+
+def ready(node: Mapping[str, Any]) -> bool:
+    """Whether the node's ``Ready`` condition is ``True``."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def disrupted(not_ready: int, pool: int) -> bool:
+    """Whether ``not_ready`` nodes of a pool of ``pool`` are :data:`DISRUPTION_SHARE` of it."""
+    return pool > 0 and not_ready / pool >= DISRUPTION_SHARE
+
+
+@dataclass(frozen=True)
+class PoolHealth:
+    """What the whole topology pool says, as the caller read it, for :func:`lost_nodes`."""
+
+    not_ready_seen: Mapping[str, datetime] = field(default_factory=dict)
+    """Node -> when this process first saw it not Ready (since it last saw it Ready)."""
+    disrupted: bool = False
+    """:data:`DISRUPTION_SHARE` of the pool is not Ready (:func:`disrupted`)."""
+    recovered: datetime | None = None
+    """When the pool was last no longer disrupted: every node still not Ready then gets a
+    whole grace from there, as the node lifecycle controller gives each node a fresh grace
+    when it leaves its full-disruption mode (nodes come back one by one, and the pool stops
+    being disrupted before the last of them is Ready)."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Whether a node under a placed job was lost."""
+
+    message: str = ""
+    """Why the job must be placed anew; empty while it need not (yet)."""
+    recheck: float | None = None
+    """Seconds until time alone may lose a node (its grace ends, or the pool is looked at
+    again while disrupted): look again then."""
+
+
+def grace_left(node: Mapping[str, Any], now: datetime, health: PoolHealth, grace: float) -> float:
+    """Seconds left at ``now`` of the grace of ``node``, not Ready: counted from its Ready
+    condition's last transition, from when this process first saw it not Ready, or from when
+    the pool last recovered from a disruption, whichever is latest (none known: from now)."""
+    name = str((node.get("metadata") or {}).get("name") or "")
+    conditions = (node.get("status") or {}).get("conditions") or []
+    transition = next(
+        (parse_time(c.get("lastTransitionTime")) for c in conditions if c.get("type") == "Ready"),
+        None,
+    )
+    starts = [t for t in (transition, health.not_ready_seen.get(name), health.recovered) if t]
+    waited = (now - max(starts)).total_seconds() if starts else 0.0
+    return grace - max(0.0, waited)
+
+
 def lost_nodes(
     decision: Decision,
     job: MPIJob,
     nodes: Mapping[str, Mapping[str, Any] | None],
     pods: Iterable[Mapping[str, Any]],
-) -> str:
-    """Why a placed job must be placed anew because of its nodes; empty while it need not.
+    now: datetime,
+    health: PoolHealth = PoolHealth(),
+    grace: float = NODE_LOST_GRACE_SECONDS,
+) -> Lost:
+    """Whether a placed job must be placed anew because of its nodes, and why.
 
     ``nodes`` maps each node of the decision to the Node, or None once it was deleted. A deleted
     node has lost its workers: nothing runs there any more, and its GPUs must not stay reserved.
-    A node that is not Ready, was cordoned (drained) or left the topology pool keeps the job's
-    worker while that worker lives (the node may come back; the cluster decides evictions), and
-    loses it once the worker is gone, terminating or failed: a worker recreated there would
-    wait for good, pinned to a node placement no longer offers.
+    A node that was cordoned (drained) or left the topology pool keeps the job's worker while
+    that worker lives there (bound, neither finished nor terminating: the cluster decides
+    evictions), and loses it once the worker is gone, terminating, failed or not bound: a
+    worker recreated there would wait for good, pinned to a node placement no longer offers.
+    A node that is not Ready keeps it so too, and loses a worker that is gone only once it has
+    been not Ready for ``grace`` seconds (:data:`NODE_LOST_GRACE_SECONDS`, :func:`grace_left`),
+    and never while the pool is disrupted (:data:`DISRUPTION_SHARE`): until then the missing
+    worker is created again on its node, and the job is looked at again when time alone may
+    lose the node (``recheck``).
     """
     workers = {}
     for pod in pods:
@@ -305,16 +391,37 @@ def lost_nodes(
         if index is not None:
             workers[index] = pod
     found = []
+    recheck: float | None = None
     for index, assignment in enumerate(decision.assignments):
         node = nodes.get(assignment.node)
         worker = workers.get(index)
-        alive = worker is not None and not terminal(worker) and not _terminating(worker)
+        # Bound: one created again there and waiting for the node to take it keeps nothing.
+        alive = (
+            worker is not None
+            and bool((worker.get("spec") or {}).get("nodeName"))
+            and not terminal(worker)
+            and not _terminating(worker)
+        )
         if node is not None and (opted_in(node) or alive):
             continue
-        found.append(f"node {assignment.node} {_unusable(node)}")
+        why = _unusable(node)
+        if node is not None and why == _NOT_READY:
+            wait = (
+                DISRUPTED_RECHECK_SECONDS
+                if health.disrupted
+                else grace_left(node, now, health, grace)
+            )
+            if health.disrupted or wait > 0:
+                recheck = wait if recheck is None else min(recheck, wait)
+                continue
+            why = f"{why} (not Ready past the grace of {int(grace)}s)"
+        found.append(f"node {assignment.node} {why}")
     if not found:
-        return ""
-    return f"{'; '.join(sorted(set(found)))}: its workers are removed and the job placed anew"
+        return Lost(recheck=recheck)
+    return Lost(f"{'; '.join(sorted(set(found)))}: its workers are removed and the job placed anew")
+
+
+_NOT_READY = "is not Ready and its worker is gone"
 
 
 def _unusable(node: Mapping[str, Any] | None) -> str:
@@ -325,7 +432,7 @@ def _unusable(node: Mapping[str, Any] | None) -> str:
     labels = (node.get("metadata") or {}).get("labels") or {}
     if labels.get(keys.NODE_GPU_SCHEDULE_LABEL) != keys.NODE_GPU_SCHEDULE_TOPOLOGY:
         return "left the topology pool and its worker is gone"
-    return "is not Ready and its worker is gone"
+    return _NOT_READY
 
 
 def _terminating(pod: Mapping[str, Any]) -> bool:
@@ -439,8 +546,7 @@ def opted_in(node: Mapping[str, Any]) -> bool:
         return False
     if (node.get("spec") or {}).get("unschedulable"):
         return False
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready(node)
 
 
 @dataclass(frozen=True)

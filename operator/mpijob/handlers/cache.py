@@ -14,7 +14,10 @@ must have, each bounded by what it remembers:
 
 It also keeps what was made of each job's latest version (:meth:`Cache.check`: the parsed,
 defaulted model and its refusals), for the reconciler and our admission's passes alike; a new
-version replaces it, a deleted job drops it.
+version replaces it, a deleted job drops it. And it says what the placement checks weigh
+before they tear anything down (:mod:`mpijob.gang.gate`): whether the indices they read are
+complete (:meth:`Cache.complete`: no informer lost its watch without listing again since), and
+which opted-in nodes this process has seen not Ready, since when (:meth:`Cache.pool_health`).
 
 Built by the composition root; read and fed by the reconciler and the watch handlers.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -108,6 +112,22 @@ class Indices(Mapping[str, Any]):
         return sum(1 for _ in self)
 
 
+#: The indices a placement check reads before it gives a placement back (the job, its
+#: decision, its workers, their nodes, their claims): none may lack events then
+#: (:meth:`Cache.complete`). The decisions are Kopf's, which says nothing of it.
+PLACEMENT_VIEW = (
+    Index.MPIJOBS_BY_KEY,
+    Index.DECISIONS_BY_JOB,
+    Index.PODS,
+    Index.NODES_BY_NAME,
+    Index.CLAIMS,
+)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 #: Index -> the kind it holds, for the children looked up by job key.
 CHILD_INDICES = {
     Index.SERVICES_BY_JOB: "Service",
@@ -140,6 +160,15 @@ class Cache:
     checked: dict[JobKey, tuple[str, Checked]] = field(default_factory=dict)
     """Per job: (resourceVersion, what the operator made of that version: the defaulted job
     and its refusals); see :meth:`check`."""
+    not_ready: dict[str, datetime] = field(default_factory=dict)
+    """Opted-in node -> when this process first saw it not Ready, while it is not (see
+    :meth:`saw_node`)."""
+    disrupted: bool = False
+    """Whether the pool was disrupted (most of it not Ready) at the latest node event."""
+    recovered: datetime | None = None
+    """When the pool last stopped being disrupted, as this process saw."""
+    clock: Callable[[], datetime] = field(default=_utc_now)
+    """The wall clock (UTC) the reconciler's decisions and :attr:`not_ready` read."""
 
     # --- the MPIJob --------------------------------------------------------------------------
 
@@ -277,6 +306,34 @@ class Cache:
         if not pending:
             del self.expected[key]
         return {child: obj for child, (_, obj) in pending.items()}
+
+    # --- completeness and the nodes' health ------------------------------------------------
+
+    def complete(self, indices: Iterable[str] = PLACEMENT_VIEW) -> bool:
+        """Whether none of ``indices`` may lack events: an informer's index says so
+        (:attr:`mpijob.platform.informer.ObjectIndex.complete`); Kopf's say nothing and count as
+        complete, as does an index not kept in this mode (claims, without the dra binding)."""
+        return all(getattr(self.indices.get(name), "complete", True) for name in indices)
+
+    def saw_node(self, name: str, ready: bool | None) -> None:
+        """An opted-in node's readiness as its event shows it (None: it left the pool): the
+        first time this process sees it not Ready is kept until it is Ready again; the pool's
+        recovery from a disruption is noted when it happens."""
+        if ready is False:
+            self.not_ready.setdefault(name, self.clock())
+        else:
+            self.not_ready.pop(name, None)
+        pool = len(self.indices.get(Index.NODES_BY_NAME, {}))
+        disrupted = topology.disrupted(len(self.not_ready), pool)
+        if self.disrupted and not disrupted:
+            self.recovered = self.clock()
+        self.disrupted = disrupted
+
+    def pool_health(self) -> topology.PoolHealth:
+        """The opted-in nodes seen not Ready, since when, whether they are most of the pool
+        (:func:`mpijob.gang.topology.disrupted`), and when it last stopped being so."""
+        not_ready = dict(self.not_ready)  # as it is now, whatever events come next
+        return topology.PoolHealth(not_ready, self.disrupted, self.recovered)
 
     # --- cluster-wide views ------------------------------------------------------------------
 

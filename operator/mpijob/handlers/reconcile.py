@@ -32,7 +32,7 @@ from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, observed, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
 from mpijob.desired.gpu_binding import GpuBinding
-from mpijob.desired.status import Counter
+from mpijob.desired.life import ENDS, Life, News, Transition
 from mpijob.gang import gate as admission_gate
 from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
@@ -49,10 +49,11 @@ log = logging.getLogger(__name__)
 #: at the first sync after this long.
 PENDING_SECRET_READ_SECONDS = 15.0
 
+#: Upstream's counters, by the step of a job's life each counts (once per job).
 COUNTERS = {
-    Counter.CREATED: metrics.JOBS_CREATED,
-    Counter.SUCCESSFUL: metrics.JOBS_SUCCESSFUL,
-    Counter.FAILED: metrics.JOBS_FAILED,
+    Transition.CREATED: metrics.JOBS_CREATED,
+    Transition.SUCCEEDED: metrics.JOBS_SUCCESSFUL,
+    Transition.FAILED: metrics.JOBS_FAILED,
 }
 
 
@@ -77,25 +78,14 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         await _report_invalid(rt, key, body, api.validation_message(errors))
         return
 
-    # Events a kill or an outage lost before this process: posted again, once per job.
-    rt.recorder.ensure(body, lambda: events.implied_by(job))
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
-    now = datetime.now(UTC)
+    now = rt.cache.clock()
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
-    check = admission_gate.check_placement(
-        key,
-        job,
-        gate,
-        seen.pods,
-        seen.claims,
-        await _decision_nodes(rt, gate),
-        rt.gpu_binding,
-        rt.settings.placement_release_seconds,
-        now,
-    )
-    for seconds in check.rechecks:
-        rt.workers.enqueue_after(key, seconds)
+    # Made from what the children show when this process first sees the job: a restart counts
+    # nothing the job did before it.
+    life = rt.lives.of(key, job, seen)
+    check = await _check_placement(rt, key, job, gate, seen, now)
     if check.why:
         # The placement no longer holds: given back, as actions, and the sync ends there.
         decision = rt.cache.decision(key)
@@ -118,6 +108,11 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if gate.release is not None:
         plan.actions.append(gate.release)
     result = status.next_status(job, plan.projected, now, admission=gate.outcome)
+    # Counted and posted once per job, whatever its status says (its tenant may rewrite it).
+    news = life.news(result.steps, result.worker_failures)
+    # Events a kill or an outage lost before this process, once per job: those its status says
+    # were posted, and those of what it did before this process saw it (posted if missing).
+    rt.recorder.ensure(body, lambda: [*events.implied_by(job), *news.known])
 
     if not await _apply_all(rt, key, job, body, plan.actions, gate):
         return
@@ -137,14 +132,22 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             rt.workers.enqueue(key)
     if result.launcher_seen:
         metrics.JOB_INFO.labels(launcher=names.launcher_name(job), namespace=job.namespace).set(1)
-    _observe(rt, key, job, result.status, seen, now, result.gpus_held)
+    _observe(rt, key, job, result.status, seen, now, result.gpus_held, news)
     binding_events = admission_gate.binding_events(gate, rt.gpu_binding, result.events)
-    for event in [*result.events, *plan.events, *binding_events]:
+    _announce(rt, body, life, news, [*result.events, *plan.events, *binding_events])
+
+
+def _announce(rt: Runtime, body: JSON, life: Life, news: News, others: list[events.Event]) -> None:
+    """Post the sync's Events: the new steps' and worker failures' first, then ``others``;
+    count what ``news`` announces, and record it in the job's ``life``."""
+    for event in [*news.events, *others]:
         rt.recorder.post(body, event)
-    for counter in result.counters:
-        COUNTERS[counter].inc()
-    if result.failure_reason is not None:
-        metrics.JOB_FAILURES.labels(reason=status.failure_label(result.failure_reason)).inc()
+    for step in news.steps:
+        if step.transition in COUNTERS:
+            COUNTERS[step.transition].inc()
+    for reason in news.failure_reasons:
+        metrics.JOB_FAILURES.labels(reason=status.failure_label(reason)).inc()
+    life.announced(news)
 
 
 def checked(
@@ -418,6 +421,42 @@ def _admission(rt: Runtime, key: JobKey, job: api.MPIJob, now: datetime) -> admi
     return gate
 
 
+async def _check_placement(
+    rt: Runtime,
+    key: JobKey,
+    job: api.MPIJob,
+    gate: admission_gate.Gate,
+    seen: sync.Observed,
+    now: datetime,
+) -> admission_gate.Check:
+    """Whether the job's placement still holds (:func:`mpijob.gang.gate.check_placement`),
+    weighed with the pool's health and the caches' completeness; the job is synced again when
+    time alone may change the answer."""
+    check = admission_gate.check_placement(
+        key,
+        job,
+        gate,
+        seen.pods,
+        seen.claims,
+        await _decision_nodes(rt, gate),
+        rt.gpu_binding,
+        rt.settings.placement_release_seconds,
+        now,
+        rt.cache.pool_health(),
+        rt.cache.complete(),
+    )
+    for seconds in check.rechecks:
+        rt.workers.enqueue_after(key, seconds)
+    if check.withheld:
+        log.info(
+            "MPIJob %s/%s: not placed anew while the caches list again after a lost watch: %s",
+            *key,
+            check.withheld,
+            extra=about(keys.KIND, *key),
+        )
+    return check
+
+
 async def _decision_nodes(rt: Runtime, gate: admission_gate.Gate) -> dict[str, JSON | None]:
     """The nodes the job's decision names (None: deleted). A node absent from the watched pool
     is read: deleted, or only no longer opted in (one GET, only while a placed job names such a
@@ -471,14 +510,16 @@ def _observe(
     seen: sync.Observed,
     now: datetime,
     gpus_held: int,
+    news: News,
 ) -> None:
-    """Job-level histograms and gauges: histograms once per job (each job's figures come from
-    its pods' own times), gauges on every sync."""
+    """Job-level histograms and gauges: histograms once per job (on the steps of its life
+    ``news`` announces, or from its pods' own times), gauges on every sync."""
     created = job.metadata.creation_timestamp
     running = after.is_true(keys.COND_RUNNING)
-    if running and not job.status.is_true(keys.COND_RUNNING) and created is not None:
+    steps = {step.transition for step in news.steps}
+    if Transition.RUNNING in steps and created is not None:
         metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
-    if after.finished and not job.status.finished and after.start_time and after.completion_time:
+    if steps & ENDS and after.start_time and after.completion_time:
         metrics.JOB_DURATION.observe((after.completion_time - after.start_time).total_seconds())
     rt.job_metrics.set_running(key, running)
     rt.job_metrics.set_gpus_held(key, gpus_held)

@@ -363,10 +363,12 @@ async def decision_event(
 
 def node_event(rt: Runtime, type: str | None, body: JSON) -> dict[str, JSON]:
     """An opted-in node's event from the node informer (``type`` None: listed; ``DELETED`` also
-    when it loses the opt-in label): the syncs of the jobs placed there when it can no longer
-    hold them, admission woken, and the node filed under its name."""
+    when it loses the opt-in label): its readiness noted (since when it is not Ready, how much
+    of the pool is not), the syncs of the jobs placed there when it can no longer hold them,
+    admission woken, and the node filed under its name."""
     metadata = body.get("metadata") or {}
     name = str(metadata.get("name") or "")
+    rt.cache.saw_node(name, None if type == "DELETED" else topology.ready(body))
     if type == "DELETED" or not topology.opted_in(body):
         # Jobs placed there may have lost workers (deleted, NotReady and evicted, drained).
         for key in rt.cache.jobs_placed_on(name):

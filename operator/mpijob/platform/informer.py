@@ -20,9 +20,19 @@ listed object), which returns the keys the object is filed under, with a value f
 deleted while no watch ran; ``handle`` gets a ``DELETED`` event for it, with the metadata kept
 of it (name, namespace, uid, labels, owner references), so nothing waits for an event that
 never comes. A list or watch that fails, or a watch that ends as soon as it began, is tried
-again after :func:`~mpijob.platform.backoff.exponential` waits, from where it stopped;
-``on_listed`` is called once every namespace has been listed the first time. Informers only
-read: every replica runs them, and none needs the Lease.
+again after :func:`~mpijob.platform.backoff.exponential` waits; ``on_listed`` is called once
+every namespace has been listed the first time. Informers only read: every replica runs them,
+and none needs the Lease.
+
+Completeness: an index is :attr:`~ObjectIndex.complete` once every namespace has been listed,
+and no longer from the moment a list or watch fails (an API server restarted, a connection
+cut) until a list of that namespace completes again: events sent while no watch ran may be
+missing. A watch that broke is therefore followed by a list, not resumed from its version
+(client-go's reflector lists again after a watch that ends in an error, too): a resumed watch
+cannot tell when it has caught up, since a kind without changes sends nothing. Readers that
+would destroy something on what an index lacks (a worker taken for gone) wait for it
+(:mod:`mpijob.gang.gate`); a list costs the same as after the API server's restart, which
+answers a watch from before it with 410 and a list anyway.
 
 Namespaces: the whole cluster, named namespaces (one list and watch each), or with globs one
 watch of the whole cluster whose objects outside the patterns are ignored (``admits``), as the
@@ -107,6 +117,10 @@ class ObjectIndex(Mapping[Key, Store]):
         self._stores: dict[Key, Store] = {}
         self._filed: dict[str, tuple[tuple[Key, ...], JSON]] = {}
         """uid -> (the keys the object is filed under, its kept metadata)."""
+        self.complete = False
+        """Whether the index holds every object its informer's lists and watches could show:
+        set once every namespace has been listed, cleared from a failed list or watch until
+        that namespace is listed again (see the module)."""
 
     def __getitem__(self, key: Key) -> Store:
         return self._stores[key]
@@ -185,6 +199,9 @@ class Informer:
         self.kept = kept
         self.page = page
         self._unlisted = set(self.namespaces)
+        self._gaps = set(self.namespaces)
+        """Namespaces whose index may lack events: not listed yet, or not since their list or
+        watch last failed."""
 
     async def run(self) -> None:
         """Until cancelled: one list-and-watch loop per namespace."""
@@ -272,12 +289,17 @@ class Informer:
         where = f"{self.kind}s in {namespace}" if namespace else f"{self.kind}s"
         version = ""
         failures = 0
+        relisted = False  # said, once in a run of failures, that a list came through again
         loop = asyncio.get_running_loop()
         while True:
             try:
                 if not version:
                     version = await self._list(namespace)
-                    failures = self._recovered(where, failures)
+                    self._gaps.discard(namespace)
+                    self.index.complete = not self._gaps
+                    if failures and not relisted:
+                        relisted = True
+                        log.info("Listed %s again after %d failure(s) in a row", where, failures)
                     if namespace in self._unlisted:
                         self._unlisted.discard(namespace)
                         if not self._unlisted:
@@ -297,14 +319,21 @@ class Informer:
                     if event.get("type") != "BOOKMARK":
                         self.apply(event.get("type"), body)
                     events += 1
-                    failures = self._recovered(where, failures)
+                    failures, relisted = self._recovered(where, failures), False
                 if not events and loop.time() - started < RETRY_MOST_SECONDS:
                     # Ended at once with nothing: not a watch, a server closing it (going away).
                     raise ConnectionResetError("the watch ended as soon as it began")
+                # A watch that ran its course: the failures in a row, if any, are over (not at
+                # the list before it, which succeeds while watches keep failing).
+                failures, relisted = self._recovered(where, failures), False
             except Gone:
                 log.info("Watching %s: version %s is gone; listing again", where, version)
                 version = ""
+                self._gap(namespace)
             except Exception as e:  # the index must not go stale: every failure tries again
+                # Events may have been missed from here on: listed again, not resumed.
+                version = ""
+                self._gap(namespace)
                 failures += 1
                 wait = exponential(RETRY_FIRST_SECONDS, failures, RETRY_MOST_SECONDS)
                 expected = isinstance(e, ApiError | aiohttp.ClientError | TimeoutError | OSError)
@@ -322,6 +351,11 @@ class Informer:
                     exc_info=not expected,
                 )
                 await asyncio.sleep(wait)
+
+    def _gap(self, namespace: str | None) -> None:
+        """``namespace`` may lack events until it is listed again: the index is not complete."""
+        self._gaps.add(namespace)
+        self.index.complete = False
 
     @staticmethod
     def _recovered(where: str, failures: int) -> int:

@@ -280,6 +280,50 @@ def test_a_deleted_node_under_a_placed_job_gives_the_placement_back() -> None:
     assert lost.gone == {"dgx-0"}
 
 
+def not_ready(seconds: float) -> dict[str, Any]:
+    """:data:`NODE`, not Ready for ``seconds`` at :data:`NOW`."""
+    since = (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {"type": "Ready", "status": "False", "lastTransitionTime": since}
+    return {**NODE, "status": {"conditions": [condition]}}
+
+
+def test_on_a_view_that_may_lack_events_nothing_is_given_back_and_is_looked_at_soon() -> None:
+    """An informer lost its watch and has not listed again: a node that looks deleted, or a
+    worker that looks gone, may only not have been heard of yet."""
+    j = job()
+    g = run(j, gate.Standing(), decision_body(j))
+    pods = [pod("train-worker-0", keys.ROLE_WORKER)]
+    nodes = {"dgx-0": None}
+    held = gate.check_placement(
+        KEY, j, g, pods, {}, nodes, GpuBinding.ANNOTATIONS, 60, NOW, complete=False
+    )
+    assert (held.reason, held.why, held.gone) == ("", "", frozenset())
+    assert held.withheld.startswith("node dgx-0 was deleted")
+    assert held.rechecks == [gate.CATCH_UP_SECONDS]
+    # Listed again: the node is gone for good, and the placement given back at once.
+    lost = gate.check_placement(KEY, j, g, pods, {}, nodes, GpuBinding.ANNOTATIONS, 60, NOW)
+    assert (lost.reason, lost.withheld) == (keys.REASON_NODE_LOST, "")
+
+
+def test_a_worker_gone_from_a_node_not_ready_within_its_grace_is_looked_at_when_it_ends() -> None:
+    j = job()
+    g = run(j, gate.Standing(), decision_body(j))
+    grace = topology.NODE_LOST_GRACE_SECONDS
+    within = gate.check_placement(
+        KEY, j, g, [], {}, {"dgx-0": not_ready(grace - 20)}, GpuBinding.ANNOTATIONS, 600, NOW
+    )
+    assert (within.why, within.rechecks) == ("", [20.5])
+    past = gate.check_placement(
+        KEY, j, g, [], {}, {"dgx-0": not_ready(grace)}, GpuBinding.ANNOTATIONS, 600, NOW
+    )
+    assert past.reason == keys.REASON_NODE_LOST
+    disrupted = topology.PoolHealth(disrupted=True)
+    held = gate.check_placement(
+        KEY, j, g, [], {}, {"dgx-0": not_ready(grace)}, GpuBinding.ANNOTATIONS, 600, NOW, disrupted
+    )
+    assert (held.why, held.rechecks) == ("", [topology.DISRUPTED_RECHECK_SECONDS + 0.5])
+
+
 def test_only_a_worker_the_api_server_refuses_for_good_counts_as_refused() -> None:
     worker = sync.Create({"kind": "Pod", **pod("train-worker-0", keys.ROLE_WORKER)})
     launcher = sync.Create({"kind": "Pod", **pod("train-launcher", keys.ROLE_LAUNCHER)})

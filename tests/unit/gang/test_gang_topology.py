@@ -486,15 +486,26 @@ def test_an_allocated_claim_or_a_bound_worker_is_no_theft() -> None:
 # --- a node lost under a placed job ------------------------------------------------------------
 
 
-def pool_node(name: str, *, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+def pool_node(
+    name: str, *, ready: bool = True, cordoned: bool = False, since: float | None = None
+) -> dict[str, Any]:
+    """A node of the topology pool; ``since``: seconds before :data:`T0` its Ready condition
+    last changed."""
+    condition: dict[str, Any] = {"type": "Ready", "status": str(ready)}
+    if since is not None:
+        condition["lastTransitionTime"] = stamp(T0 - timedelta(seconds=since))
     return {
         "metadata": {
             "name": name,
             "labels": {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY},
         },
         "spec": {"unschedulable": True} if cordoned else {},
-        "status": {"conditions": [{"type": "Ready", "status": str(ready)}]},
+        "status": {"conditions": [condition]},
     }
+
+
+def stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def placed_job() -> Any:
@@ -505,49 +516,136 @@ def placed_job() -> Any:
 
 TWO_NODES = decision(("n0", (0, 1)), ("n1", (0, 1)))
 BOTH_RUNNING = [worker(0, "n0", "0,1"), worker(1, "n1", "0,1")]
+#: Worker 1 gone from n1 (evicted: terminating).
+EVICTED = [BOTH_RUNNING[0], worker(1, "n1", "0,1", terminating=True)]
+GRACE = topology.NODE_LOST_GRACE_SECONDS
+
+
+def lost(nodes: Any, pods: Any, health: topology.PoolHealth | None = None) -> topology.Lost:
+    health = health or topology.PoolHealth()
+    return topology.lost_nodes(TWO_NODES, placed_job(), nodes, pods, T0, health)
 
 
 def test_healthy_nodes_lose_nothing_and_a_missing_worker_there_is_only_recreated() -> None:
     nodes = {"n0": pool_node("n0"), "n1": pool_node("n1")}
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[:1]) == ""
+    assert lost(nodes, BOTH_RUNNING) == topology.Lost()
+    assert lost(nodes, BOTH_RUNNING[:1]) == topology.Lost()
 
 
 def test_a_deleted_node_loses_its_workers_at_once() -> None:
     nodes = {"n0": pool_node("n0"), "n1": None}
-    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING)
+    why = lost(nodes, BOTH_RUNNING).message
     assert why == "node n1 was deleted: its workers are removed and the job placed anew"
+    # Even while the pool is disrupted: a deleted node comes back as no other node does.
+    assert lost(nodes, BOTH_RUNNING, topology.PoolHealth(disrupted=True)).message == why
 
 
 def test_a_not_ready_node_keeps_its_worker_while_that_worker_lives() -> None:
-    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
-    evicted = [BOTH_RUNNING[0], worker(1, "n1", "0,1", terminating=True)]
-    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, evicted)
-    assert why.startswith("node n1 is not Ready and its worker is gone")
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE * 10)}
+    assert lost(nodes, BOTH_RUNNING) == topology.Lost()
+    why = lost(nodes, EVICTED).message
+    assert why == (
+        "node n1 is not Ready and its worker is gone (not Ready past the grace of 60s): "
+        "its workers are removed and the job placed anew"
+    )
+
+
+def test_a_not_ready_node_loses_a_gone_worker_only_after_the_grace_and_says_when_to_look() -> None:
+    """Within the grace a missing worker is only created again: the job is looked at when
+    the grace ends, and the node is lost then if it is still not Ready."""
+    within = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE - 15)}
+    assert lost(within, EVICTED) == topology.Lost(recheck=pytest.approx(15))
+    assert lost(within, BOTH_RUNNING[:1]) == topology.Lost(recheck=pytest.approx(15))
+    past = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE)}
+    assert lost(past, EVICTED).message.startswith("node n1 is not Ready and its worker is gone")
+
+
+def test_the_grace_counts_from_when_this_process_first_saw_the_node_not_ready_if_later() -> None:
+    """A process started long after the node's transition waits a whole grace from its own
+    first sight of it; a transition later than that sight counts from the transition."""
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=3600)}
+    first_seen = topology.PoolHealth({"n1": T0 - timedelta(seconds=20)})
+    assert lost(nodes, EVICTED, first_seen) == topology.Lost(recheck=pytest.approx(GRACE - 20))
+    recent = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=5)}
+    seen_earlier = topology.PoolHealth({"n1": T0 - timedelta(seconds=3600)})
+    assert lost(recent, EVICTED, seen_earlier) == topology.Lost(recheck=pytest.approx(GRACE - 5))
+    # Neither known (a condition without a time, never seen): the whole grace from now.
+    unknown = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    assert lost(unknown, EVICTED) == topology.Lost(recheck=pytest.approx(GRACE))
+
+
+def test_a_node_still_not_ready_when_the_pool_recovers_gets_a_whole_grace_from_then() -> None:
+    """Nodes come back one by one: the pool stops being disrupted before the last of them is
+    Ready, and those left are not lost for a grace that ran out while nobody could tell."""
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE * 10)}
+    recovered = topology.PoolHealth(recovered=T0 - timedelta(seconds=5))
+    assert lost(nodes, EVICTED, recovered) == topology.Lost(recheck=pytest.approx(GRACE - 5))
+    long_ago = topology.PoolHealth(recovered=T0 - timedelta(seconds=GRACE))
+    assert lost(nodes, EVICTED, long_ago).message != ""
+
+
+def test_while_most_of_the_pool_is_not_ready_no_node_is_lost_for_it() -> None:
+    """Past the grace, but most nodes went not Ready together (their heartbeats could not
+    reach a restarting API server): nothing is lost; the job is looked at again a while later."""
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE * 10)}
+    health = topology.PoolHealth(disrupted=True)
+    assert lost(nodes, EVICTED, health) == topology.Lost(recheck=topology.DISRUPTED_RECHECK_SECONDS)
+
+
+@pytest.mark.parametrize(
+    ("not_ready", "pool", "disrupted"),
+    [
+        (0, 0, False),
+        (0, 4, False),
+        (1, 4, False),
+        (2, 4, False),
+        (3, 4, True),
+        (4, 4, True),
+        (54, 100, False),
+        (55, 100, True),
+        (1, 2, False),
+        (2, 2, True),
+        (1, 1, True),
+    ],
+)
+def test_the_pool_is_disrupted_from_55_percent_not_ready(
+    not_ready: int, pool: int, disrupted: bool
+) -> None:
+    assert topology.disrupted(not_ready, pool) is disrupted
+
+
+def test_a_worker_created_again_on_a_not_ready_node_keeps_nothing_until_it_is_bound() -> None:
+    """Within the grace the missing worker was created again, pinned to its node, which takes
+    no pod while not Ready: past the grace the node is lost all the same."""
+    waiting = worker(1, "n1", "0,1", phase="Pending")
+    waiting["spec"]["nodeName"] = ""
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE + 1)}
+    assert lost(nodes, [BOTH_RUNNING[0], waiting]).message != ""
+    ready = {"n0": pool_node("n0"), "n1": pool_node("n1")}
+    assert lost(ready, [BOTH_RUNNING[0], waiting]) == topology.Lost()
 
 
 def test_a_drained_node_loses_the_worker_it_evicted() -> None:
     nodes = {"n0": pool_node("n0", cordoned=True), "n1": pool_node("n1")}
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
-    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING[1:])
+    assert lost(nodes, BOTH_RUNNING) == topology.Lost()
+    why = lost(nodes, BOTH_RUNNING[1:]).message
     assert why.startswith("node n0 was cordoned and its worker is gone")
 
 
 def test_a_worker_of_an_earlier_job_of_the_name_is_not_this_job_s() -> None:
-    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE)}
     earlier = [worker(0, "n0", "0,1"), pod("n1", "0,1", name="j-worker-1", job="j", owner="old")]
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, earlier) != ""
+    assert lost(nodes, earlier).message != ""
 
 
 def test_only_the_worker_itself_keeps_a_lost_node_s_placement() -> None:
     """A live pod under the name of worker 1 keeps the job on a node that is not Ready only
     if it is the worker the operator created."""
-    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False, since=GRACE)}
     squatter = worker(1, "n1", "0,1")
     del squatter["metadata"]["labels"][keys.LABEL_JOB_ROLE]
-    assert topology.lost_nodes(TWO_NODES, placed_job(), nodes, BOTH_RUNNING) == ""
-    why = topology.lost_nodes(TWO_NODES, placed_job(), nodes, [BOTH_RUNNING[0], squatter])
+    assert lost(nodes, BOTH_RUNNING) == topology.Lost()
+    why = lost(nodes, [BOTH_RUNNING[0], squatter]).message
     assert why.startswith("node n1 is not Ready and its worker is gone")
 
 

@@ -8,15 +8,21 @@ creates what is missing and nothing else, and a child deleted by hand comes back
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import itertools
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mpijob import keys
+from mpijob.api.models import format_time
 from mpijob.desired import sync
 from mpijob.desired.events import Event
+from mpijob.gang import gate, topology
 from mpijob.gang.service import Admission
 from mpijob.handlers import reconcile
 from mpijob.handlers.cache import Index, PodsBy
@@ -26,9 +32,12 @@ from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
 from support import jobs
 from support.fake_kube import FakeKube
+from support.virtual_time import virtual_time
 
 pytestmark = pytest.mark.unit
 
+#: The wall clock's reading when a test starts.
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: Where the pod index files the pods of job bar/foo.
 PODS_OF_FOO = (PodsBy.JOB, "bar", "foo")
 
@@ -425,8 +434,20 @@ def worker_pod(index: int, node: str, owner: str, **status: Any) -> dict[str, An
             "name": f"foo-worker-{index}",
             "namespace": "bar",
             "uid": f"pod-{index}",
-            "labels": {keys.LABEL_JOB_ROLE: keys.ROLE_WORKER, keys.LABEL_JOB_NAME: "foo"},
-            "ownerReferences": [{"kind": keys.KIND, "uid": owner, "controller": True}],
+            "labels": {
+                keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME,
+                keys.LABEL_JOB_ROLE: keys.ROLE_WORKER,
+                keys.LABEL_JOB_NAME: "foo",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": keys.API_VERSION,
+                    "kind": keys.KIND,
+                    "name": "foo",
+                    "uid": owner,
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"nodeName": node},
         "status": {"phase": "Running", **status},
@@ -482,6 +503,73 @@ async def test_a_deleted_node_under_a_placed_job_releases_it_and_says_why() -> N
     assert [(e.type, e.reason) for e in recorder.events] == [("Warning", keys.REASON_NODE_LOST)]
 
 
+def pool_node(name: str, ready: bool = True, since: datetime = T0) -> dict[str, Any]:
+    """An opted-in node as the node index keeps it; ``since``: its Ready condition's last
+    transition."""
+    condition = {"type": "Ready", "status": str(ready), "lastTransitionTime": format_time(since)}
+    labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"conditions": [condition]},
+    }
+
+
+class Partial(dict[Any, Any]):
+    """An informer's index that lost its watch and has not listed again."""
+
+    complete = False
+
+
+@virtual_time
+async def test_a_worker_gone_from_a_node_not_ready_is_made_again_placed_anew_past_grace() -> None:
+    """Within the grace the missing worker is only created again, on its node; the job is
+    synced again when the grace ends, and placed anew then: its node is still not Ready and
+    the worker made again waits there, unbound."""
+    loop = asyncio.get_running_loop()
+    rt, kube, recorder = topology_runtime(gpu_job())
+    rt.cache.clock = lambda: T0 + timedelta(seconds=loop.time())  # the wall clock, virtual
+    known(rt, kube, "decisions_by_job", decision_body("uid-foo", "n0", "n1"))
+    known(rt, kube, Index.PODS, worker_pod(0, "n0", "uid-foo"), key=PODS_OF_FOO)
+    nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}
+    rt.cache.indices["nodes_by_name"] = {name: [node] for name, node in nodes.items()}
+    rt.cache.saw_node("n1", False)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert deletes(kube) == []
+    assert "Pod/foo-worker-1" in kube.created()
+    waiting = worker_pod(1, "", "uid-foo", phase="Pending")
+    known(rt, kube, Index.PODS, worker_pod(0, "n0", "uid-foo"), waiting, key=PODS_OF_FOO)
+    kube.requests.clear()
+
+    assert await rt.workers.queue.get() == ("bar", "foo")
+    assert loop.time() == pytest.approx(topology.NODE_LOST_GRACE_SECONDS + 0.5)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert deletes(kube) == ["Pod/foo-worker-0", "Pod/foo-worker-1", "PlacementDecision/foo"]
+    assert [(e.type, e.reason) for e in recorder.events][-1:] == [
+        ("Warning", keys.REASON_NODE_LOST)
+    ]
+
+
+@virtual_time
+async def test_a_deleted_node_is_not_acted_on_before_the_caches_list_again() -> None:
+    """After a lost watch the caches may lack what was sent meanwhile: the job is looked at
+    again a second later, and placed anew once they have listed again."""
+    loop = asyncio.get_running_loop()
+    rt, kube, _ = topology_runtime(gpu_job())
+    known(rt, kube, "decisions_by_job", decision_body("uid-foo", "n0", "n1"))
+    pods = worker_pod(0, "n0", "uid-foo"), worker_pod(1, "n1", "uid-foo")
+    kube.add(*pods)
+    rt.cache.indices[Index.PODS] = Partial({PODS_OF_FOO: list(pods)})
+    rt.cache.indices["nodes_by_name"] = {"n0": [pool_node("n0")]}  # n1 is gone from the API
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert deletes(kube) == []
+    assert await rt.workers.queue.get() == ("bar", "foo")
+    assert loop.time() == pytest.approx(gate.CATCH_UP_SECONDS)
+    rt.cache.indices[Index.PODS] = {PODS_OF_FOO: list(pods)}  # listed again
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert deletes(kube) == ["Pod/foo-worker-0", "Pod/foo-worker-1", "PlacementDecision/foo"]
+
+
 async def test_a_job_deleted_during_its_sync_ends_the_sync_quietly_not_as_a_failure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -493,3 +581,172 @@ async def test_a_job_deleted_during_its_sync_ends_the_sync_quietly_not_as_a_fail
     assert any(verb == "replace_status" for verb, _ in kube.requests)
     assert recorder.events == []
     assert "WARNING" not in caplog.text
+
+
+# --- a job's life, whatever its status says ------------------------------------------------------
+
+LIFE_COUNTERS = (
+    "mpi_operator_jobs_created_total",
+    "mpi_operator_jobs_successful_total",
+    "mpi_operator_jobs_failed_total",
+)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def counters() -> dict[str, float]:
+    return {name: sample(name) for name in LIFE_COUNTERS}
+
+
+async def synced(rt: Runtime, kube: FakeKube) -> None:
+    """One sync of bar/foo, and the watch event of what it wrote to the job in the cache."""
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    rt.cache.indices["mpijobs_by_key"][("bar", "foo")] = kube.stored("MPIJob", "bar")
+
+
+async def finished_job(body: dict[str, Any]) -> tuple[Runtime, FakeKube, RecordingRecorder]:
+    """Job bar/foo created, run and succeeded, as one process saw it (every sync it asked
+    for run)."""
+    rt, kube, recorder = runtime(body)
+    await synced(rt, kube)
+    index_created(rt, kube)
+    launcher = rt.cache.indices["launchers_by_job"][("bar", "foo")][0]
+    launcher["metadata"]["uid"] = "uid-launcher"
+    launcher["status"] = {
+        "conditions": [{"type": "Complete", "status": "True"}],
+        "succeeded": 1,
+        "completionTime": "2024-05-01T10:05:00Z",
+    }
+    await synced(rt, kube)
+    await synced(rt, kube)  # the one the end queued
+    return rt, kube, recorder
+
+
+def rewritten_by_tenant(rt: Runtime, kube: FakeKube) -> None:
+    """The tenant clears its job's conditions and completionTime (``mpijobs/status``): the
+    cache gets the new version from the watch."""
+    [body] = kube.stored("MPIJob", "bar")
+    body["status"] = {
+        k: v for k, v in body["status"].items() if k not in ("conditions", "completionTime")
+    }
+    body["metadata"]["resourceVersion"] = str(int(body["metadata"]["resourceVersion"]) + 1)
+    kube.add(body)
+    rt.cache.indices["mpijobs_by_key"][("bar", "foo")] = kube.stored("MPIJob", "bar")
+
+
+@pytest.mark.parametrize("policy", ["None", "Running"])
+async def test_ten_status_rewrites_of_a_finished_job_cost_one_write_each_and_count_nothing(
+    policy: str,
+) -> None:
+    body = valid_job()
+    body["spec"]["runPolicy"] = {"cleanPodPolicy": policy}
+    before = counters()
+    rt, kube, recorder = await finished_job(body)
+    assert {k: v - before[k] for k, v in counters().items()} == {
+        "mpi_operator_jobs_created_total": 1,
+        "mpi_operator_jobs_successful_total": 1,
+        "mpi_operator_jobs_failed_total": 0,
+    }
+    life = [e.reason for e in recorder.events if e.reason != keys.REASON_RUNNING]
+    assert life[:2] == [keys.REASON_CREATED, keys.REASON_SUCCEEDED]
+    done, posted = counters(), len(recorder.events)
+    for _ in range(10):
+        rewritten_by_tenant(rt, kube)
+        kube.requests.clear()
+        await synced(rt, kube)
+        await synced(rt, kube)  # the one the end queues
+        assert [verb for verb, _ in kube.requests] == ["replace_status"]
+        [written] = [args[0]["status"] for _, args in kube.requests]
+        ended = {(c["type"], c["status"]) for c in written["conditions"]}
+        assert {("Created", "True"), ("Succeeded", "True")} <= ended
+        assert written["completionTime"] == "2024-05-01T10:05:00Z"
+    assert counters() == done
+    assert recorder.events[posted:] == []
+
+
+async def test_a_new_process_counts_nothing_of_a_job_that_finished_before_it() -> None:
+    rt, kube, _ = await finished_job(valid_job())
+    recorder = RecordingRecorder()
+    restarted = Runtime(
+        settings=OperatorSettings(),
+        kube=kube,
+        recorder=recorder,  # type: ignore[arg-type]
+        deferred=DeferredPatches(kube),
+        workers=Workers(threadiness=1),
+    )
+    restarted.cache.indices = copy.deepcopy(rt.cache.indices)
+    before = counters()
+    await synced(restarted, kube)
+    rewritten_by_tenant(restarted, kube)
+    await synced(restarted, kube)
+    assert counters() == before
+    assert recorder.events == []
+
+
+async def test_a_worker_oom_killed_while_its_job_runs_is_named_once_and_counted_once() -> None:
+    body = valid_job()
+    body["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] = "OnFailure"
+    rt, kube, recorder = runtime(body)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    index_created(rt, kube)
+    pods = rt.cache.indices[Index.PODS][PODS_OF_FOO]
+    for p in pods:
+        p["status"] = {"phase": "Running"}
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    killed = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2024-05-01T10:02:00Z"}
+    pods[0]["status"]["containerStatuses"] = [
+        {"name": "c", "state": {"running": {}}, "lastState": {"terminated": killed}}
+    ]
+    before = sample("mpi_operator_job_failures_total", reason="OOMKilled")
+    posted = len(recorder.events)
+    for _ in range(3):
+        await reconcile.reconcile(rt, ("bar", "foo"))
+    warnings = [(e.type, e.message) for e in recorder.events[posted:] if e.reason == "WorkerFailed"]
+    assert warnings == [
+        (
+            "Warning",
+            "worker pod foo-worker-0 container c OOMKilled (exit code 137) while the job runs; "
+            "the kubelet restarts the container (restartPolicy OnFailure)",
+        )
+    ]
+    assert sample("mpi_operator_job_failures_total", reason="OOMKilled") == before + 1
+
+
+class CheckingRecorder(RecordingRecorder):
+    """Also keeps what each job's check of lost Events was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked: list[Event] = []
+
+    def ensure(self, obj: dict[str, Any], implied: Any) -> None:
+        self.checked += [i.event for i in implied()]
+
+
+async def test_a_kill_before_the_first_status_write_leaves_the_created_event_to_the_check() -> None:
+    """The process that made the job's children was killed before it wrote the status: the
+    next one counts nothing and posts no Created Event as new, but hands it to the check of
+    lost Events, which posts it if the API lacks it (the recorder's tests)."""
+    first, kube, _ = runtime(valid_job())
+    await reconcile.reconcile(first, ("bar", "foo"))
+    index_created(first, kube)
+    recorder = CheckingRecorder()
+    restarted = Runtime(
+        settings=OperatorSettings(),
+        kube=kube,
+        recorder=recorder,  # type: ignore[arg-type]
+        deferred=DeferredPatches(kube),
+        workers=Workers(threadiness=1),
+    )
+    restarted.cache.indices = copy.deepcopy(first.cache.indices)
+    restarted.cache.indices["mpijobs_by_key"][("bar", "foo")] = [valid_job()]  # no status
+    before = counters()
+    kube.requests.clear()
+    await reconcile.reconcile(restarted, ("bar", "foo"))
+    [written] = [a[0]["status"] for verb, a in kube.requests if verb == "replace_status"]
+    assert ("Created", "True") in {(c["type"], c["status"]) for c in written["conditions"]}
+    assert counters() == before
+    assert recorder.events == []
+    assert [e.reason for e in recorder.checked] == [keys.REASON_CREATED]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from mpijob import keys
 from mpijob.gang import quota
+from mpijob.gang.topology import PoolHealth
 from mpijob.handlers.cache import Cache, ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo
 from mpijob.handlers.watches import (
@@ -226,6 +228,53 @@ async def test_a_node_gone_or_no_longer_opted_in_is_unfiled_and_its_jobs_synced(
     rt.cache.indices = {"decisions_by_job": {KEY: [placed]}}
     assert node_event(rt, "DELETED", _node("True")) == {}
     assert len(rt.workers.queue) == 1
+
+
+def _pool_node(name: str, ready: str) -> JSON:
+    return {**_node(ready), "metadata": {**_node(ready)["metadata"], "name": name, "uid": name}}
+
+
+async def test_a_node_is_noted_not_ready_from_first_sight_until_ready_and_the_pool_weighed() -> (
+    None
+):
+    """What the placement checks weigh a node that is not Ready by: since when this process
+    has seen it so (kept while it stays not Ready, whatever its condition says next), whether
+    most of the pool is not Ready with it, and when the pool last stopped being so."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = [t0]
+    cache = Cache(clock=lambda: clock[0])
+    index = ObjectIndex()
+    cache.indices = {Index.NODES_BY_NAME: index}
+    rt: Any = SimpleNamespace(cache=cache, workers=Workers(threadiness=1), admission=None)
+    kube: Any = None  # events are given to it by hand
+    nodes = Informer(kube, "v1", "Node", index=index, handle=partial(node_event, rt))
+    for name in ("n1", "n2", "n3", "n4"):
+        nodes.apply(None, _pool_node(name, "True"))
+    nodes.apply("MODIFIED", _pool_node("n1", "False"))
+    clock[0] = t0 + timedelta(seconds=30)
+    nodes.apply("MODIFIED", _pool_node("n1", "Unknown"))  # still not Ready: first sight kept
+    assert cache.pool_health() == PoolHealth({"n1": t0}, disrupted=False)
+    nodes.apply("MODIFIED", _pool_node("n2", "False"))
+    assert not cache.pool_health().disrupted  # two of four
+    nodes.apply("MODIFIED", _pool_node("n3", "Unknown"))
+    assert cache.pool_health().disrupted  # three of four: 75 %
+    clock[0] = t0 + timedelta(seconds=90)
+    nodes.apply("MODIFIED", _pool_node("n1", "True"))  # two of four: recovered, now
+    clock[0] = t0 + timedelta(seconds=95)
+    nodes.apply("DELETED", _pool_node("n2", "False"))
+    recovered = t0 + timedelta(seconds=90)
+    assert cache.pool_health() == PoolHealth({"n3": t0 + timedelta(seconds=30)}, False, recovered)
+
+
+def test_the_placement_view_is_complete_only_while_every_informer_index_it_reads_is() -> None:
+    pods, nodes = ObjectIndex(), ObjectIndex()
+    pods.complete = nodes.complete = True
+    # Kopf's indices (a plain mapping here) say nothing of it; claims are not kept without DRA.
+    cache = Cache(indices={Index.PODS: pods, Index.NODES_BY_NAME: nodes, Index.MPIJOBS_BY_KEY: {}})
+    assert cache.complete()
+    nodes.complete = False  # its watch broke, and it has not listed again yet
+    assert not cache.complete()
+    assert cache.complete([Index.PODS])
 
 
 def test_a_resource_slice_files_its_gpus_uuids_under_its_node_and_others_nothing() -> None:

@@ -141,6 +141,48 @@ async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_
     assert all(q["allowWatchBookmarks"] == "true" for q in watches)
 
 
+async def test_the_index_is_complete_once_listed_and_after_a_failed_watch_only_once_listed_again(
+    server: tuple[Server, Kube],
+) -> None:
+    """A watch that fails may have missed events: the index says so (not complete) from then
+    until a list of its namespace has come through, and the informer lists rather than resume
+    the broken watch from its version."""
+    script, kube = server
+    index = ObjectIndex()
+    seen: list[tuple[str | None, str, bool]] = []
+    done = asyncio.Event()
+
+    def handle(type: str | None, body: JSON) -> Mapping[tuple[str, ...], Any]:
+        seen.append((type, body["metadata"]["name"], index.complete))
+        if len(seen) == 4:
+            done.set()
+        return by_name(body)
+
+    script.lists = [[page([pod("a", "1")], "5")], [page([pod("a", "7")], "9")]]
+    script.watches = [
+        [
+            line("MODIFIED", pod("a", "6")),
+            line("ERROR", {"kind": "Status", "code": 500, "reason": "InternalError"}),
+        ],
+        [line("ADDED", pod("b", "10"))],
+    ]
+    pods = Informer(kube, "v1", "Pod", index=index, handle=handle)
+    assert not index.complete  # nothing listed yet
+    task = asyncio.create_task(pods.run())
+    try:
+        await asyncio.wait_for(done.wait(), timeout=5)
+    finally:
+        task.cancel()
+    assert seen == [
+        (None, "a", False),  # the first list, under way
+        ("MODIFIED", "a", True),  # watched after it
+        (None, "a", False),  # listed again after the failed watch, which may have missed some
+        ("ADDED", "b", True),
+    ]
+    asked = [(q.get("watch"), q.get("resourceVersion")) for q in script.queries]
+    assert asked[:4] == [(None, None), ("1", "5"), (None, None), ("1", "9")]
+
+
 def test_an_update_refiles_an_object_and_a_deletion_unfiles_it() -> None:
     index = ObjectIndex()
     index.file("u1", {"name": "a", "namespace": "ns"}, {("job", "x"): 1, ("node", "n1"): 1})
