@@ -231,8 +231,8 @@ REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"
 #: removed and it is placed anew.
 REASON_GPUS_TAKEN: Final = "PlacementGPUsTaken"
 #: Warning Event and ``GangAdmitted=False`` reason: a node of the job's placement was deleted, or
-#: a worker on a node that is not Ready or was cordoned is gone; the job's workers and decision
-#: are removed and it is placed anew on healthy GPUs.
+#: a worker on a node that was cordoned, or not Ready for 60 s (while most of the pool is Ready),
+#: is gone; the job's workers and decision are removed and it is placed anew on healthy GPUs.
 REASON_NODE_LOST: Final = "PlacementNodeLost"
 #: Warning Event and ``GangAdmitted=False`` reason: the API server refused a placed worker's
 #: pod (a ResourceQuota, a template it finds invalid): the job's workers and decision are
