@@ -19,7 +19,7 @@ import click
 
 from mpijob import keys
 from mpijob.desired.gpu_binding import FLAG_VALUES
-from mpijob.platform import memory
+from mpijob.platform import heap
 from mpijob.settings import OperatorSettings
 
 DEFAULTS = OperatorSettings()
@@ -255,7 +255,7 @@ def run(**opts: object) -> None:
     """Run the operator in the foreground until interrupted."""
     _stop_at_once_while_starting()
     _without_official_client()
-    memory.give_back_large_blocks()
+    heap.give_back_large_blocks()
     with _collector_paused():
         from mpijob.handlers import startup
 

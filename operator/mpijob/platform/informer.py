@@ -219,7 +219,9 @@ class Informer:
                 self.index.drop(uid)
                 self.handle(type, body)
             else:
-                self.index.file(uid, self.kept(metadata), self.handle(type, body))
+                entries = self.handle(type, body)
+                # Most objects (anyone's pods) are filed under nothing: nothing kept of them.
+                self.index.file(uid, self.kept(metadata) if entries else {}, entries)
         except Exception:  # one object's failure must not stop the watch of all the others
             log.exception(
                 "Handling %s %s/%s failed",
