@@ -352,7 +352,9 @@ async def server_minor(kube: KubeApi) -> int | None:
     check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
     try:
         return quota.server_minor(await kube.version())
-    except (ApiError, OSError) as error:
+    except Exception as error:
+        if not kube_module.transient(error, refusals=True):
+            raise
         log.warning("Could not read the API server's version: %s", error)
         return None
 

@@ -50,7 +50,7 @@ from mpijob.desired import config_map, gpu_binding, names
 from mpijob.gang import quota, topology
 from mpijob.handlers.cache import ClaimsBy, Index, PodsBy
 from mpijob.handlers.runtime import OperatorMemo, Runtime
-from mpijob.platform.kube import ApiError, resource
+from mpijob.platform.kube import ApiError, resource, transient
 from mpijob.platform.workers import KOPF_INDICES
 from mpijob.pods.predicates import pod_requests, terminal
 
@@ -613,12 +613,15 @@ async def follow_hypernodes(rt: Runtime) -> None:
     while True:
         try:
             items = await rt.kube.list(keys.HYPERNODE_API_VERSION, "HyperNode", None, urgent=False)
-        except ApiError as e:
-            if not e.not_found:
-                log.warning("Listing Volcano's HyperNodes failed: %s", e.message)
+        except Exception as e:
+            if isinstance(e, ApiError) and e.not_found:
+                items = []
+            elif transient(e, refusals=True):  # the next poll tries again; the API may be down
+                log.warning("Listing Volcano's HyperNodes failed: %s", e)
                 await asyncio.sleep(HYPERNODE_POLL_SECONDS)
                 continue
-            items = []
+            else:
+                raise
         seen = sorted(
             (
                 {

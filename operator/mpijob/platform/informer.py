@@ -47,11 +47,9 @@ import random
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from mpijob.objects import JSON
 from mpijob.platform.backoff import exponential
-from mpijob.platform.kube import ApiError, Gone, Kube, selectors
+from mpijob.platform.kube import Gone, Kube, selectors, transient
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +336,7 @@ class Informer:
                 self._gap(namespace)
                 failures += 1
                 wait = exponential(RETRY_FIRST_SECONDS, failures, RETRY_MOST_SECONDS)
-                expected = isinstance(e, ApiError | aiohttp.ClientError | TimeoutError | OSError)
+                expected = transient(e, refusals=True)  # else a bug: its traceback
                 # The first failure and then one a minute: an outage is one line a minute a
                 # kind, not one a second.
                 level = logging.WARNING if failures % LOG_EVERY_FAILURES == 1 else logging.DEBUG

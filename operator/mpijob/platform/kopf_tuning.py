@@ -10,9 +10,11 @@ Three changes reach into Kopf's private ``kopf._cogs`` modules, which no setting
 lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
 reference cycles (:func:`views_without_cycles`), and index filling that wakes the objects
 waiting for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`).
-One more reads it: Kopf's namespace patterns, for the pod informer (:func:`namespace_matcher`).
-This is the only module that imports ``kopf._cogs`` (an import contract says so), and
-``pyproject.toml`` pins Kopf to the minor version these were written against; each change
+Two more read Kopf's internals: its namespace patterns, for the informers
+(:func:`namespace_matcher`), and its indexers, made before Kopf starts
+(:func:`indexers_for`, ``kopf._core``). This is the only module that imports any of Kopf's
+private packages (``kopf._cogs``, ``kopf._core``, ``kopf._kits``: an import contract says so),
+and ``pyproject.toml`` pins Kopf to the minor version these were written against; each change
 checks that what it replaces is there, and leaves Kopf as it is, with a warning, where it is
 not.
 """

@@ -16,9 +16,10 @@ Callers name kinds and verbs, never URLs: every kind the operator reads or write
 :data:`KINDS`, and server-side apply (:meth:`Kube.apply`), JSON patch (:meth:`Kube.json_patch`)
 and the discovery reads are methods. A refusal raises a subclass of :class:`ApiError` by status
 (:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, ...), in Kopf's manner; each keeps
-``status``. What the API server did not do (429, a 5xx with ``Retry-After``, a read's 5xx) is
-sent again a bounded number of times, after the server's ``Retry-After`` when it names one
-(:func:`retry_after`).
+``status``. Whether an error is the API server not doing a request for now (no answer, 429,
+5xx) is decided here, once, for every caller (:func:`transient`). What the API server did not do
+(429, a 5xx with ``Retry-After``, a read's 5xx) is sent again a bounded number of times, after
+the server's ``Retry-After`` when it names one (:func:`retry_after`).
 
 The console and the node agent are synchronous programs and use the official ``kubernetes``
 client, with credentials from :func:`mpijob.platform.credentials.configuration`.
@@ -245,19 +246,40 @@ _BY_STATUS: Mapping[int, type[ApiError]] = {
 }  # fmt: skip
 
 
-def retry_after(method: str, status: int, header: str | None, attempt: int) -> float | None:
+def transient(error: BaseException, *, refusals: bool = False) -> bool:
+    """Whether ``error`` is the API server not doing a request for now, so that the same request
+    may succeed later: no answer (a connection refused, reset or cut short, a socket or TLS
+    error: ``OSError``, ``aiohttp.ClientError``; a timeout), a 429 (API Priority and Fairness
+    refused it first) or a 5xx. Not a refusal (any other :class:`ApiError`: the same request
+    gets the same answer), nor :class:`NotLeading`, nor anything else (a bug). The one rule of
+    the operator's retries; whether a request that failed so may be sent twice is the caller's
+    to know (:func:`retry_after`).
+
+    ``refusals=True`` counts every :class:`ApiError` too, for a caller that tries again on its
+    own clock whatever the API answered (the Lease campaign, an informer's list and watch, a
+    poll, a requeued reconcile): for it the line is between the API's answer or silence,
+    logged as a line, and a bug, logged with its traceback or raised.
+    """
+    if isinstance(error, ApiError):
+        return refusals or error.status == 429 or error.status >= 500
+    # aiohttp.ServerDisconnectedError and ClientPayloadError are no OSError; asyncio's and
+    # aiohttp's timeouts are TimeoutError.
+    return isinstance(error, OSError | TimeoutError | aiohttp.ClientError)
+
+
+def retry_after(method: str, error: ApiError, header: str | None, attempt: int) -> float | None:
     """Seconds to wait before sending a request again, or None when it must not be.
 
-    Sent again, up to :data:`MAX_RETRIES` times, what the API server did not do: a 429 (API
-    Priority and Fairness refused it first), a 5xx that names a ``Retry-After`` (as client-go
-    does), and a read's 5xx. A write's 5xx without ``Retry-After`` is not: it may have been done
-    (a JSON patch that adds, sent twice, adds twice). The wait is ``Retry-After`` (seconds; its
-    date form is taken as 1 s), else :data:`RETRY_BASE_SECONDS` doubled each try; never more than
-    :data:`RETRY_MAX_SECONDS`.
+    Sent again, up to :data:`MAX_RETRIES` times, what the API server did not do
+    (:func:`transient`: a 429, a 5xx), except a write's 5xx that names no ``Retry-After``: that
+    write may have been done (a JSON patch that adds, sent twice, adds twice), and only a
+    ``Retry-After`` says it was not (as client-go reads it). The wait is ``Retry-After``
+    (seconds; its date form is taken as 1 s), else :data:`RETRY_BASE_SECONDS` doubled each try;
+    never more than :data:`RETRY_MAX_SECONDS`.
     """
-    if attempt > MAX_RETRIES or not (status == 429 or status >= 500):
+    if attempt > MAX_RETRIES or not transient(error):
         return None
-    if status >= 500 and not header and method != "GET":
+    if error.status >= 500 and not header and method != "GET":
         return None
     wait = exponential(RETRY_BASE_SECONDS, attempt, RETRY_MAX_SECONDS)
     if header:
@@ -523,9 +545,10 @@ class Kube:
                 self._info = await asyncio.to_thread(self._reload)
                 continue
             attempt += 1
-            wait = retry_after(method, status, wait_header, attempt) if retry else None
+            error = ApiError.from_response(status, reason, raw)
+            wait = retry_after(method, error, wait_header, attempt) if retry else None
             if wait is None:
-                raise ApiError.from_response(status, reason, raw)
+                raise error
             await self._sleep(wait)
 
     # --- verbs on objects -------------------------------------------------------------------

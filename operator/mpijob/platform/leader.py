@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import metrics
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, transient
 from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,11 @@ class LeaderElector:
         except TimeoutError:
             log.warning("Leader election: no answer from the API server within %.1f s", limit)
             return False
-        except (ApiError, OSError) as e:  # the API may be briefly unreachable
+        except Exception as e:
+            # Refused or unanswered alike, a failed try: the campaign tries again on its own
+            # clock, as client-go's does (a Lease or a right restored ends it); a bug is raised.
+            if not transient(e, refusals=True):
+                raise
             log.warning("Leader election: %s", e)
             return False
         if got:
@@ -186,7 +190,9 @@ class LeaderElector:
                     )
                 if found:
                     return
-            except (ApiError, OSError, TimeoutError):
+            except Exception as e:
+                if not transient(e, refusals=True):
+                    raise
                 return  # no right to read namespaces, or a passing error: just campaign
             if not warned:
                 log.error(
@@ -274,7 +280,9 @@ class LeaderElector:
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
                 await self._kube.replace({**self._lease, "spec": spec}, retry=False)
-        except (ApiError, OSError, TimeoutError) as e:
+        except Exception as e:
+            if not transient(e, refusals=True):
+                raise
             log.warning("Could not release the Lease (it expires by itself): %s", e)
             return
         log.info("Released the Lease", extra={"identity": self.identity})

@@ -60,8 +60,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import aiohttp
-
 from mpijob import keys, metrics
 from mpijob.api.errors import EVENT_MESSAGE_LIMIT, truncate_message
 from mpijob.desired import events
@@ -69,7 +67,7 @@ from mpijob.desired.events import Event
 from mpijob.objects import about
 from mpijob.platform.backoff import exponential
 from mpijob.platform.deferred import Line
-from mpijob.platform.kube import ApiError
+from mpijob.platform.kube import ApiError, transient
 from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
@@ -180,13 +178,6 @@ def _newest_first(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def _about(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     return about(str(obj.get("kind") or keys.KIND), meta.get("namespace"), meta.get("name"))
-
-
-def _unanswered(error: Exception) -> bool:
-    """The API did not answer (or is overloaded): the request is worth trying again."""
-    if isinstance(error, ApiError):
-        return error.status == 429 or error.status >= 500
-    return isinstance(error, (OSError, TimeoutError, aiohttp.ClientError))
 
 
 class Recorder:
@@ -302,7 +293,10 @@ class Recorder:
             try:
                 return await request()
             except Exception as e:
-                if self._closing.is_set() or not _unanswered(e):
+                # Sent again after a 5xx too, writes included: a create names its Event (a
+                # repeat that finds it made is a 409, taken as done) and a count update sets the
+                # count, so neither is done twice.
+                if self._closing.is_set() or not transient(e):
                     raise
                 log.info(
                     "Event request unanswered; retrying", extra={"reason": what, "error": str(e)}
@@ -446,7 +440,7 @@ class Recorder:
 
     @staticmethod
     def _log(what: str, error: Exception, series: Series) -> None:
-        if isinstance(error, ApiError):
+        if transient(error, refusals=True):
             log.warning(
                 "Failed to post event",
                 extra={"reason": what, "error": str(error), **series.subject},

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from mpijob import metrics
 from mpijob.api import JobKey
-from mpijob.platform.kube import ApiError, NotLeading
+from mpijob.platform.kube import NotLeading, transient
 from mpijob.platform.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,12 @@ class Workers:
                     *key,
                     delay,
                     exc,
-                    exc_info=not isinstance(exc, ApiError | OwnershipError | NotLeading),
+                    # The API's answer or silence, a name taken, a lost Lease: one line each;
+                    # anything else is a bug, with its traceback.
+                    exc_info=not (
+                        transient(exc, refusals=True)
+                        or isinstance(exc, OwnershipError | NotLeading)
+                    ),
                 )
             else:
                 self.queue.forget(key)
