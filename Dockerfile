@@ -1,12 +1,23 @@
 # The operator image: mpijob-operator (the operator) and mpijob-agent (the node agent, which the
 # DaemonSet runs with `command: [mpijob-agent]`; on GPU-share nodes also mpijob-agent-csi, its
-# CSI driver). Build from the repository root:
+# CSI driver), and mpijob-launch (launch/: the binary the pods of a job launched without sshd copy
+# from this image). Build from the repository root:
 #   docker build -t mpijob-operator:0.1.0 .
-# Two stages: the project is installed into a virtualenv in the first, and only that virtualenv
-# is copied onto a fresh slim base, so no pip cache, build tree or source checkout ships.
-# Debian's own python3 (bookworm: 3.11) in both stages, the same interpreter at the same path, so
-# the virtualenv's links hold. `make image` (hack/operator_image.py) builds the same image without
-# Docker, for the local cluster's real nodes: README "The operator's image".
+# Three stages: mpijob-launch is built in the first, the project is installed into a virtualenv
+# in the second, and only that binary and that virtualenv are copied onto a fresh slim base, so
+# no Go toolchain, pip cache, build tree or source checkout ships.
+# Debian's own python3 (bookworm: 3.11) in both Python stages, the same interpreter at the same
+# path, so the virtualenv's links hold. `make image` (hack/operator_image.py) builds the same image
+# without Docker, for the local cluster's real nodes: README "The operator's image".
+
+# Static and reproducible, with hack/launch_binary.py's flags (GOFLAGS, LDFLAGS): its build is
+# what hack/operator_image.py puts at the same path (LAUNCH_BINARY).
+FROM golang:1.26-bookworm AS launch
+WORKDIR /src
+COPY launch /src
+RUN CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-trimpath -buildvcs=false -gcflags=all=-dwarf=false" \
+    go build -ldflags="-s -w" -o /mpijob-launch .
+
 FROM debian:bookworm-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -42,6 +53,8 @@ ENV PATH=/opt/mpijob/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     SSL_CERT_FILE=/dev/null
 COPY --from=build /opt/mpijob /opt/mpijob
+# Root's, mode 0755 as built: the pods' init container (any uid) copies it out, nobody changes it.
+COPY --from=launch /mpijob-launch /usr/local/bin/mpijob-launch
 # The distroless "nonroot" uid: no home, no shell login, no write access to the image. It has a
 # passwd entry because Kopf names the operator after its user (getpass fails without one).
 RUN useradd --system --uid 65532 --user-group --no-create-home --home-dir /nonexistent \

@@ -18,7 +18,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-train-gpu kind-e2e clean dashboards
+        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -77,7 +77,7 @@ test-integration: install ## Run the integration tests only (the same set-up as 
 	bash hack/test-deps.sh
 	$(call pytest_phases,integration and )
 
-lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generated dashboards and docs/reference.md up to date
+lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generated dashboards, docs/reference.md and the module map up to date
 	$(VENV)/bin/ruff check operator tests bench hack dashboards docs
 	$(VENV)/bin/ruff format --check operator tests bench hack dashboards docs
 	$(VENV)/bin/mypy
@@ -85,6 +85,7 @@ lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generate
 	$(PY) -m pytest -q -p no:randomly -p no:cacheprovider tests/unit/test_one_request_count.py
 	$(PY) dashboards/generate.py --check
 	$(PY) docs/generate_reference.py --check
+	$(PY) docs/generate_modules.py --check
 	$(PY) -m hack.gen_install --check
 	$(PY) -m hack.gen_chart --check
 
@@ -93,6 +94,9 @@ dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (da
 
 reference: install ## Regenerate docs/reference.md from keys.py and metrics.py (docs/generate_reference.py)
 	$(PY) docs/generate_reference.py
+
+modules: install ## Regenerate the module map in docs/development.md from the modules' docstrings (docs/generate_modules.py)
+	$(PY) docs/generate_modules.py
 
 crds: cluster ## Install the MPIJob CRD into the cluster
 	$(KUBECTL) apply --server-side -f crds/
@@ -164,6 +168,9 @@ bench-queue-cluster: install ## 10,000 waiting topology jobs on 1,000 kwok nodes
 
 bench-train: cluster crds ## img/s of examples/pytorch-cpu.yaml at 1, 2 and 4 workers on the real nodes (median of 3)
 	$(PY) -m bench.train
+
+bench-launch: cluster crds ## Launcher start to all ranks running, sshd vs the launch agent, 2 and 16 workers on the real nodes (median of 5)
+	$(PY) -m bench.launch
 
 bench-train-gpu: ## On a host with NVIDIA GPUs (no cluster): img/s over NCCL at 1, 2 and 4 ranks (median of 3)
 	python3 bench/train_gpu.py

@@ -98,6 +98,10 @@ def archive_path(name: str) -> Path:
     copies in (not this file's layout, so editing a comment here rebuilds nothing)."""
     if name == "pytorch":
         return pytorch_archive_path()
+    if name.endswith(NOSSHD_SUFFIX):
+        base = archive_path(name.removesuffix(NOSSHD_SUFFIX))
+        digest = recipe_digest([], json.dumps([base.name, SSHD_PATHS]))
+        return cache_dir() / f"{name}-{digest}.oci.tar"
     if name == "pause":
         digest = recipe_digest([HACK / "pause/pause.go"], "pause")
     else:
@@ -110,6 +114,9 @@ def archive_path(name: str) -> Path:
 
 
 def reference(name: str) -> str:
+    if name.endswith(NOSSHD_SUFFIX):
+        repo, _, tag = reference(name.removesuffix(NOSSHD_SUFFIX)).rpartition(":")
+        return f"mpijob.local/{repo.rsplit('/', 1)[-1]}{NOSSHD_SUFFIX}:{tag}"
     if name == "pytorch":
         return PYTORCH_REFERENCE
     return PAUSE if name == "pause" else f"{REPO}:{name}"
@@ -182,6 +189,77 @@ def write_oci(layer: Path, ref: str, config: dict[str, object], dest: Path) -> N
         for name, data in (
             ("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode()),
             ("index.json", json.dumps(index).encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    tmp.rename(dest)
+
+
+#: The worker images of jobs launched by the operator's agent (``mpijob.io/launch: agent``,
+#: docs/launch.md), which must run without sshd: each is its base image (``mpi-pi:openmpi`` ->
+#: ``mpijob.local/mpi-pi-nosshd:openmpi``) with one more layer that deletes sshd's binaries (OCI
+#: whiteouts). containerd stores the base's layer once, and the archive holds only the new
+#: blobs, so it is imported after its base (ALL's order).
+NOSSHD_SUFFIX = "-nosshd"
+NOSSHD_BASES = ("openmpi", "openmpi4", "mpich", "intel", "pytorch")
+#: sshd, and the programs trixie's OpenSSH splits it into.
+SSHD_PATHS = ("usr/sbin/sshd", "usr/lib/openssh/sshd-session", "usr/lib/openssh/sshd-auth")
+
+
+def build_nosshd(base: Path, ref: str, dest: Path) -> None:
+    """``ref``: the image of archive ``base`` with a last layer that whites out SSHD_PATHS."""
+    with tarfile.open(base) as t:
+
+        def read(digest: str) -> dict[str, object]:
+            member = t.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+            assert member is not None
+            out: dict[str, object] = json.load(member)
+            return out
+
+        index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = read(index["manifests"][0]["digest"])
+        config = read(manifest["config"]["digest"])  # type: ignore[index]
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        for path in SSHD_PATHS:
+            folder, _, leaf = path.rpartition("/")
+            info = tarfile.TarInfo(f"{folder}/.wh.{leaf}")
+            info.mtime = 0
+            t.addfile(info, io.BytesIO(b""))
+    tmp = dest.with_suffix(".partial")
+    with tarfile.open(tmp, "w") as out:
+        layer_digest, layer_size = _blob(out, layer.getvalue())
+        rootfs = config["rootfs"]
+        assert isinstance(rootfs, dict)
+        config = {**config, "rootfs": {**rootfs, "diff_ids": [*rootfs["diff_ids"], layer_digest]}}
+        cfg_digest, cfg_size = _blob(out, json.dumps(config).encode())
+        layers = [
+            *manifest["layers"],  # type: ignore[misc]
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": layer_digest,
+                "size": layer_size,
+            },
+        ]
+        manifest = {
+            **manifest,
+            "config": {**manifest["config"], "digest": cfg_digest, "size": cfg_size},  # type: ignore[dict-item]
+            "layers": layers,
+        }
+        man_digest, man_size = _blob(out, json.dumps(manifest).encode())
+        entry = {
+            **index["manifests"][0],
+            "digest": man_digest,
+            "size": man_size,
+            "annotations": {
+                "io.containerd.image.name": ref,
+                "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1],
+            },
+        }
+        for name, data in (
+            ("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode()),
+            ("index.json", json.dumps({**index, "manifests": [entry]}).encode()),
         ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -401,14 +479,18 @@ def ensure(name: str) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     say(f"building {reference(name)} (recipe {dest.name})")
-    if name == "pause":
+    if name.endswith(NOSSHD_SUFFIX):
+        build_nosshd(ensure(name.removesuffix(NOSSHD_SUFFIX)), reference(name), dest)
+    elif name == "pause":
         build_pause(dest)
     elif name == "pytorch":
         build_pytorch(dest)
     else:
         build_mpi(name, dest)
     for old in dest.parent.glob(f"{name}-*.oci.tar"):
-        if old != dest:
+        # openmpi-<digest>, not openmpi-nosshd-<digest>: the part after the name is a digest.
+        rest = old.name.removeprefix(f"{name}-").removesuffix(".oci.tar")
+        if old != dest and "-" not in rest:
             old.unlink()
     say(
         f"built {reference(name)} in {time.monotonic() - t0:.0f}s "
@@ -417,7 +499,16 @@ def ensure(name: str) -> Path:
     return dest
 
 
-ALL = ("pause", "openmpi", "openmpi4", "mpich", "intel", "pytorch")
+#: Each no-sshd image after its base: its archive holds only what it adds (build_nosshd).
+ALL = (
+    "pause",
+    "openmpi",
+    "openmpi4",
+    "mpich",
+    "intel",
+    "pytorch",
+    *(f"{base}{NOSSHD_SUFFIX}" for base in NOSSHD_BASES),
+)
 
 
 def start_building(names: Sequence[str]) -> subprocess.Popen[bytes] | None:

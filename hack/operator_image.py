@@ -3,23 +3,27 @@
 
 Both recipes make the same image: Debian bookworm's ``python3`` (3.11), a virtualenv at
 ``/opt/mpijob`` holding the project's wheel and its runtime dependencies from PyPI, ``PATH``
-leading to that virtualenv, uid 65532 and ``mpijob-operator`` as the entrypoint. Where they
-differ is only how the steps run:
+leading to that virtualenv, uid 65532 and ``mpijob-operator`` as the entrypoint, and the static
+``mpijob-launch`` (``launch/``, the pods' agent of jobs launched without sshd) at
+:data:`LAUNCH_BINARY`. Where they differ is only how the steps run:
 
 - the ``Dockerfile``: ``debian:bookworm-slim``, ``apt-get install python3 python3-venv`` in a
   build stage, ``pip install /src`` from PyPI, the virtualenv copied onto a second
-  ``bookworm-slim`` stage that has ``python3`` alone;
+  ``bookworm-slim`` stage that has ``python3`` alone; ``mpijob-launch`` built in a
+  ``golang`` stage and copied in;
 - here: mmdebstrap makes the bookworm rootfs (``--variant=apt``, the same package set as
   ``bookworm-slim``) with ``python3`` and ``python3-venv``; ``pip wheel`` on this machine turns
   the project and its dependencies into wheels (each dependency pinned to the version installed
   in the environment running this script, the one the test suite runs against); inside the
   rootfs, ``pip install --no-index`` installs those wheels into the virtualenv, and
   what no runtime reads is removed (:data:`TRIM`), and ``python3-venv`` and ``binutils`` are
-  purged again, which leaves what the Dockerfile's second stage holds.
+  purged again, which leaves what the Dockerfile's second stage holds; ``mpijob-launch``, built
+  on this machine with the same flags (hack/launch_binary.py), is installed as root, mode 0755.
 
 The result is one layer in an OCI archive under ``~/.cache/mpijob-operator/images/``, named after
 a digest of its recipe: the project's sources (``pyproject.toml`` and ``operator/``), the pinned
-dependency versions and the build steps. README.md reaches the wheel only as its long
+dependency versions, the build steps and ``mpijob-launch``'s own digest (its sources and build
+flags). README.md reaches the wheel only as its long
 description and is left out, so a documentation edit rebuilds nothing. The image is known to the
 real nodes' containerd as ``mpijob.local/mpijob-operator:<digest>`` (:func:`reference`), which
 the local install overlays select (hack/incluster.py), and as ``mpijob-operator:<version>``, the
@@ -31,6 +35,7 @@ Usage: python -m hack.operator_image build | path | reference
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import shlex
 import shutil
@@ -42,7 +47,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from hack import images  # the cache, the OCI writer
+from hack import images, launch_binary  # images: the cache, the OCI writer
 
 HACK = Path(__file__).resolve().parent
 ROOT = HACK.parent
@@ -50,6 +55,9 @@ NAME = "mpijob-operator"
 REPO = f"mpijob.local/{NAME}"
 SUITE = "bookworm"
 VENV = "/opt/mpijob"
+#: Where the image holds ``mpijob-launch``, which the pods of a job launched without sshd copy
+#: (mpijob.desired.launch.IMAGE_BINARY; the Dockerfile's last COPY).
+LAUNCH_BINARY = "/usr/local/bin/mpijob-launch"
 # What the Dockerfile's build stage installs; the runtime keeps python3 only (binutils: strip).
 PACKAGES = ["python3", "python3-venv", "binutils"]
 BUILD_ONLY = ["python3-venv", "binutils"]
@@ -172,9 +180,10 @@ def pins() -> list[str]:
     return sorted(f"{k}=={v}" for k, v in seen.items())
 
 
-def hooks(wheels: Path) -> list[str]:
+def hooks(wheels: Path, launch: Path) -> list[str]:
     """mmdebstrap's customize hooks: the virtualenv, the wheels installed offline, the build-only
-    packages purged, the files no runtime reads removed, the bytecode compiled."""
+    packages purged, the files no runtime reads removed, ``mpijob-launch`` (the binary ``launch``)
+    installed, the bytecode compiled."""
     chroot = 'env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PIP_NO_CACHE_DIR=1 chroot "$1"'
     return [
         f'mkdir -p "$1/tmp/wheels" && cp {wheels}/*.whl "$1/tmp/wheels/"',
@@ -189,12 +198,14 @@ def hooks(wheels: Path) -> list[str]:
         " >/dev/null",
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* '
         '"$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/locale"',
+        f'install -m 0755 -o root -g root {launch} "$1{LAUNCH_BINARY}"',
         f"{chroot} sh -c {shlex.quote(COMPILE)}",
     ]
 
 
 def recipe() -> list[str]:
-    """mmdebstrap's arguments up to the output path (``WHEELS`` stands for the wheel folder)."""
+    """mmdebstrap's arguments up to the output path (``WHEELS`` stands for the wheel folder,
+    ``LAUNCH_BINARY`` for the built ``mpijob-launch``)."""
     return [
         "mmdebstrap",
         "--mode=root",
@@ -202,13 +213,14 @@ def recipe() -> list[str]:
         "--format=tar",
         "--quiet",
         f"--include={','.join(PACKAGES)}",
-        *(f"--customize-hook={h}" for h in hooks(Path("WHEELS"))),
+        *(f"--customize-hook={h}" for h in hooks(Path("WHEELS"), Path("LAUNCH_BINARY"))),
         SUITE,
     ]
 
 
 def digest() -> str:
-    return images.recipe_digest(sources(), json.dumps([recipe(), pins(), CONFIG, version()]))
+    extra = [recipe(), pins(), CONFIG, version(), launch_binary.digest()]
+    return images.recipe_digest(sources(), json.dumps(extra))
 
 
 def digest_of(archive: Path) -> str:
@@ -263,6 +275,7 @@ def build_wheels(dest: Path) -> None:
 
 def build(dest: Path) -> None:
     images.require_mmdebstrap("the operator's image")
+    launch = launch_binary.ensure()
     with tempfile.TemporaryDirectory(prefix="operator-", dir=dest.parent) as tmp:
         wheels = Path(tmp) / "wheels"
         wheels.mkdir()
@@ -270,7 +283,10 @@ def build(dest: Path) -> None:
         build_wheels(wheels)
         say(f"wheels ready in {time.monotonic() - t0:.0f}s")
         layer = Path(tmp) / "rootfs.tar"
-        argv = [a.replace("WHEELS", str(wheels)) for a in recipe()]
+        argv = [
+            a.replace("WHEELS", str(wheels)).replace("LAUNCH_BINARY", shlex.quote(str(launch)))
+            for a in recipe()
+        ]
         result = subprocess.run([*argv, str(layer)], check=False)
         if result.returncode != 0:
             raise die(
@@ -287,6 +303,16 @@ def ensure() -> Path:
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    # Two test lanes may ask for the image at once (the real-node tests, the installs): one
+    # builds it, the other waits and finds it built.
+    with (dest.parent / ".operator-image.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if dest.exists():
+            return dest
+        return _build_into(dest)
+
+
+def _build_into(dest: Path) -> Path:
     t0 = time.monotonic()
     say(f"building {reference()} (recipe {dest.name})")
     build(dest)

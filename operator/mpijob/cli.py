@@ -193,6 +193,14 @@ def main(ctx: click.Context) -> None:
     "--inter-node-bandwidth.",
 )
 @click.option(
+    "--launch-image",
+    default=DEFAULTS.launch_image,
+    metavar="IMAGE",
+    help=f'The image whose mpijob-launch binary jobs annotated {keys.LAUNCH}: "agent" copy into '
+    "their pods, to start ranks with no sshd. Empty: the operator's own image, read from its "
+    "pod at start.",
+)
+@click.option(
     "--fractional-gpus/--no-fractional-gpus",
     default=DEFAULTS.fractional_gpus,
     show_default=True,

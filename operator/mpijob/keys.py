@@ -68,6 +68,8 @@ VOLCANO_DEFAULT_QUEUE: Final = "default"
 #: ``<job>-launcher`` (batch Job), ``<job>-worker-<i>`` (pods); the headless Service is ``<job>``.
 CONFIG_SUFFIX: Final = "-config"
 SSH_SUFFIX: Final = "-ssh"
+#: ``<job>-launch``: the launch keys of a job launched by the operator's agent (no sshd).
+LAUNCH_SUFFIX: Final = "-launch"
 LAUNCHER_SUFFIX: Final = "-launcher"
 WORKER_SUFFIX: Final = "-worker"
 
@@ -164,6 +166,12 @@ FABRIC_REQUIRED_LEVEL: Final = PREFIX + "fabric-required-level"
 #: On an MPIJob: a fabric level one domain of which should hold the job; when none has room the
 #: job spans domains and its placement says which level it could not keep.
 FABRIC_PREFERRED_LEVEL: Final = PREFIX + "fabric-preferred-level"
+#: On an MPIJob: how ``mpirun`` starts the ranks in the workers. ``sshd`` (the default, as
+#: upstream): through ssh and an sshd in the worker image, with an SSH Secret. ``agent``: through
+#: the operator's launch agent, with no sshd in any image and no SSH Secret (docs/launch.md).
+LAUNCH: Final = PREFIX + "launch"
+LAUNCH_SSHD: Final = "sshd"
+LAUNCH_AGENT: Final = "agent"
 # --- Multi-node NVLink: ComputeDomains of NVIDIA's DRA driver ------------------------------
 #: A job placed on several nodes of one NVLink clique gets a ComputeDomain (IMEX daemons and
 #: channels, run by the driver), owned by the MPIJob; its workers claim a channel through the

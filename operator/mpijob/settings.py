@@ -108,6 +108,12 @@ class OperatorSettings:
     certificate the configurations' CA bundle names. Empty: a self-signed certificate made at
     every start (one replica)."""
 
+    launch_image: str = ""
+    """The image whose ``/usr/local/bin/mpijob-launch`` the pods of a job annotated
+    ``mpijob.io/launch: agent`` copy in (docs/launch.md). Empty: the operator's own image, read
+    from its own pod at start (``POD_NAME``); outside a pod, none, and such jobs are refused
+    with a message saying so."""
+
     kubeconfig: str | None = None
     """Path of a kubeconfig; unset means $KUBECONFIG, else in a pod its service account, else
     ~/.kube/config."""

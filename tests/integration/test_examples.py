@@ -32,7 +32,11 @@ EXAMPLES = sorted(
 #: Namespace labels an example is meant to run under (the Pod Security level it claims).
 NAMESPACE_LABELS = {
     "pi-restricted.yaml": {"pod-security.kubernetes.io/enforce": "restricted"},
+    "pi-no-sshd.yaml": {"pod-security.kubernetes.io/enforce": "restricted"},
 }
+#: The launch agent's image, for the examples launched without sshd: the simulated nodes run
+#: no container, so any name does (test_launch_agent.py runs them on the real nodes).
+LAUNCH_IMAGE = "mpijob.local/mpijob-operator:examples"
 
 
 def simulated(body: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +64,12 @@ def test_example_reaches_its_end_state(
         # Only the GPU lane waits for idle GPUs; the examples that ask for none run beside it.
         assert lanes.lane(request.node.nodeid) == lanes.GPUS, "GPUs asked: lanes.TESTS is stale"
         request.getfixturevalue("idle_gpus")
-    operator: OperatorProcess = request.getfixturevalue("operator")
     body = yaml.safe_load(path.read_text())
+    operator: OperatorProcess
+    if body["metadata"].get("annotations", {}).get(keys.LAUNCH) == keys.LAUNCH_AGENT:
+        operator = request.getfixturevalue("start_operator")("--launch-image", LAUNCH_IMAGE)
+    else:
+        operator = request.getfixturevalue("operator")
     if labels := NAMESPACE_LABELS.get(path.name):
         crds.core.patch_namespace(namespace, {"metadata": {"labels": labels}})
     crds.apply(simulated(body), namespace=namespace)

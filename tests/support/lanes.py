@@ -58,6 +58,7 @@ MODULES: dict[str, str] = {
     "test_incluster.py": INSTALLS,
     "test_install.py": INSTALLS,
     "test_kueue.py": EXCLUSIVE,  # Kueue's webhooks see every MPIJob and Job
+    "test_launch_agent.py": REAL_NODES,
     "test_leader_election.py": GPUS,
     "test_lifecycle.py": FREE,
     "test_local_cluster.py": GPUS,
@@ -75,7 +76,15 @@ MODULES: dict[str, str] = {
     "test_upstream_e2e.py": EXCLUSIVE,  # cordons the simulated nodes; watches every namespace
 }
 #: examples/ whose jobs ask for no GPU.
-CPU_EXAMPLES = ("pi", "pi-intel", "pi-mpich", "pi-restricted", "pi-suspended", "pytorch-cpu")
+CPU_EXAMPLES = (
+    "pi",
+    "pi-intel",
+    "pi-mpich",
+    "pi-no-sshd",
+    "pi-restricted",
+    "pi-suspended",
+    "pytorch-cpu",
+)
 #: Tests whose lane is not their module's, by ``file::name``, or ``file::name[parameters]`` for
 #: one case of a parametrized test.
 TESTS: dict[str, str] = {

@@ -344,6 +344,11 @@ class MPIJob(_Model):
         return self.metadata.namespace
 
     @property
+    def launch_agent(self) -> bool:
+        """Whether ``mpijob.io/launch: agent`` asks for the operator's launch agent (no sshd)."""
+        return (self.metadata.annotations or {}).get(keys.LAUNCH) == keys.LAUNCH_AGENT
+
+    @property
     def key(self) -> str:
         """``<namespace>/<name>``, as upstream writes it in messages."""
         return f"{self.metadata.namespace}/{self.metadata.name}"

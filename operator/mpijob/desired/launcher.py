@@ -13,7 +13,7 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
-from mpijob.desired import config_map, events, names, ssh, template
+from mpijob.desired import config_map, events, launch, names, ssh, template
 from mpijob.desired.events import Event
 from mpijob.objects import clone
 
@@ -27,10 +27,16 @@ RESTART_POLICY_OVERRIDDEN = (
 
 
 def implementation_env(job: MPIJob) -> list[dict[str, str]]:
-    """The launcher env that points the job's MPI implementation at the hostfile."""
+    """The launcher env that points the job's MPI implementation at the hostfile, and at the
+    operator's launch agent when the job asks for it (else at ssh, with retries)."""
     slots = str(job.spec.slots_per_worker if job.spec.slots_per_worker is not None else 1)
     env = template.env_var
     implementation = job.spec.mpi_implementation
+    agent = (
+        [env(k, v) for k, v in launch.implementation_env(implementation)]
+        if job.launch_agent
+        else []
+    )
     if implementation == keys.IMPL_OPENMPI:
         # Open MPI 4's mpirun is ORTE's and reads the OMPI_MCA_orte_* names. Open MPI 5's is
         # PRRTE's, which since 3.0.7 reads only PRTE_MCA_* (it translates the ORTE names only
@@ -39,32 +45,39 @@ def implementation_env(job: MPIJob) -> list[dict[str, str]]:
         # PRRTE keeps FQDNs off: it ssh-es to the hostfile's names either way, but it knows its
         # own host only by the short name, so a launcher that is also a worker (its FQDN in the
         # hostfile) would ssh to itself, where no sshd runs.
+        # With the launch agent, the ssh options give way to the agent's settings (Open MPI 4's
+        # where upstream puts its ssh options, Open MPI 5's after PRRTE's names).
+        ompi4 = [e for e in agent if e["name"].startswith("OMPI_")]
+        ompi5 = [e for e in agent if e["name"].startswith("PRTE_")]
         return [
             env("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
             env("OMPI_MCA_orte_default_hostfile", HOSTFILE_PATH),
-            env("OMPI_MCA_plm_rsh_args", _SSH_RETRIES),
+            *(ompi4 or [env("OMPI_MCA_plm_rsh_args", _SSH_RETRIES)]),
             env("OMPI_MCA_orte_set_default_slots", slots),
             env("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
             env("PRTE_MCA_prte_default_hostfile", HOSTFILE_PATH),
-            env("PRTE_MCA_plm_ssh_args", _SSH_RETRIES),
+            *(ompi5 or [env("PRTE_MCA_plm_ssh_args", _SSH_RETRIES)]),
             env("PRTE_MCA_prte_set_default_slots", slots),
         ]
     if implementation == keys.IMPL_INTEL:
         return [
             env("I_MPI_HYDRA_HOST_FILE", HOSTFILE_PATH),
-            env("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", _SSH_RETRIES),
+            *(agent or [env("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", _SSH_RETRIES)]),
             env("I_MPI_PERHOST", slots),
         ]
     if implementation == keys.IMPL_MPICH:
         return [
             env("HYDRA_HOST_FILE", HOSTFILE_PATH),
-            env("HYDRA_LAUNCH_EXTRA_ARGS", _SSH_RETRIES),
+            *(agent or [env("HYDRA_LAUNCH_EXTRA_ARGS", _SSH_RETRIES)]),
         ]
     return []
 
 
-def build_launcher_template(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
-    """The launcher's pod template, and the Warning to emit if the user's restart policy lost."""
+def build_launcher_template(
+    job: MPIJob, launch_image: str = ""
+) -> tuple[dict[str, Any], list[Event]]:
+    """The launcher's pod template, and the Warning to emit if the user's restart policy lost.
+    ``launch_image`` holds the launch agent a job with ``mpijob.io/launch: agent`` copies in."""
     pod = template.copy_template(job.spec.launcher)
     labels = names.launcher_selector(job)
     if job.spec.launcher_is_worker:
@@ -80,7 +93,10 @@ def build_launcher_template(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
         ]
     template.append_env(pod, env)
     spec = pod["spec"]
-    ssh.add_ssh_volume(job, spec)
+    if job.launch_agent:
+        launch.add_to_launcher(job, spec, launch_image)
+    else:
+        ssh.add_ssh_volume(job, spec)
     warnings = []
     if spec.get("restartPolicy"):
         warnings.append(events.warning(keys.REASON_SET_RESTART_POLICY, RESTART_POLICY_OVERRIDDEN))
@@ -98,9 +114,9 @@ def build_launcher_template(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
     return {"metadata": metadata, "spec": spec}, warnings
 
 
-def build_launcher_job(job: MPIJob) -> tuple[dict[str, Any], list[Event]]:
+def build_launcher_job(job: MPIJob, launch_image: str = "") -> tuple[dict[str, Any], list[Event]]:
     """The desired batch/v1 Job of the launcher, and the Events building it asks for."""
-    pod_template, warnings = build_launcher_template(job)
+    pod_template, warnings = build_launcher_template(job, launch_image)
     policy = job.spec.run_policy
     spec: dict[str, Any] = {}
     for field, value in (

@@ -30,6 +30,16 @@ def ssh_secret_name(job: MPIJob) -> str:
     return job.name + keys.SSH_SUFFIX
 
 
+def launch_secret_name(job: MPIJob) -> str:
+    """``<job>-launch``: the keys of a job launched by the operator's agent."""
+    return job.name + keys.LAUNCH_SUFFIX
+
+
+def secret_name(job: MPIJob) -> str:
+    """The job's one Secret: its launch keys with ``mpijob.io/launch: agent``, else its SSH keys."""
+    return launch_secret_name(job) if job.launch_agent else ssh_secret_name(job)
+
+
 def launcher_name(job: MPIJob) -> str:
     """``<job>-launcher``: the batch Job, and the launcher pod's hostname."""
     return job.name + keys.LAUNCHER_SUFFIX

@@ -35,6 +35,7 @@ from mpijob.desired import (
     claims,
     compute_domain,
     config_map,
+    launch,
     launcher,
     names,
     observed,
@@ -87,6 +88,10 @@ class Options:
     """How a placed worker gets its GPUs; in DRA mode its claim is created just before it."""
     new_key_pair: Callable[[], tuple[bytes, bytes]] = ssh.generate_ssh_key_pair
     """Makes the SSH key pair of a Secret that must be (re)created."""
+    new_launch_keys: Callable[[], dict[str, bytes]] = launch.generate_keys
+    """Makes the launch keys of a job with ``mpijob.io/launch: agent``."""
+    launch_image: str = ""
+    """The image holding the launch agent (``--launch-image``, or the operator's own)."""
 
 
 # --- what the caller must do -------------------------------------------------------------------
@@ -190,7 +195,7 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
             and options.admitted
             and status.launcher_may_start(job, workers)
         ):
-            built, template_events = launcher.build_launcher_job(job)
+            built, template_events = launcher.build_launcher_job(job, options.launch_image)
             out.events += template_events
             built["spec"]["template"] = podgroup.decorate_pod(
                 built["spec"]["template"], job.name, options.gang
@@ -271,12 +276,21 @@ def _config_map(desired: JSON, seen: Observed) -> list[Action]:
 
 
 def _secret(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
-    if seen.secret is not None and not ssh.secret_needs_regeneration(seen.secret):
+    """The job's one Secret: its launch keys with the launch agent, else its SSH keys."""
+    live = seen.secret
+    if live is not None and observed.name_of(live) != names.secret_name(job):
+        live = None  # the other kind's, from before the job's launch annotation changed
+    if job.launch_agent:
+        stale = live is None or launch.secret_needs_regeneration(live)
+        built = launch.build_secret(job, options.new_launch_keys()) if stale else None
+    else:
+        stale = live is None or ssh.secret_needs_regeneration(live)
+        built = ssh.build_ssh_secret(job, *options.new_key_pair()) if stale else None
+    if built is None:
         return []
-    built = ssh.build_ssh_secret(job, *options.new_key_pair())
-    if seen.secret is None:
+    if live is None:
         return [Create(built)]
-    version = (seen.secret.get("metadata") or {}).get("resourceVersion")
+    version = (live.get("metadata") or {}).get("resourceVersion")
     return [Replace({**built, "metadata": {**built["metadata"], "resourceVersion": version}})]
 
 
@@ -318,7 +332,9 @@ def _workers(
             projected.append(by_name[name])
             continue
         pod = podgroup.decorate_pod(
-            worker.build_worker(job, index, options.cluster_domain), job.name, options.gang
+            worker.build_worker(job, index, options.cluster_domain, options.launch_image),
+            job.name,
+            options.gang,
         )
         if options.placement is not None:
             _place(pod, options.placement[index])
@@ -411,7 +427,7 @@ def _suspend_or_resume(
     if job.spec.suspended and not job_suspended:
         return [Patch("batch/v1", "Job", name, {"spec": {"suspend": True}})]
     if not job.spec.suspended and job_suspended and status.launcher_may_resume(job, workers):
-        built, _ = launcher.build_launcher_job(job)
+        built, _ = launcher.build_launcher_job(job, options.launch_image)
         built["spec"]["template"] = podgroup.decorate_pod(
             built["spec"]["template"], job.name, options.gang
         )

@@ -1,4 +1,5 @@
-"""Worker pods: one bare Pod per index, ``<job>-worker-<i>``, running sshd by default.
+"""Worker pods: one bare Pod per index, ``<job>-worker-<i>``, running sshd by default (the
+operator's launch agent with ``mpijob.io/launch: agent``).
 
 Called by the reconcile loop for each missing index; gang and placement decoration are applied
 to the returned dict afterwards by their own modules.
@@ -10,18 +11,21 @@ from typing import Any
 
 from mpijob import keys
 from mpijob.api import MPIJob
-from mpijob.desired import names, ssh, template
+from mpijob.desired import launch, names, ssh, template
 
 DEFAULT_WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]
 #: Upstream hard-codes this domain in the workers' DNS search path.
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 
 
-def build_worker(job: MPIJob, index: int, cluster_domain: str = "") -> dict[str, Any]:
+def build_worker(
+    job: MPIJob, index: int, cluster_domain: str = "", launch_image: str = ""
+) -> dict[str, Any]:
     """The desired v1 Pod of worker ``index``.
 
     The DNS search entry uses ``cluster_domain`` when one is given (as upstream does since its
-    PR #832) and ``cluster.local`` otherwise (as upstream v0.8 always does).
+    PR #832) and ``cluster.local`` otherwise (as upstream v0.8 always does). ``launch_image``
+    holds the launch agent a job with ``mpijob.io/launch: agent`` runs instead of sshd.
     """
     name = names.worker_name(job, index)
     pod = template.copy_template(job.spec.worker)
@@ -41,7 +45,10 @@ def build_worker(job: MPIJob, index: int, cluster_domain: str = "") -> dict[str,
     if not container.get("command") and not container.get("args"):
         container["command"] = list(DEFAULT_WORKER_COMMAND)
     template.append_env(pod, [template.env_var(template.ENV_JOB_ROLE, keys.ROLE_WORKER)])
-    ssh.add_ssh_volume(job, spec)
+    if job.launch_agent:
+        launch.add_to_worker(job, spec, launch_image)
+    else:
+        ssh.add_ssh_volume(job, spec)
     metadata = pod["metadata"]
     pod_metadata: dict[str, Any] = {
         "name": name,

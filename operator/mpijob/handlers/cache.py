@@ -250,8 +250,8 @@ class Cache:
         return float("inf") if seen is None else time.monotonic() - seen[0]
 
     def saw_secret(self, key: JobKey, secret: JSON | None) -> None:
-        """The job's SSH Secret as the API server just returned it (None: it has none); only
-        what the sync checks is kept, never the keys themselves."""
+        """The job's Secret (SSH or launch keys) as the API server just returned it (None: it
+        has none); only what the sync checks is kept, never the keys themselves."""
         if secret is None:
             self.secrets[key] = (time.monotonic(), None)
             return

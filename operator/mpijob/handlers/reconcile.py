@@ -28,6 +28,7 @@ from mpijob import api, keys, metrics
 from mpijob.api import JSON, JobKey
 from mpijob.api.errors import FieldError
 from mpijob.api.fabric import fabric_level
+from mpijob.api.launch import launch_errors
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, observed, podgroup, status, sync
 from mpijob.desired.gang_mode import GangMode
@@ -44,9 +45,9 @@ from mpijob.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
-#: How often a job's SSH Secret is read while its pods are Pending and the sync creates nothing
-#: that mounts it (see :func:`_read_secret`): a Secret deleted by hand meanwhile is made again
-#: at the first sync after this long.
+#: How often a job's Secret (SSH or launch keys) is read while its pods are Pending and the
+#: sync creates nothing that mounts it (see :func:`_read_secret`): a Secret deleted by hand
+#: meanwhile is made again at the first sync after this long.
 PENDING_SECRET_READ_SECONDS = 15.0
 
 #: Upstream's counters, by the step of a job's life each counts (once per job).
@@ -101,6 +102,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         admitted=gate.admitted,
         placement=gate.placement,
         gpu_binding=rt.gpu_binding,
+        launch_image=rt.settings.launch_image,
     )
     plan = sync.plan(job, seen, now, options)
     if await _read_secret(rt, key, job, plan.actions, seen.pods):
@@ -154,8 +156,8 @@ def checked(
     body: JSON, settings: OperatorSettings, fabric: Fabric | None = None
 ) -> tuple[api.MPIJob | None, list[FieldError]]:
     """The defaulted job and every reason the operator refuses it: upstream's rules, then ours
-    (quantities a PodGroup needs, the hostfile's size, placed workers naming their node, and
-    with a ``--fabric`` its fabric level annotations naming levels the fabric has)."""
+    (quantities a PodGroup needs, the hostfile's size, placed workers naming their node, with a
+    ``--fabric`` its fabric level annotations naming levels the fabric has, and its launch)."""
     try:
         job = api.with_defaults(api.parse(body), clean_pod_policy=settings.default_clean_pod_policy)
     except api.InvalidMPIJob as exc:
@@ -166,6 +168,7 @@ def checked(
         *config_map.size_errors(job, settings.cluster_domain),
         *topology.template_errors(job, default=settings.gpu_topology_default),
         *(fabric_level(job.metadata.annotations or {}, fabric.level_names)[1] if fabric else ()),
+        *launch_errors(job.metadata.annotations or {}, settings.launch_image),
     ]
 
 
@@ -173,7 +176,8 @@ def checked(
 
 
 def _needs_secret(action: sync.Action) -> bool:
-    """Whether ``action`` writes the SSH Secret or creates what mounts it (a pod, the launcher)."""
+    """Whether ``action`` writes the job's Secret or creates what mounts it (a pod, the
+    launcher)."""
     match action:
         case sync.Create(obj=obj) | sync.Replace(obj=obj):
             return obj.get("kind") in ("Secret", "Pod", "Job")
@@ -187,8 +191,8 @@ def _creates_secret(action: sync.Action) -> bool:
 async def _read_secret(
     rt: Runtime, key: JobKey, job: api.MPIJob, actions: list[sync.Action], pods: Sequence[JSON]
 ) -> bool:
-    """Read the job's SSH Secret from the API server while it is needed; whether it did (then
-    the plan is made again from what it read).
+    """Read the job's Secret (SSH or launch keys) from the API server while it is needed;
+    whether it did (then the plan is made again from what it read).
 
     Secrets are not watched (see :mod:`mpijob.handlers.cache`), so the operator's memory of one
     may be stale. It is read before the plan writes it or creates what mounts it, and while a
@@ -210,7 +214,7 @@ async def _read_secret(
             return False
         if not any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods):
             return False
-    secret = await rt.kube.get("v1", "Secret", job.namespace, names.ssh_secret_name(job))
+    secret = await rt.kube.get("v1", "Secret", job.namespace, names.secret_name(job))
     rt.cache.saw_secret(key, secret)
     return True
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -96,7 +97,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     with step(f"reading the credentials ({kubeconfig_source(ours)})"):
         info = kube_module.connection_info(ours.kubeconfig or None)
     where = f"the API server at {info.server}"
-    binding = await preflight(ours, where)
+    binding, ours = await preflight(ours, where)
     settings = kopf.OperatorSettings()
     kopf_tuning.configure(settings, ours)
     # Leader election's own client, as upstream's: a renewal never waits behind other requests.
@@ -198,6 +199,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         extra={
             "namespaces": list(ours.namespaces) or "all",
             "gang": ours.gang_scheduling or "off",
+            "launch_image": ours.launch_image or "none",
             "threadiness": ours.threadiness,
             "leader_election": ours.leader_elect,
             "identity": identity,
@@ -420,9 +422,48 @@ async def check_crds(kube: KubeApi) -> None:
 PREFLIGHT_SECONDS = 60.0
 
 
-async def preflight(ours: OperatorSettings, where: str) -> GpuBinding:
+async def launch_image(ours: OperatorSettings, where: str) -> str:
+    """The image jobs with ``mpijob.io/launch: agent`` copy the launch agent from:
+    ``--launch-image``, else this operator's own (its pod's first container's, so a kustomize or
+    Helm image override follows), else none (such jobs are then refused, saying why). Not a
+    start-up failure when the pod cannot be read: only those jobs need it, and the log says."""
+    if ours.launch_image:
+        return ours.launch_image
+    pod = credentials.own_pod()
+    if pod is None:
+        log.info(
+            "No launch image: not in a pod and no --launch-image; jobs annotated "
+            "%s: %s are refused",
+            keys.LAUNCH,
+            keys.LAUNCH_AGENT,
+        )
+        return ""
+    kube = Kube.from_kubeconfig(ours.kubeconfig, qps=0, burst=1, concurrency=1)
+    try:
+        body = await kube.get("v1", "Pod", *pod)
+    except Exception as e:
+        if not kube_module.transient(e, refusals=True):
+            raise
+        log.warning(
+            "Could not read this operator's pod %s/%s on %s for its image (%s); jobs "
+            "annotated %s: %s are refused until --launch-image names it",
+            *pod,
+            where,
+            e,
+            keys.LAUNCH,
+            keys.LAUNCH_AGENT,
+        )
+        return ""
+    finally:
+        await kube.aclose()
+    containers = ((body or {}).get("spec") or {}).get("containers") or [{}]
+    return str(containers[0].get("image") or "")
+
+
+async def preflight(ours: OperatorSettings, where: str) -> tuple[GpuBinding, OperatorSettings]:
     """Before anything else: the API server answers, the CRDs are served and the GPU binding
-    mode is chosen. :class:`StartupFailed` when the API server does not answer within
+    mode is chosen; returned with ``ours`` completed by the launch image (:func:`launch_image`).
+    :class:`StartupFailed` when the API server does not answer within
     :data:`PREFLIGHT_SECONDS` (the kubelet restarts the pod, which tries again), when a CRD is
     missing, or when ``--gpu-binding=dra`` cannot work here."""
     with step(f"reading the kubeconfig for {where}"):
@@ -433,7 +474,9 @@ async def preflight(ours: OperatorSettings, where: str) -> GpuBinding:
             with step(f"checking the CRDs and the GPU binding mode on {where}"):
                 try:
                     await check_crds(kube)
-                    return (await detect_gpu_binding(kube, ours.gpu_binding)).mode
+                    mode = (await detect_gpu_binding(kube, ours.gpu_binding)).mode
+                    image = await launch_image(ours, where)
+                    return mode, dataclasses.replace(ours, launch_image=image)
                 except OSError as e:
                     if asyncio.get_running_loop().time() > deadline:
                         raise StartupFailed(

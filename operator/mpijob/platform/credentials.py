@@ -21,6 +21,24 @@ def in_cluster(kubeconfig: str | None = None) -> bool:
     )
 
 
+#: Where the kubelet puts a pod's namespace beside its service account token.
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_pod() -> tuple[str, str] | None:
+    """This process's pod, (namespace, name), when it runs in one that says its name
+    (``POD_NAME`` from the downward API); None elsewhere."""
+    name = os.environ.get("POD_NAME")
+    if not name:
+        return None
+    try:
+        with open(NAMESPACE_FILE, encoding="utf-8") as f:
+            namespace = f.read().strip()
+    except OSError:
+        return None
+    return (namespace, name) if namespace else None
+
+
 def configuration(kubeconfig: str | None = None) -> Any:
     """The official client's ``Configuration`` for the synchronous programs (console, agent),
     with the credentials :func:`in_cluster` chooses.

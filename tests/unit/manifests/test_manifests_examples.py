@@ -53,9 +53,9 @@ def test_example_is_a_valid_mpijob(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
-def test_example_uses_no_extension_but_the_topology_annotation(path: Path) -> None:
+def test_example_uses_no_extension_but_the_topology_and_launch_annotations(path: Path) -> None:
     """Upstream's CRD takes every file unchanged; simulation annotations never ship."""
-    assert our_keys(load(path)) <= {keys.GPU_TOPOLOGY}
+    assert our_keys(load(path)) <= {keys.GPU_TOPOLOGY, keys.LAUNCH}
 
 
 def test_the_seed_scenarios_are_all_there() -> None:

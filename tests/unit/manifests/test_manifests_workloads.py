@@ -212,7 +212,11 @@ def test_dockerfile_builds_a_slim_non_root_image() -> None:
     ]
     bases = [rest for op, rest in instructions if op == "FROM"]
     # Debian's python3 in both stages, as hack/operator_image.py builds it for the real nodes.
-    assert bases == ["debian:bookworm-slim AS build", "debian:bookworm-slim"]
+    assert bases == [
+        "golang:1.26-bookworm AS launch",  # mpijob-launch, a static Go binary
+        "debian:bookworm-slim AS build",
+        "debian:bookworm-slim",
+    ]
     assert [rest for op, rest in instructions if op == "USER"] == ["65532:65532"]
     assert [rest for op, rest in instructions if op == "ENTRYPOINT"] == ['["mpijob-operator"]']
     assert [rest for op, rest in instructions if op == "CMD"] == ['["--help"]']
@@ -228,7 +232,7 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
         if line.startswith("COPY ") and "--from" not in line
         for source in line.split()[1:-1]
     }
-    assert copied == {"pyproject.toml", "README.md", "operator"}
+    assert copied == {"pyproject.toml", "README.md", "operator", "launch"}
     for source in copied:
         assert (ROOT / source).exists()
     patterns = (ROOT / ".dockerignore").read_text().split()

@@ -29,7 +29,8 @@ def instructions() -> list[tuple[str, str]]:
 def test_the_image_is_the_dockerfiles_debian_python_virtualenv_user_and_entrypoint() -> None:
     steps = instructions()
     bases = [rest.split()[0] for op, rest in steps if op == "FROM"]
-    assert {f"debian:{operator_image.SUITE}-slim"} == set(bases)
+    go_stage = f"golang:1.26-{operator_image.SUITE}"  # mpijob-launch only (tests/unit/launch)
+    assert {f"debian:{operator_image.SUITE}-slim", go_stage} == set(bases)
     build_apt, runtime_apt = [
         rest for op, rest in steps if op == "RUN" and "apt-get install" in rest
     ]
@@ -94,14 +95,14 @@ def test_both_recipes_give_the_runtime_uid_a_passwd_entry() -> None:
     """Kopf names the operator after its user (getpass): without an entry it exits at start."""
     runs = [rest for op, rest in instructions() if op == "RUN"]
     assert any("useradd" in r and "--uid 65532" in r for r in runs)
-    assert any("useradd" in h and "--uid 65532" in h for h in operator_image.hooks(ROOT))
+    assert any("useradd" in h and "--uid 65532" in h for h in operator_image.hooks(ROOT, ROOT))
 
 
 def test_both_recipes_trim_the_same_and_leave_plotting_out() -> None:
     """What no runtime reads goes in both recipes, and the CLI's plotting is an extra."""
     runs = [" ".join(rest.split()) for op, rest in instructions() if op == "RUN"]
     assert operator_image.TRIM in runs
-    assert any(shlex.quote(operator_image.TRIM) in h for h in operator_image.hooks(ROOT))
+    assert any(shlex.quote(operator_image.TRIM) in h for h in operator_image.hooks(ROOT, ROOT))
     pinned = {line.split("==")[0] for line in operator_image.pins()}
     assert not {"matplotlib", "pillow", "fonttools"} & pinned
 
@@ -111,6 +112,6 @@ def test_both_recipes_ship_bytecode_compiled_the_same_way() -> None:
     at build time, every start would compile the whole import tree from source."""
     runs = [" ".join(rest.split()) for op, rest in instructions() if op == "RUN"]
     assert operator_image.COMPILE in runs
-    hooks = operator_image.hooks(ROOT)
+    hooks = operator_image.hooks(ROOT, ROOT)
     assert hooks[-1].endswith(shlex.quote(operator_image.COMPILE))  # after every removal
     assert "unchecked-hash" in operator_image.COMPILE
