@@ -221,48 +221,48 @@ def attacker_pod(name: str, image: str, secret: str, target: str) -> dict[str, A
     """A restricted pod that runs the agent, with the launcher's key files from ``secret``,
     against ``target``: it prints the agent's exit status."""
     script = f"{launch.IMAGE_BINARY} {target} touch {MARK}; echo exit=$?"
-    return on_real_node(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": image,
-                        "command": ["sh", "-c", script],
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                        },
-                        "volumeMounts": [{"name": "keys", "mountPath": launch.KEYS_DIR}],
-                    }
-                ],
-                "volumes": [
-                    {
-                        "name": "keys",
-                        "secret": {
-                            "secretName": secret,
-                            "items": [
-                                {"key": launch.LAUNCHER_KEY, "path": launch.CLIENT_KEY_FILE},
-                                {
-                                    "key": launch.WORKER_PUBLIC_KEY,
-                                    "path": launch.KNOWN_HOST_KEY_FILE,
-                                },
-                            ],
-                        },
-                    }
-                ],
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {realnode.ROLE: "true"},
+            "tolerations": [{"key": realnode.ROLE, "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
             },
-        }
-    )
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": ["sh", "-c", script],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "keys", "mountPath": launch.KEYS_DIR}],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "keys",
+                    "secret": {
+                        "secretName": secret,
+                        "items": [
+                            {"key": launch.LAUNCHER_KEY, "path": launch.CLIENT_KEY_FILE},
+                            {
+                                "key": launch.WORKER_PUBLIC_KEY,
+                                "path": launch.KNOWN_HOST_KEY_FILE,
+                            },
+                        ],
+                    },
+                }
+            ],
+        },
+    }
 
 
 def forged_keys(crds: Cluster, namespace: str, job: str) -> dict[str, str]:
