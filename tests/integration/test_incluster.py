@@ -260,6 +260,14 @@ def test_incluster_standalone_runs_upstream_pi_on_the_real_node(
     assert all(0 in exit_codes(p) for p in launchers), [exit_codes(p) for p in launchers]
     log = launcher_log(real_cluster, namespace, "pi")
     assert "pi is approximately" in log, log
+    # Launched without sshd: the installed operator found its own image and gives the jobs
+    # its launch agent from it, with no flag.
+    body = on_real_node(yaml.safe_load((ROOT / "examples" / "pi-no-sshd.yaml").read_text()))
+    real_cluster.apply(body, namespace=namespace)
+    mpijobs.wait_condition("pi-no-sshd", keys.COND_SUCCEEDED, timeout=TIMEOUT)
+    (launcher,) = pods(real_cluster, namespace, "pi-no-sshd", keys.ROLE_LAUNCHER)
+    assert [c.image for c in launcher.spec.init_containers] == [install.image]
+    assert "pi is approximately" in launcher_log(real_cluster, namespace, "pi-no-sshd")
     logs = real_cluster.kubectl("logs", pod.metadata.name, "-n", NS)
     assert "Forbidden" not in logs, logs[-3000:]
 
