@@ -85,6 +85,7 @@ lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generate
 	$(PY) -m pytest -q -p no:randomly -p no:cacheprovider tests/unit/test_one_request_count.py
 	$(PY) dashboards/generate.py --check
 	$(PY) docs/generate_reference.py --check
+	$(PY) docs/generate_watches.py --check
 	$(PY) docs/generate_modules.py --check
 	$(PY) -m hack.gen_install --check
 	$(PY) -m hack.gen_chart --check
@@ -92,8 +93,9 @@ lint: install ## ruff, mypy, the import-layer contracts, one GPU count, generate
 dashboards: install ## Regenerate the Grafana dashboard and Prometheus rules (dashboards/generate.py)
 	$(PY) dashboards/generate.py
 
-reference: install ## Regenerate docs/reference.md from keys.py and metrics.py (docs/generate_reference.py)
+reference: install ## Regenerate docs/reference.md from keys.py and metrics.py, and docs/informers.md's table from the watched kinds
 	$(PY) docs/generate_reference.py
+	$(PY) docs/generate_watches.py
 
 modules: install ## Regenerate the module map in docs/development.md from the modules' docstrings (docs/generate_modules.py)
 	$(PY) docs/generate_modules.py

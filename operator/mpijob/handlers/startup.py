@@ -230,7 +230,7 @@ def make_informers(
     user_agent: str,
 ) -> tuple[Kube, list[informer.Informer]]:
     """An informer per index of ``indices``, of its kind in
-    :data:`~mpijob.handlers.watches.INFORMED`, over the operator's namespaces (a cluster-scoped
+    :data:`~mpijob.handlers.watches.WATCHED`, over the operator's namespaces (a cluster-scoped
     kind: the cluster), filing into ``indices``; each one's first list opens the workers for it.
     Their own client: each watch holds a connection for minutes, never one a request waits for."""
     namespaces, admits = informer.scope(ours.namespaces, kopf_tuning.namespace_matcher)
@@ -243,7 +243,8 @@ def make_informers(
     )
     informers = []
     for index, into in indices.items():
-        kind = watches.INFORMED[index]
+        kind = watches.WATCHED[index]
+        assert kind.api_version is not None, kind
         namespaced = kube_module.KINDS[kind.api_version, kind.kind].namespaced
         informers.append(
             informer.Informer(

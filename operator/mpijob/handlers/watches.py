@@ -10,7 +10,8 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
-The kinds with most events and those with one object per node (:data:`INFORMED`: MPIJobs, pods,
+Every watched kind is one row of :data:`WATCHED`, from which every watch is registered. The kinds
+with most events and those with one object per node (MPIJobs, pods,
 Services, ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices
 and ResourceClaims) are listed and watched by the operator's informers
 (:class:`mpijob.platform.informer.Informer`), which give each event to one plain function here
@@ -38,9 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import kopf
 
@@ -453,23 +456,12 @@ def _launcher_job(body: JSON) -> JSON:
     return _child(body, spec=body.get("spec") or {}, status=body.get("status") or {})
 
 
-#: Children the reconciler reads whole or in part, listed and watched by informers of their own
-#: (:data:`INFORMED`): what each index keeps of one, and the suffix of the job's name that
-#: names it (:mod:`mpijob.desired.names`). Only the object of that name is the job's child: a
-#: tenant may make any number of others controlled by its own job, which are not filed.
-_SUMMARIES: dict[Index, tuple[Callable[[JSON], JSON], str]] = {
-    Index.SERVICES_BY_JOB: (_service, ""),
-    Index.CONFIGMAPS_BY_JOB: (_config_map, keys.CONFIG_SUFFIX),
-    Index.LAUNCHERS_BY_JOB: (_launcher_job, keys.LAUNCHER_SUFFIX),
-}
-
-
 def child_event(rt: Runtime, index: Index, type: str | None, body: JSON) -> dict[JobKey, JSON]:
     """A child's event from its informer (``type`` None: listed): its controlling job's sync
     asked for, and what ``index`` keeps of it under the job's key (nothing once deleted, or
     for anyone else's object)."""
     metadata = body.get("metadata") or {}
-    summary, suffix = _SUMMARIES[index]
+    summary, suffix = WATCHED[index].child or (_child, "")
     job = names.controlling_job({"metadata": metadata})
     name = str(metadata.get("name") or "")
     if not job or name != job + suffix:
@@ -639,56 +631,181 @@ async def follow_hypernodes(rt: Runtime) -> None:
         await asyncio.sleep(HYPERNODE_POLL_SECONDS)
 
 
-class Informed(NamedTuple):
-    """A kind an informer lists and watches, the label selector it lists them by, and how many
-    objects a page of its list holds."""
+class Source(StrEnum):
+    """Who lists and watches a kind."""
 
-    api_version: str
+    KOPF = "Kopf"
+    """Kopf's watch, an index function and, where events must do more, an event handler."""
+    INFORMER = "informer"
+    """The declared extension (:class:`mpijob.platform.informer.Informer`, docs/informers.md):
+    an informer of the operator's own that gives each event to one plain function."""
+
+
+class Mode(StrEnum):
+    """When a kind is watched at all: its API may not be served otherwise."""
+
+    ALWAYS = "always"
+    DRA = "dra"
+    """In the dra GPU binding mode."""
+    GANG = "gang"
+    """With a PodGroup gang backend (Volcano's or scheduler-plugins' API)."""
+
+
+@dataclass(frozen=True)
+class Watched:
+    """Everything about one watched kind, in one row: from these rows every watch is registered
+    (Kopf's and the informers') and every cache lookup by job is made."""
+
+    index: Index
+    """The index its objects are filed in (:class:`mpijob.handlers.cache.Index`)."""
     kind: str
+    api_version: str | None
+    """None: the gang backend's PodGroup API, known at start."""
+    source: Source
+    filed_by: str
+    """The index's keys, and what is kept of each object (docs/informers.md's table)."""
+    triggers: str
+    """Which job's sync an event asks for."""
     labels: str = ""
+    """The label selector it is listed and watched by (informers only)."""
     page: int = 500
+    """Objects per page of an informer's list."""
+    mode: Mode = Mode.ALWAYS
+    handle: Callable[[Runtime], Callable[[str | None, JSON], Any]] | None = None
+    """An informer's kind: what its informer gives each event to."""
+    index_fn: Callable[..., Awaitable[Any]] | None = None
+    """A Kopf kind: its index function (also the trigger: Kopf calls it for every event but a
+    deletion)."""
+    on_event: Callable[..., Awaitable[None]] | None = None
+    """A Kopf kind: its event handler, filtered by :attr:`when`."""
+    when: Callable[..., bool] | None = None
+    child: tuple[Callable[[JSON], JSON], str] | None = None
+    """A child the reconciler looks up by its job's key: what is kept of it, and the suffix of
+    the job's name that names it (:mod:`mpijob.desired.names`). Only the object of that name is
+    the job's child: a tenant may make any number of others controlled by its own job, which
+    are not filed."""
+
+    def watched(self, *, dra: bool, gang: bool) -> bool:
+        return (
+            self.mode is Mode.ALWAYS
+            or (self.mode is Mode.DRA and dra)
+            or (self.mode is Mode.GANG and gang)
+        )
 
 
-#: The kinds listed and watched by informers of the operator's own
-#: (:class:`mpijob.platform.informer.Informer`), not by Kopf, by the index each fills: nearly
-#: all of the events, and the kinds with one object per node, on which Kopf spent 1.4 to 2.9 ms
-#: of CPU a node at every start. Kopf keeps the kinds with few objects and few events.
-INFORMED: dict[Index, Informed] = {
-    Index.MPIJOBS_BY_KEY: Informed(keys.API_VERSION, keys.KIND),
-    Index.PODS: Informed("v1", "Pod"),
-    Index.SERVICES_BY_JOB: Informed("v1", "Service"),
-    # Every ConfigMap of the cluster is listed, and anyone's may carry a MiB of data: a page
-    # of 50 holds at most 50 MiB at once (of 500: half a GiB), at one request per 50 at start.
-    Index.CONFIGMAPS_BY_JOB: Informed("v1", "ConfigMap", page=50),
-    Index.LAUNCHERS_BY_JOB: Informed("batch/v1", "Job"),
-    Index.NODES_BY_NAME: Informed(
-        "v1", "Node", f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}"
-    ),
-    Index.SLICES_BY_NODE: Informed(keys.DRA_API_VERSION, "ResourceSlice"),
-    Index.CLAIMS: Informed(keys.DRA_API_VERSION, "ResourceClaim"),
-}
-#: Informed in the dra binding mode only: the API may not be served otherwise.
-_DRA_ONLY = frozenset({Index.SLICES_BY_NODE, Index.CLAIMS})
+def _informed(handle: Callable[..., Any]) -> Callable[[Runtime], Callable[..., Any]]:
+    return lambda rt: partial(handle, rt)
+
+
+def _informed_child(index: Index) -> Callable[[Runtime], Callable[..., Any]]:
+    return lambda rt: partial(child_event, rt, index)
+
+
+_BY_JOB = "the job's key (namespace, name)"
+_OWNER = "the job that controls it (its controller reference)"
+
+#: Every watched kind. The informers take the kinds with most events and those with one object
+#: per node: nearly all of the events, and on the kinds per node Kopf spent 1.4 to 2.9 ms of CPU
+#: a node at every start (docs/scale.md). Kopf keeps the kinds with few objects and few events.
+WATCHED: dict[Index, Watched] = {
+    w.index: w
+    for w in (
+        Watched(
+            Index.MPIJOBS_BY_KEY, keys.KIND, keys.API_VERSION, Source.INFORMER,
+            f"{_BY_JOB}: spec and status whole, the metadata read (job_summary)",
+            "its own, rate-limited; none for the echo of its own status write",
+            handle=_informed(mpijob_event),
+        ),
+        Watched(
+            Index.PODS, "Pod", "v1", Source.INFORMER,
+            "(job, namespace, name) for the job's pods; (gpus-on, node) for anyone's GPU pods; "
+            "(requests-on, node) for anyone's bound pods (pod_summary)",
+            "the job named by its labels, 0.5 s later",
+            handle=_informed(pod_event),
+        ),
+        Watched(
+            Index.SERVICES_BY_JOB, "Service", "v1", Source.INFORMER,
+            f"{_BY_JOB}: selector and DNS fields", _OWNER,
+            handle=_informed_child(Index.SERVICES_BY_JOB), child=(_service, ""),
+        ),
+        # Every ConfigMap of the cluster is listed, and anyone's may carry a MiB of data: a page
+        # of 50 holds at most 50 MiB at once (of 500: half a GiB), at one request per 50 at start.
+        Watched(
+            Index.CONFIGMAPS_BY_JOB, "ConfigMap", "v1", Source.INFORMER,
+            f"{_BY_JOB}: digests of the operator's two keys", _OWNER, page=50,
+            handle=_informed_child(Index.CONFIGMAPS_BY_JOB),
+            child=(_config_map, keys.CONFIG_SUFFIX),
+        ),
+        Watched(
+            Index.LAUNCHERS_BY_JOB, "Job", "batch/v1", Source.INFORMER,
+            f"{_BY_JOB}: spec and status", _OWNER,
+            handle=_informed_child(Index.LAUNCHERS_BY_JOB),
+            child=(_launcher_job, keys.LAUNCHER_SUFFIX),
+        ),
+        Watched(
+            Index.NODES_BY_NAME, "Node", "v1", Source.INFORMER,
+            "node name: labels, annotations (its GPU topology), spec, conditions, allocatable",
+            "the jobs placed on it, when it is deleted or leaves the pool; admission woken",
+            labels=f"{keys.NODE_GPU_SCHEDULE_LABEL}={keys.NODE_GPU_SCHEDULE_TOPOLOGY}",
+            handle=_informed(node_event),
+        ),
+        Watched(
+            Index.SLICES_BY_NODE, "ResourceSlice", keys.DRA_API_VERSION, Source.INFORMER,
+            "node name: the NVIDIA driver's GPU UUIDs", "none", mode=Mode.DRA,
+            handle=lambda rt: slice_event,
+        ),
+        Watched(
+            Index.CLAIMS, "ResourceClaim", keys.DRA_API_VERSION, Source.INFORMER,
+            "(job, namespace, name) for the job's claims; (allocated-on, node) for anyone's",
+            f"{_OWNER}; admission woken", mode=Mode.DRA,
+            handle=_informed(claim_event),
+        ),
+        Watched(
+            Index.DECISIONS_BY_JOB, keys.DECISION_KIND, keys.DECISION_API_VERSION, Source.KOPF,
+            f"{_BY_JOB}: the operator's own record of a placement", "its job's; admission woken",
+            index_fn=decisions_by_job, on_event=decision_event,
+        ),
+        Watched(
+            Index.PODGROUPS_BY_JOB, "PodGroup", None, Source.KOPF,
+            f"{_BY_JOB}: the one named after its job", _OWNER, mode=Mode.GANG,
+            index_fn=podgroups_by_job, on_event=child_deleted, when=deleted,
+        ),
+        # Every cluster has two (system-node-critical, system-cluster-critical): their first event
+        # says Kopf's indices are all complete, since Kopf calls event handlers only then.
+        Watched(
+            Index.PRIORITIES_BY_NAME, "PriorityClass", "scheduling.k8s.io/v1", Source.KOPF,
+            "name: its value", "none; the first event opens the workers for Kopf's indices",
+            index_fn=priorities_by_name, on_event=kopf_indexed,
+        ),
+        Watched(
+            Index.QUOTAS_BY_NAMESPACE, "ResourceQuota", "v1", Source.KOPF,
+            "namespace: the GPU resources and scopes of quotas that limit GPUs",
+            "none; admission woken",
+            index_fn=quotas_by_namespace, on_event=gpu_quota_event, when=limits_gpus,
+        ),
+        Watched(
+            Index.GPU_CLASSES_BY_NAME, "DeviceClass", keys.DRA_API_VERSION, Source.KOPF,
+            "name: the extended resource NVIDIA's GPU class maps to", "none", mode=Mode.DRA,
+            index_fn=gpu_classes_by_name,
+        ),
+    )
+}  # fmt: skip
 
 
 def informed(*, dra: bool) -> list[Index]:
-    """The indices the operator's informers fill (:data:`INFORMED`), in its binding mode."""
-    return [index for index in INFORMED if dra or index not in _DRA_ONLY]
+    """The indices the operator's informers fill, in its binding mode."""
+    return [
+        w.index
+        for w in WATCHED.values()
+        if w.source is Source.INFORMER and w.watched(dra=dra, gang=False)
+    ]
 
 
 def informer_handler(rt: Runtime, index: Index) -> Callable[[str | None, JSON], Any]:
     """What the informer of ``index``'s kind gives each event to."""
-    if index is Index.MPIJOBS_BY_KEY:
-        return partial(mpijob_event, rt)
-    if index is Index.PODS:
-        return partial(pod_event, rt)
-    if index is Index.NODES_BY_NAME:
-        return partial(node_event, rt)
-    if index is Index.SLICES_BY_NODE:
-        return slice_event
-    if index is Index.CLAIMS:
-        return partial(claim_event, rt)
-    return partial(child_event, rt, index)
+    handle = WATCHED[index].handle
+    assert handle is not None, f"{index} is not an informer's"
+    return handle(rt)
 
 
 def register(
@@ -697,31 +814,21 @@ def register(
     gang_api_version: str | None,
     dra: bool = False,
 ) -> None:
-    """Attach Kopf's indices and event handlers; PodGroups only in gang mode, DeviceClasses
-    only in the dra binding mode (the API may not be served otherwise). Volcano's
-    HyperNodes are listed, not watched (:func:`follow_hypernodes`).
+    """Attach Kopf's indices and event handlers of the Kopf rows of :data:`WATCHED`: PodGroups
+    only in gang mode, DRA's kinds only in the dra binding mode. Volcano's HyperNodes are
+    listed, not watched (:func:`follow_hypernodes`).
 
     Index ids are given as plain strings: Kopf formats a handler with ``repr`` of its id at
     every call, and an enum member's took 1 % of a profile's samples in ``make bench``."""
-    decisions = resource(keys.DECISION_API_VERSION, keys.DECISION_KIND)
-    kopf.index(*decisions, id=Index.DECISIONS_BY_JOB.value, registry=registry)(decisions_by_job)
-    kopf.on.event(*decisions, registry=registry)(decision_event)
-    if gang_api_version:
-        # Not an informer's: a PodGroup API installed after the operator started is watched
-        # once it is served (Kopf waits for a kind it does not find).
-        podgroups = resource(gang_api_version, "PodGroup")
-        kopf.index(*podgroups, id=Index.PODGROUPS_BY_JOB.value, registry=registry)(podgroups_by_job)
-        kopf.on.event(*podgroups, when=deleted, registry=registry)(child_deleted)
-    priorities = resource("scheduling.k8s.io/v1", "PriorityClass")
-    kopf.index(*priorities, id=Index.PRIORITIES_BY_NAME.value, registry=registry)(
-        priorities_by_name
-    )
-    kopf.on.event(*priorities, registry=registry)(kopf_indexed)
-    quotas = resource("v1", "ResourceQuota")
-    kopf.index(*quotas, id=Index.QUOTAS_BY_NAMESPACE.value, registry=registry)(quotas_by_namespace)
-    kopf.on.event(*quotas, when=limits_gpus, registry=registry)(gpu_quota_event)
-    if dra:
-        classes = resource(keys.DRA_API_VERSION, "DeviceClass")
-        kopf.index(*classes, id=Index.GPU_CLASSES_BY_NAME.value, registry=registry)(
-            gpu_classes_by_name
-        )
+    for w in WATCHED.values():
+        if w.source is not Source.KOPF or not w.watched(dra=dra, gang=bool(gang_api_version)):
+            continue
+        # A PodGroup API installed after the operator started is watched once it is served
+        # (Kopf waits for a kind it does not find).
+        api_version = w.api_version or gang_api_version
+        assert api_version is not None, w
+        assert w.index_fn is not None, w
+        kind = resource(api_version, w.kind)
+        kopf.index(*kind, id=w.index.value, registry=registry)(w.index_fn)
+        if w.on_event is not None:
+            kopf.on.event(*kind, when=w.when, registry=registry)(w.on_event)

@@ -2,7 +2,7 @@
 informers do.
 
 The operator's informers take the kinds with most events (MPIJobs, pods, Services, ConfigMaps,
-launcher Jobs; :data:`mpijob.handlers.watches.INFORMED`): in ``make bench`` nearly all of them.
+launcher Jobs; :data:`mpijob.handlers.watches.WATCHED`): in ``make bench`` nearly all of them.
 Kopf gives every event the same path, whatever its handlers: a task per object with its own
 queue and batching wait, a body wrapped in views, cause detection, handler matching with their
 arguments built and their outcomes kept. That was 46 % of the operator's CPU samples there; an
