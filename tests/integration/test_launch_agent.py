@@ -206,6 +206,40 @@ def test_the_pytorch_example_trains_on_both_workers_with_no_sshd(
     assert_workers_have_no_sshd_and_serve_as_uid_1000(crds, namespace, workers)
 
 
+@pytest.mark.usefixtures("agent_operator")
+def test_a_worker_added_while_running_is_in_discover_hosts_and_runs_a_rank(
+    crds: Cluster, restricted: str, mpijobs: MPIJobs
+) -> None:
+    """Elastic jobs (Horovod's discover_hosts.sh) launch into a worker added later as well."""
+    namespace = restricted
+    body = no_sshd(example("pi-no-sshd.yaml"), "openmpi", "pi-grow")
+    launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    # Wait (up to 3 min) for a third host in discover_hosts.sh, then run pi on all three.
+    launcher["command"] = [
+        "sh",
+        "-c",
+        "for i in $(seq 360); do"
+        "  if [ $(/etc/mpi/discover_hosts.sh | wc -l) -ge 3 ]; then"
+        "    echo discovered:; /etc/mpi/discover_hosts.sh; exec mpirun -n 3 /home/mpiuser/pi;"
+        "  fi; sleep 0.5; done; echo never saw 3 hosts; exit 1",
+    ]
+    crds.apply(body, namespace=namespace)
+    wait_until(
+        lambda: (
+            [p.status.phase for p in pods(crds, namespace, "pi-grow", keys.ROLE_LAUNCHER)]
+            == ["Running"]
+        ),
+        timeout=TIMEOUT,
+        what="the launcher running",
+    )
+    mpijobs.patch("pi-grow", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}})
+    mpijobs.wait_condition("pi-grow", keys.COND_SUCCEEDED, timeout=TIMEOUT)
+    log = launcher_log(crds, namespace, "pi-grow")
+    discovered = log.split("discovered:", 1)[1].split("Workers:", 1)[0]
+    assert f"pi-grow-worker-2.pi-grow.{namespace}.svc" in discovered, log
+    assert_ranks_on_workers(log, ["pi-grow-worker-0", "pi-grow-worker-1", "pi-grow-worker-2"])
+
+
 # --- who cannot get through ---------------------------------------------------------------------
 
 
