@@ -7,6 +7,10 @@ hour finishes at once, and one that measures ``loop.time()`` reads exact figures
 machine's load. Only for tests whose waits are the loop's own (timers, futures, events): work
 in a thread or a subprocess is not waited for before the clock jumps, so a timeout around it
 would expire at once.
+
+Code that decides by time is given a clock (:class:`mpijob.platform.clock.Clock`): the real
+one reads a virtual-time loop's clock as it is; :class:`FakeClock` stands still until the test
+moves it, and :class:`LoopClock` gives the loop's virtual time a wall clock too.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ import asyncio
 import functools
 import selectors
 from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, ParamSpec
 
 P = ParamSpec("P")
+
+#: Where the fake clocks' wall time starts.
+WALL: Final = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -59,11 +67,34 @@ def virtual_time(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, No
 
 
 class FakeClock:
-    """A clock for code that takes one as a ``clock`` callable (seconds, as
-    :func:`time.monotonic`): it stands still until the test moves :attr:`now`."""
+    """A :class:`~mpijob.platform.clock.Clock` that stands still until the test moves it:
+    :meth:`advance` moves its monotonic seconds and its wall clock together."""
 
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
+    def __init__(self, seconds: float = 1000.0, wall: datetime = WALL) -> None:
+        self.seconds = seconds
+        self.wall = wall
 
-    def __call__(self) -> float:
-        return self.now
+    def monotonic(self) -> float:
+        return self.seconds
+
+    def now(self) -> datetime:
+        return self.wall
+
+    def advance(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.wall += timedelta(seconds=seconds)
+
+
+class LoopClock:
+    """A :class:`~mpijob.platform.clock.Clock` on the running loop's time, the wall clock
+    included (``wall`` at the loop's 0): on :class:`VirtualTimeLoop` both move with its
+    timers, for code that waits on the loop and compares wall times too."""
+
+    def __init__(self, wall: datetime = WALL) -> None:
+        self.wall = wall
+
+    def monotonic(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def now(self) -> datetime:
+        return self.wall + timedelta(seconds=self.monotonic())

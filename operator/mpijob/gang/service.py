@@ -26,9 +26,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from mpijob import api, keys, metrics
@@ -40,7 +39,8 @@ from mpijob.objects import about
 from mpijob.placement import fabric_labels
 from mpijob.placement.fabric import Fabric, Location
 from mpijob.placement.job import Placement
-from mpijob.platform.kube import ApiError
+from mpijob.platform.clock import SYSTEM, Clock
+from mpijob.platform.kube import ApiError, NameTaken, create_or_adopt
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
 
@@ -60,23 +60,27 @@ async def store_decision(kube: KubeApi, obj: dict[str, Any]) -> None:
     """Create a job's PlacementDecision; one left by the same job (it was scaled since, so it
     no longer describes it) is replaced. One left by an earlier job of the same name stays until
     that job's pods are gone: :class:`NotRecorded` saying so."""
-    try:
-        await kube.create(obj)
-        return
-    except ApiError as e:
-        if not e.conflict:
-            raise
     meta = obj["metadata"]
-    live = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-    if live is None:
-        raise NotRecorded("the previous decision is being deleted; retrying")
-    if (live.get("spec") or {}).get("job", {}).get("uid") != obj["spec"]["job"]["uid"]:
+    uid = obj["spec"]["job"]["uid"]
+    try:
+        made = await create_or_adopt(
+            kube.create,
+            obj,
+            read=kube.get,
+            ours=lambda live: ((live.get("spec") or {}).get("job") or {}).get("uid") == uid,
+        )
+    except NameTaken:
         raise NotRecorded(
             f"PlacementDecision {meta['name']} of an earlier MPIJob of this name holds its GPUs "
             "until that job's pods are gone"
-        )
-    version = (live.get("metadata") or {}).get("resourceVersion")
-    await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
+        ) from None
+    except ApiError as e:
+        if e.conflict:  # its holder went between the create and the read
+            raise NotRecorded("the previous decision is being deleted; retrying") from None
+        raise
+    if made.adopted:  # the job's own, from before it was scaled: what it says now replaces it
+        version = (made.obj.get("metadata") or {}).get("resourceVersion")
+        await kube.replace({**obj, "metadata": {**meta, "resourceVersion": version}})
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,11 @@ class Grant:
     uid: str
     placement: Placement
     at: float
-    """``time.monotonic()`` when the decision was written."""
+    """When the decision was written, in the admission's clock's monotonic seconds."""
 
-    def expired(self) -> bool:
-        return time.monotonic() - self.at > GRANT_SECONDS
+    def expired(self, now: float) -> bool:
+        """Whether it has gone unseen for longer than :data:`GRANT_SECONDS` at ``now``."""
+        return now - self.at > GRANT_SECONDS
 
 
 #: How long a written decision counts without being seen in the cache; past it (an annotation
@@ -111,15 +116,17 @@ class Admission:
     """The PlacementDecision named after the job, as the cache holds it."""
     priority_values: Callable[[], Mapping[str, int]]
     """PriorityClass name -> value, from the watch."""
-    create_object: Callable[[dict[str, Any]], Any]
+    create_object: Callable[[dict[str, Any]], Awaitable[Any]]
     """Coroutine function creating an object (a job's ComputeDomain); raises :class:`ApiError`."""
-    get_object: Callable[[str, str, str, str], Any]
+    get_object: Callable[[str, str, str | None, str], Awaitable[Any]]
     """Coroutine function reading an object (apiVersion, kind, namespace, name), None if absent."""
     inter_node_gbps: float
     binding: GpuBinding = GpuBinding.ANNOTATIONS
     """How placed workers get their GPUs: what the namespaces' GPU quotas see of them."""
     fabric: Fabric | None = None
     """Levels of domains between nodes; None: one inter-node bandwidth (``inter_node_gbps``)."""
+    clock: Clock = SYSTEM
+    """What the grants' expiry and the jobs' schedule timeouts read the time from."""
     waiting: dict[JobKey, api.MPIJob] = field(default_factory=dict)
     last: dict[JobKey, queue.Decision[Placement]] = field(default_factory=dict)
     granted: dict[JobKey, Grant] = field(default_factory=dict)
@@ -155,7 +162,7 @@ class Admission:
     def pending(self, key: JobKey) -> bool:
         """The job's admission is written but its watch event has not arrived yet."""
         grant = self.granted.get(key)
-        if grant is not None and grant.expired():
+        if grant is not None and grant.expired(self.clock.monotonic()):
             self.drop(key)
             return False
         return grant is not None
@@ -229,7 +236,7 @@ class Admission:
             held_in=held_in,
             where=where,
             binding=self.binding,
-            now=datetime.now(UTC),
+            now=self.clock.now(),
             placement_seconds=metrics.PLACEMENT_SECONDS.observe,
         )
         self.domains = out.domains
@@ -265,9 +272,18 @@ class Admission:
         :class:`NotRecorded` when it cannot be had, ApiError when the API fails."""
         body = compute_domain.compute_domain(job.name, job.namespace, job.metadata.uid)
         name = body["metadata"]["name"]
+        taken = NotRecorded(
+            f"ComputeDomain {name} exists and belongs to something else than this job"
+        )
         try:
-            await self.create_object(body)
-            return str(name)
+            await create_or_adopt(
+                self.create_object,
+                body,
+                read=self.get_object,
+                ours=lambda live: compute_domain.owned_by(live, job.metadata.uid),
+            )
+        except NameTaken:
+            raise taken from None
         except ApiError as e:
             if e.status == 404:
                 raise NotRecorded(
@@ -275,15 +291,9 @@ class Admission:
                     "served: the job spans nodes of one NVLink clique and needs NVIDIA's DRA "
                     "driver (ComputeDomains) installed"
                 ) from e
-            if not e.conflict:
-                raise
-        live = await self.get_object(
-            keys.COMPUTE_DOMAIN_API_VERSION, keys.COMPUTE_DOMAIN_KIND, job.namespace, name
-        )
-        if live is None or not compute_domain.owned_by(live, job.metadata.uid):
-            raise NotRecorded(
-                f"ComputeDomain {name} exists and belongs to something else than this job"
-            )
+            if e.conflict:  # its holder went between the create and the read: the next pass
+                raise taken from None
+            raise
         return str(name)
 
     def _current(self, key: JobKey, uid: str) -> api.MPIJob | None:
@@ -304,8 +314,9 @@ class Admission:
         """Decisions this process wrote that the cache does not show yet (once it does, they
         are counted from the cache)."""
         out = {}
+        now = self.clock.monotonic()
         for key, grant in list(self.granted.items()):
-            if grant.expired() or self._current(key, grant.uid) is None:
+            if grant.expired(now) or self._current(key, grant.uid) is None:
                 del self.granted[key]
             else:
                 p = grant.placement
@@ -353,7 +364,9 @@ class Admission:
                 message = f"the job fits, but its placement could not be recorded: {why}"
                 decision = queue.Wait(decision.job, message, refused=True)
             else:
-                self.granted[key] = Grant(decision.job.uid, decision.placement, time.monotonic())
+                self.granted[key] = Grant(
+                    decision.job.uid, decision.placement, self.clock.monotonic()
+                )
         self.last[key] = decision
         if isinstance(decision, queue.Admit):
             metrics.PLACEMENT_RING_GBPS.observe(decision.placement.ring_gbps)

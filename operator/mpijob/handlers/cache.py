@@ -24,10 +24,9 @@ Built by the composition root; read and fed by the reconciler and the watch hand
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
@@ -36,6 +35,7 @@ from mpijob.api import JSON, FieldError, JobKey, MPIJob
 from mpijob.desired import names
 from mpijob.desired.observed import Observed
 from mpijob.gang import quota, topology
+from mpijob.platform.clock import SYSTEM, Clock
 
 EXPECTATION_SECONDS = 60.0
 
@@ -124,10 +124,6 @@ PLACEMENT_VIEW = (
 )
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 #: Index -> the kind it holds, for the children looked up by job key.
 CHILD_INDICES = {
     Index.SERVICES_BY_JOB: "Service",
@@ -167,8 +163,9 @@ class Cache:
     """Whether the pool was disrupted (most of it not Ready) at the latest node event."""
     recovered: datetime | None = None
     """When the pool last stopped being disrupted, as this process saw."""
-    clock: Callable[[], datetime] = field(default=_utc_now)
-    """The wall clock (UTC) the reconciler's decisions and :attr:`not_ready` read."""
+    clock: Clock = SYSTEM
+    """What the reconciler's decisions, the expectations, the Secrets' ages and
+    :attr:`not_ready` read the time from."""
 
     # --- the MPIJob --------------------------------------------------------------------------
 
@@ -247,13 +244,13 @@ class Cache:
     def secret_age(self, key: JobKey) -> float:
         """Seconds since the job's SSH Secret was last read or written (infinite: never)."""
         seen = self.secrets.get(key)
-        return float("inf") if seen is None else time.monotonic() - seen[0]
+        return float("inf") if seen is None else self.clock.monotonic() - seen[0]
 
     def saw_secret(self, key: JobKey, secret: JSON | None) -> None:
         """The job's Secret (SSH or launch keys) as the API server just returned it (None: it
         has none); only what the sync checks is kept, never the keys themselves."""
         if secret is None:
-            self.secrets[key] = (time.monotonic(), None)
+            self.secrets[key] = (self.clock.monotonic(), None)
             return
         meta = secret.get("metadata") or {}
         kept = ("name", "namespace", "uid", "resourceVersion", "ownerReferences")
@@ -264,7 +261,7 @@ class Cache:
             "type": secret.get("type"),
             "data": dict.fromkeys(secret.get("data") or {}, ""),
         }
-        self.secrets[key] = (time.monotonic(), summary)
+        self.secrets[key] = (self.clock.monotonic(), summary)
 
     def pods(self, key: JobKey) -> list[JSON]:
         """Every pod labelled with the job's name (whatever job instance controls it)."""
@@ -278,7 +275,7 @@ class Cache:
     def expect(self, key: JobKey, obj: JSON) -> None:
         """Remember a child we created (or found) until its watch event arrives."""
         name = (obj["kind"], _name(obj))
-        self.expected.setdefault(key, {})[name] = (time.monotonic(), obj)
+        self.expected.setdefault(key, {})[name] = (self.clock.monotonic(), obj)
 
     def seen(self, key: JobKey, kind: str, name: str) -> None:
         """A watch event for the child arrived: the index is the truth about it from now on."""
@@ -299,7 +296,7 @@ class Cache:
         pending = self.expected.get(key)
         if not pending:
             return {}
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for child, (at, _) in list(pending.items()):
             if child in present or now - at > EXPECTATION_SECONDS:
                 del pending[child]
@@ -320,13 +317,13 @@ class Cache:
         first time this process sees it not Ready is kept until it is Ready again; the pool's
         recovery from a disruption is noted when it happens."""
         if ready is False:
-            self.not_ready.setdefault(name, self.clock())
+            self.not_ready.setdefault(name, self.clock.now())
         else:
             self.not_ready.pop(name, None)
         pool = len(self.indices.get(Index.NODES_BY_NAME, {}))
         disrupted = topology.disrupted(len(self.not_ready), pool)
         if self.disrupted and not disrupted:
-            self.recovered = self.clock()
+            self.recovered = self.clock.now()
         self.disrupted = disrupted
 
     def pool_health(self) -> topology.PoolHealth:

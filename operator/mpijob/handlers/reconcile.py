@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 from mpijob import api, keys, metrics
 from mpijob.api import JSON, JobKey
@@ -39,7 +39,7 @@ from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
 from mpijob.objects import about
 from mpijob.placement.fabric import Fabric
-from mpijob.platform.kube import ApiError, NotFound
+from mpijob.platform.kube import ApiError, NameTaken, NotFound, create_or_adopt
 from mpijob.platform.workers import OwnershipError
 from mpijob.settings import OperatorSettings
 
@@ -80,7 +80,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         return
 
     gang = GangMode.from_flag(rt.settings.gang_scheduling)
-    now = rt.cache.clock()
+    now = rt.cache.clock.now()
     gate = _admission(rt, key, job, now)
     seen = rt.cache.observe(key, job)
     # Made from what the children show when this process first sees the job: a restart counts
@@ -296,7 +296,7 @@ async def _apply_all(
             rt.cache.decision(key),
             why,
             keys.REASON_WORKERS_REFUSED,
-            datetime.now(UTC),
+            rt.cache.clock.now(),
         )
         await _replace(rt, key, job, body, replacement)
         return False
@@ -365,27 +365,28 @@ async def _create(rt: Runtime, key: JobKey, job: api.MPIJob, body: JSON, obj: JS
     ``ErrResourceExists`` Warning, and the reconcile fails (and retries).
     """
     try:
-        created = await rt.kube.create(obj)
+        made = await create_or_adopt(
+            rt.kube.create,
+            obj,
+            read=rt.kube.get,
+            ours=lambda live: names.is_controlled_by(live, job.metadata.uid),
+        )
+    except NameTaken:
+        message = (
+            f'Resource "{obj["metadata"]["name"]}" of Kind "{obj["kind"]}" already exists '
+            "and is not managed by MPIJob"
+        )
+        rt.recorder.post(body, events.warning(keys.REASON_RESOURCE_EXISTS, message))
+        raise OwnershipError(message) from None
     except ApiError as e:
-        if not e.conflict:
-            if obj["kind"] in ("Pod", "Job"):
-                what = "worker pod" if obj["kind"] == "Pod" else "launcher pod"
-                rt.recorder.post(
-                    body, events.warning(keys.REASON_FAILED, f"{what} created failed: {e.message}")
-                )
-            raise
-        meta = obj["metadata"]
-        live = await rt.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if live is None:
-            raise  # deleted meanwhile: retry from a fresh observation
-        if not names.is_controlled_by(live, job.metadata.uid):
-            message = (
-                f'Resource "{meta["name"]}" of Kind "{obj["kind"]}" already exists '
-                "and is not managed by MPIJob"
+        # A 409 here is a name whose holder was deleted meanwhile: retried, with no Warning.
+        if not e.conflict and obj["kind"] in ("Pod", "Job"):
+            what = "worker pod" if obj["kind"] == "Pod" else "launcher pod"
+            rt.recorder.post(
+                body, events.warning(keys.REASON_FAILED, f"{what} created failed: {e.message}")
             )
-            rt.recorder.post(body, events.warning(keys.REASON_RESOURCE_EXISTS, message))
-            raise OwnershipError(message) from None
-        created = live
+        raise
+    created = made.obj
     if obj["kind"] == "Secret":
         rt.cache.saw_secret(key, created)  # not watched: no event will tell the cache
         return
@@ -558,7 +559,7 @@ async def _write_status(rt: Runtime, key: JobKey, body: JSON, new_status: JSON) 
     ``lastReconcileTime`` (which upstream never sets) is stamped on each write only: the time the
     operator last changed the status, without a write per sync just to move a clock.
     """
-    stamp = format_time(datetime.now(UTC))
+    stamp = format_time(rt.cache.clock.now())
     update = {**body, "status": {**new_status, "lastReconcileTime": stamp}}
     fresh = await rt.kube.replace_status(update)
     rt.cache.wrote_status(key, body["metadata"]["resourceVersion"], fresh)
@@ -574,7 +575,7 @@ async def _report_invalid(rt: Runtime, key: JobKey, body: JSON, message: str) ->
         current = api.MPIJobStatus.model_validate(body.get("status") or {})
     except ValueError:
         current = api.MPIJobStatus()
-    result = status.mark_invalid(current, message, datetime.now(UTC))
+    result = status.mark_invalid(current, message, rt.cache.clock.now())
     if not result.changed:
         return  # already reported for this spec
     for event in result.events:

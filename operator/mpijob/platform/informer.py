@@ -49,6 +49,7 @@ from typing import Any
 
 from mpijob.objects import JSON
 from mpijob.platform.backoff import exponential
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import Gone, Kube, selectors, transient
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,11 @@ class Informer:
         labels: str = "",
         kept: Callable[[JSON], JSON] = identity,
         page: int = 500,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.kube, self.api_version, self.kind = kube, api_version, kind
+        self.clock = clock
+        """What tells a watch that ended at once from one that ran."""
         self.labels = labels
         self.index, self.handle = index, handle
         self.namespaces = tuple(namespaces)
@@ -290,7 +294,6 @@ class Informer:
         version = ""
         failures = 0
         relisted = False  # said, once in a run of failures, that a list came through again
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 if not version:
@@ -305,7 +308,7 @@ class Informer:
                         if not self._unlisted:
                             self.on_listed()
                 seconds = WATCH_SECONDS + random.randrange(WATCH_SECONDS)
-                started, events = loop.time(), 0
+                started, events = self.clock.monotonic(), 0
                 async for event in self.kube.watch(
                     self.api_version,
                     self.kind,
@@ -320,7 +323,7 @@ class Informer:
                         self.apply(event.get("type"), body)
                     events += 1
                     failures, relisted = self._recovered(where, failures), False
-                if not events and loop.time() - started < RETRY_MOST_SECONDS:
+                if not events and self.clock.monotonic() - started < RETRY_MOST_SECONDS:
                     # Ended at once with nothing: not a watch, a server closing it (going away).
                     raise ConnectionResetError("the watch ended as soon as it began")
                 # A watch that ran its course: the failures in a row, if any, are over (not at

@@ -19,7 +19,9 @@ and the discovery reads are methods. A refusal raises a subclass of :class:`ApiE
 ``status``. Whether an error is the API server not doing a request for now (no answer, 429,
 5xx) is decided here, once, for every caller (:func:`transient`). What the API server did not do
 (429, a 5xx with ``Retry-After``, a read's 5xx) is sent again a bounded number of times, after
-the server's ``Retry-After`` when it names one (:func:`retry_after`).
+the server's ``Retry-After`` when it names one (:func:`retry_after`). A create whose name
+may be taken already (by the caller's own object, or someone else's) is
+:func:`create_or_adopt`, for every caller.
 
 The console and the node agent are synchronous programs and use the official ``kubernetes``
 client, with credentials from :func:`mpijob.platform.credentials.configuration`.
@@ -754,3 +756,65 @@ class Kube:
         except (NotFound, Conflict):
             return False
         return True
+
+
+# --- create, or adopt what holds the name -------------------------------------------------------
+
+
+class NameTaken(Exception):
+    """A create found its name held by an object that is not the caller's
+    (:func:`create_or_adopt`)."""
+
+    def __init__(self, obj: JSON, existing: JSON) -> None:
+        meta = obj["metadata"]
+        super().__init__(f"{obj['kind']} {meta.get('namespace') or ''}/{meta['name']} exists")
+        self.obj = obj
+        """What was to be created."""
+        self.existing = existing
+        """The object that holds the name."""
+
+
+@dataclass(frozen=True)
+class Made:
+    """What :func:`create_or_adopt` ends with: the object, and whether it was there already."""
+
+    obj: JSON
+    """As the create returned it, or as it was read (as sent, when the name is unique)."""
+    adopted: bool
+    """The name was taken, by an object of the caller's."""
+
+
+async def create_or_adopt(
+    create: Callable[[JSON], Awaitable[JSON]],
+    obj: JSON,
+    *,
+    ours: Callable[[JSON], bool] | None,
+    read: Callable[[str, str, str | None, str], Awaitable[JSON | None]] | None = None,
+) -> Made:
+    """Create ``obj``; when its name is taken (409), the object that holds it, read by name,
+    is adopted if ``ours`` says it is the caller's (a child made by an earlier sync whose watch
+    event has not come, or made before a restart), and :class:`NameTaken` otherwise: what
+    someone else made is never touched. An object deleted between the create and the read
+    leaves the 409 raised: the caller tries again from a fresh look. Any other refusal is
+    raised as it came.
+
+    ``ours=None`` (then no ``read``) is for a name unique to this create, as an Event's random
+    suffix: a taken name can only be an earlier try of the same create whose answer was lost,
+    so it counts as made, from ``obj``, and nothing is read."""
+    try:
+        return Made(await create(obj), adopted=False)
+    except ApiError as e:
+        if not e.conflict:
+            raise
+        if ours is None:
+            return Made(obj, adopted=True)
+        taken = e
+    if read is None:
+        raise TypeError("create_or_adopt: what ours is asked of must be read") from taken
+    meta = obj["metadata"]
+    existing = await read(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+    if existing is None:
+        raise taken
+    if not ours(existing):
+        raise NameTaken(obj, existing)
+    return Made(existing, adopted=True)

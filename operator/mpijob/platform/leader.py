@@ -40,11 +40,11 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 from mpijob import metrics
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import ApiError, transient
 from mpijob.platform.kube_api import KubeApi
 
@@ -68,10 +68,6 @@ def identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4()}"
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class LeaderElector:
     """Campaigns from :meth:`run`; see the module for its transitions."""
 
@@ -82,7 +78,7 @@ class LeaderElector:
         name: str,
         kube: KubeApi,
         identity: str,
-        clock: Callable[[], float] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.identity = identity
         self.leading = asyncio.Event()
@@ -91,7 +87,8 @@ class LeaderElector:
         self._name = name
         self._kube = kube
         self._clock = clock
-        """Monotonic seconds; the running loop's clock when None."""
+        """What the Lease's deadlines are counted on (its monotonic seconds: the event loop's,
+        on which :meth:`write_deadline` is kept) and its times written from (its wall clock)."""
         self._lease: dict[str, Any] | None = None
         """The Lease as last read or written."""
         self._observed: tuple[Any, float] = (None, 0.0)
@@ -104,7 +101,10 @@ class LeaderElector:
 
     def holds(self) -> bool:
         """This replica leads and its last renewal is within the renew deadline."""
-        return self.leading.is_set() and self._monotonic() < self._renewed + RENEW_DEADLINE_SECONDS
+        return (
+            self.leading.is_set()
+            and self._clock.monotonic() < self._renewed + RENEW_DEADLINE_SECONDS
+        )
 
     def write_deadline(self) -> float | None:
         """When a write starting now must be done (loop clock), or None: it must not start."""
@@ -114,8 +114,9 @@ class LeaderElector:
 
     # --- the campaign -------------------------------------------------------------------------
 
-    def _monotonic(self) -> float:
-        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+    def _now(self) -> str:
+        """The wall clock as a Lease's ``MicroTime``."""
+        return self._clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
     async def run(self) -> str:
         """Campaign until this replica leads (``leading`` set), then renew until the Lease is
@@ -137,7 +138,7 @@ class LeaderElector:
         while True:
             if await self._attempt(acquiring=False):
                 return None
-            left = self._renewed + RENEW_DEADLINE_SECONDS - self._monotonic()
+            left = self._renewed + RENEW_DEADLINE_SECONDS - self._clock.monotonic()
             taken = self._holder() not in (None, "", self.identity)
             if taken or left <= 0:
                 why = (
@@ -155,10 +156,10 @@ class LeaderElector:
         renew deadline); an error or a timeout is a failed try."""
         limit = float(REQUEST_TIMEOUT_SECONDS)
         if not acquiring:
-            limit = min(limit, self._renewed + RENEW_DEADLINE_SECONDS - self._monotonic())
+            limit = min(limit, self._renewed + RENEW_DEADLINE_SECONDS - self._clock.monotonic())
             if limit <= 0:
                 return False
-        sent = self._monotonic()
+        sent = self._clock.monotonic()
         try:
             async with asyncio.timeout(limit):
                 got = await self._try_acquire_or_renew()
@@ -206,7 +207,7 @@ class LeaderElector:
             await asyncio.sleep(10)
 
     async def _try_acquire_or_renew(self) -> bool:
-        now = _now()
+        now = self._now()
         if self.leading.is_set() and self._lease is not None:
             # Fast path: renew the Lease we last wrote; a refusal means someone else wrote it.
             with contextlib.suppress(ApiError):
@@ -222,11 +223,11 @@ class LeaderElector:
         spec = lease.get("spec") or {}
         if spec != self._observed[0]:
             first_sight = self._observed[0] is None  # see the module: standbys go first
-            self._observed = (spec, self._monotonic() + (RETRY_SECONDS if first_sight else 0))
+            self._observed = (spec, self._clock.monotonic() + (RETRY_SECONDS if first_sight else 0))
         holder = spec.get("holderIdentity")
         if holder and holder != self.identity:
             duration = int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)
-            if self.leading.is_set() or self._monotonic() - self._observed[1] < duration:
+            if self.leading.is_set() or self._clock.monotonic() - self._observed[1] < duration:
                 return False  # held by another (a leader never takes it back: it is lost)
         if holder == self.identity and not self.leading.is_set():
             # Ours but not from this run of the campaign (identities are per process, so only
@@ -276,7 +277,7 @@ class LeaderElector:
             return
         self._lose()
         spec = dict(self._lease.get("spec") or {})
-        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_now())
+        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=self._now())
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
                 await self._kube.replace({**self._lease, "spec": spec}, retry=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
+from mpijob.platform.clock import SYSTEM, Clock
+
 #: Seconds a request that is not urgent waits at most for a spare token (see TokenBucket).
 SPARE_WAIT_SECONDS: Final = 5.0
 
@@ -19,7 +21,10 @@ class TokenBucket:
     :data:`SPARE_WAIT_SECONDS` one takes its turn like any request, so they never starve.
     """
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(self, qps: float, burst: int, *, clock: Clock = SYSTEM) -> None:
+        """``clock``: what tokens accrue by; its monotonic seconds must be the event loop's,
+        which the waits for a token run on (the real clock's are)."""
+        self._clock = clock
         self._rate = qps
         self._capacity = float(max(burst, 1))
         self._reserve = (self._capacity - 1) / 2
@@ -77,7 +82,7 @@ class TokenBucket:
         self._last = now
 
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self._clock.monotonic()
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -66,8 +66,9 @@ from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.objects import about
 from mpijob.platform.backoff import exponential
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.deferred import Line
-from mpijob.platform.kube import ApiError, transient
+from mpijob.platform.kube import create_or_adopt, transient
 from mpijob.platform.kube_api import KubeApi
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,6 @@ EVENT_TTL_SECONDS = 3600.0
 #: The first and the longest wait between two tries of a request the API did not answer.
 RETRY_FIRST_SECONDS = 0.5
 RETRY_MAX_SECONDS = 30.0
-
-
-def _now() -> str:
-    return _stamp(datetime.now(UTC))
 
 
 def _stamp(at: datetime) -> str:
@@ -181,8 +178,17 @@ def _about(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 class Recorder:
-    def __init__(self, kube: KubeApi, *, instance: str, namespaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        *,
+        instance: str,
+        namespaces: Sequence[str] = (),
+        clock: Clock = SYSTEM,
+    ) -> None:
         self._kube = kube
+        self._clock = clock
+        """The wall clock the Events' times are written from and a lost one's age is read on."""
         self._instance = instance
         self._namespaces = tuple(namespaces)
         self._seen: OrderedDict[Key, Series] = OrderedDict()
@@ -352,7 +358,7 @@ class Recorder:
     async def _ensure(self, obj: dict[str, Any], implied: list[events.Implied]) -> None:
         if self._blind:
             return
-        now = datetime.now(UTC)
+        now = self._clock.now()
         for item in implied:
             e = _bounded(item.event)
             key = _key(obj, e)
@@ -374,15 +380,11 @@ class Recorder:
             await self._create(series, body)
 
     async def _create(self, series: Series, body: dict[str, Any]) -> None:
+        # The name is the series' own (a random suffix): a 409 is a try whose answer was lost.
+        create = partial(self._kube.create, urgent=False)
         try:
-            await self._retrying(body["reason"], partial(self._kube.create, body, urgent=False))
+            await self._retrying(body["reason"], partial(create_or_adopt, create, body, ours=None))
             series.sent = 1
-        except ApiError as e:
-            if e.conflict:  # a try whose answer was lost made it: the name is the series'
-                series.sent = 1
-                return
-            series.failed = True
-            self._log(body["reason"], e, series)
         except Exception as e:
             series.failed = True
             self._log(body["reason"], e, series)
@@ -391,7 +393,7 @@ class Recorder:
         if series.failed or series.sent >= series.count:
             return
         count = series.count
-        patch = {"count": count, "lastTimestamp": _now()}
+        patch = {"count": count, "lastTimestamp": self._now()}
         try:
             await self._retrying(
                 "count update",
@@ -410,11 +412,14 @@ class Recorder:
             series.failed = True  # expired or never made: the next repeat starts a new Event
             self._log("count update", e, series)
 
+    def _now(self) -> str:
+        return _stamp(self._clock.now())
+
     def _event(
         self, obj: dict[str, Any], event: Event, series: Series, *, at: str = ""
     ) -> dict[str, Any]:
         meta = obj.get("metadata", {})
-        now = at or _now()
+        now = at or self._now()
         return {
             "apiVersion": "v1",
             "kind": "Event",

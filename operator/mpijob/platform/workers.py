@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from mpijob import metrics
 from mpijob.api import JobKey
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import NotLeading, transient
 from mpijob.platform.workqueue import WorkQueue
 
@@ -73,9 +74,16 @@ class Workers:
     caches: frozenset[str] = frozenset({KOPF_INDICES})
     """What must be full before any sync (each calls :meth:`open` with its name)."""
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
-    heartbeat: float = field(default_factory=time.monotonic)
+    clock: Clock = SYSTEM
+    """What the heartbeat is read on (:meth:`alive` is asked from the metrics server's thread:
+    the real clock reads ``time.monotonic()`` there, the loop's own clock)."""
+    heartbeat: float = field(init=False)
+    """When the event loop last beat (:meth:`beat`); at first, when this was made."""
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
     _full: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.heartbeat = self.clock.monotonic()
 
     def open(self, cache: str) -> None:
         """``cache`` is full; once every one is, a sync sees all of a job's children."""
@@ -122,11 +130,12 @@ class Workers:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     def alive(self, within: float) -> bool:
-        return time.monotonic() - self.heartbeat < within
+        """Whether the event loop beat less than ``within`` seconds ago."""
+        return self.clock.monotonic() - self.heartbeat < within
 
     async def beat(self) -> None:
         while True:
-            self.heartbeat = time.monotonic()
+            self.heartbeat = self.clock.monotonic()
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
     async def _work(self, reconcile: Callable[[JobKey], Awaitable[None]]) -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -53,6 +52,7 @@ from mpijob.api.errors import aggregate
 from mpijob.desired import events, names
 from mpijob.desired.events import Event
 from mpijob.objects import about
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import ApiError
 from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.workers import on_wake
@@ -142,7 +142,7 @@ class ShareService:
         workers_of: WorkersOf = one_by_one,
         events: PostEvent = no_events,
         runtime_class: str = "",
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.ledger = Ledger()
         self.runtime_class = runtime_class
@@ -154,6 +154,7 @@ class ShareService:
         """How many workers an MPIJob has (:func:`workers_reader`); :func:`one_by_one`: its
         workers are placed one by one."""
         self._clock = clock
+        """What the pending holds lapse by (:data:`PENDING_SECONDS`)."""
         self.waiting: dict[str, dict[str, Any]] = {}
         """Pods admitted behind the gate, by ``namespace/name``: the last body seen of each."""
         self.events = events
@@ -457,7 +458,7 @@ class ShareService:
         """Under the lock: ``share`` placed and held for the existing pod ``body`` (pending
         until the watch sees its record), or why not."""
         spec = body.get("spec") or {}
-        now = self._clock()
+        now = self._clock.monotonic()
         lapsed = self.ledger.expire(now)
         for gone in lapsed:
             self.room.remove(_room_key(gone))

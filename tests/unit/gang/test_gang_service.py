@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -11,14 +11,17 @@ import pytest
 from mpijob import api, keys
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.gang import outcome, queue, topology
-from mpijob.gang.service import Admission
+from mpijob.gang.service import GRANT_SECONDS, Admission, NotRecorded, store_decision
 from mpijob.handlers import reconcile
 from mpijob.handlers.cache import Cache
 from mpijob.placement import codec, topologies
 from mpijob.placement.job import Placement, WorkerAssignment
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import ApiError
 from mpijob.settings import OperatorSettings
 from support import jobs
+from support.fake_kube import FakeKube
+from support.virtual_time import FakeClock
 
 pytestmark = pytest.mark.unit
 
@@ -32,12 +35,21 @@ NODE = {
 }
 
 
-def topology_job(name: str, created: str, gpus: int, **spec: Any) -> api.MPIJob:
+def topology_job(
+    name: str, created: str, gpus: int, uid: str | None = None, **spec: Any
+) -> api.MPIJob:
     template = jobs.gpu_template(gpus)
     metadata = {"creationTimestamp": created, "annotations": {keys.GPU_TOPOLOGY: "true"}}
     return jobs.parsed(
         jobs.body(
-            name, "ns", launcher=template, worker=template, workers=1, metadata=metadata, **spec
+            name,
+            "ns",
+            uid=uid,
+            launcher=template,
+            worker=template,
+            workers=1,
+            metadata=metadata,
+            **spec,
         )
     )
 
@@ -54,7 +66,9 @@ def decision_body(job: api.MPIJob, node: str, gpus: list[int]) -> dict[str, Any]
 
 
 class Harness:
-    def __init__(self, *jobs: api.MPIJob, nodes: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, *jobs: api.MPIJob, nodes: list[dict[str, Any]] | None = None, clock: Clock = SYSTEM
+    ) -> None:
         self.jobs = list(jobs)
         self.decisions: dict[tuple[str, str], dict[str, Any]] = {}
         """What the decision index holds."""
@@ -70,6 +84,7 @@ class Harness:
             create_object=self.write,
             get_object=self.read,
             inter_node_gbps=25.0,
+            clock=clock,
         )
 
     async def read(self, *_: str) -> None:
@@ -146,6 +161,75 @@ async def test_a_pass_before_the_watch_delivers_an_admission_does_not_hand_its_g
     await h.admission.run_pass()
     assert h.admission.granted == {}
     assert h.written == [("ns", "first")]
+
+
+async def test_an_admission_the_watch_never_delivers_lapses_after_its_time_and_not_before() -> None:
+    """A decision written but never seen in the cache (removed by hand, a watch that never
+    delivered) holds its GPUs for ``GRANT_SECONDS``, then no more."""
+    clock = FakeClock()
+    first = topology_job("first", "2026-01-01T00:01:00Z", 8)
+    second = topology_job("second", "2026-01-01T00:02:00Z", 8)
+    h = Harness(first, second, clock=clock)
+    h.admission.want(("ns", "first"), first)
+    await h.admission.run_pass()
+    h.admission.want(("ns", "second"), second)
+    clock.advance(GRANT_SECONDS)
+    await h.admission.run_pass()
+    assert h.admission.pending(("ns", "first"))
+    assert h.written == [("ns", "first")], "the GPUs of an admission still in time were reused"
+    clock.advance(0.001)
+    assert not h.admission.pending(("ns", "first"))
+    await h.admission.run_pass()
+    assert h.written == [("ns", "first"), ("ns", "second")]
+
+
+async def test_a_job_that_cannot_fit_times_out_at_its_deadline_on_the_admissions_clock() -> None:
+    """``scheduleTimeoutSeconds`` is counted from the job's creation to the wall clock the
+    admission reads."""
+    created = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    policy = {"schedulingPolicy": {"scheduleTimeoutSeconds": 60}}
+    big = topology_job("big", "2026-01-01T00:01:00Z", 16, runPolicy=policy)  # never fits
+    clock = FakeClock(wall=created + timedelta(seconds=59))
+    h = Harness(big, clock=clock)
+    h.admission.want(("ns", "big"), big)
+    await h.admission.run_pass()
+    assert isinstance(h.admission.decision(("ns", "big")), queue.Wait)
+    clock.advance(1)
+    await h.admission.run_pass()
+    assert isinstance(h.admission.decision(("ns", "big")), queue.TimedOut)
+    assert h.admission.waiting == {}
+
+
+async def test_a_decision_is_created_and_one_left_by_the_same_job_replaced_at_its_version() -> None:
+    job = topology_job("a", "2026-01-01T00:01:00Z", 2)
+    kube = FakeKube(versions=True)
+    await store_decision(kube, decision_body(job, "dgx-0", [0, 1]))
+    assert [verb for verb, _ in kube.requests] == ["create"]
+    kube.requests.clear()
+    scaled = decision_body(job, "dgx-0", [0, 1, 2, 3])  # the same job, scaled since
+    await store_decision(kube, scaled)
+    assert [verb for verb, _ in kube.requests] == ["create", "get", "replace"]
+    [stored] = kube.stored("PlacementDecision", "ns")
+    assert stored["spec"] == scaled["spec"]
+
+
+async def test_a_decision_of_an_earlier_job_of_the_name_is_kept_and_the_job_told_why() -> None:
+    earlier = topology_job("a", "2026-01-01T00:01:00Z", 2)
+    again = topology_job("a", "2026-01-01T00:05:00Z", 2, uid="uid-a-again")
+    kube = FakeKube(decision_body(earlier, "dgx-0", [0, 1]))
+    with pytest.raises(NotRecorded, match="of an earlier MPIJob of this name holds its GPUs"):
+        await store_decision(kube, decision_body(again, "dgx-0", [2, 3]))
+    [stored] = kube.stored("PlacementDecision", "ns")
+    assert stored["spec"]["job"]["uid"] == earlier.metadata.uid
+    assert [verb for verb, _ in kube.requests] == ["create", "get"]
+
+
+async def test_a_decision_whose_predecessor_is_being_deleted_is_retried() -> None:
+    job = topology_job("a", "2026-01-01T00:01:00Z", 2)
+    kube = FakeKube()
+    kube.fail("create", ApiError(409, "AlreadyExists", "placementdecisions a already exists"))
+    with pytest.raises(NotRecorded, match="being deleted"):
+        await store_decision(kube, decision_body(job, "dgx-0", [0, 1]))
 
 
 async def test_a_failed_decision_write_leaves_the_job_waiting_not_half_admitted() -> None:

@@ -175,6 +175,31 @@ async def test_without_the_drivers_crd_the_job_waits_naming_it() -> None:
     assert h.decisions == []
 
 
+@pytest.mark.parametrize("owner", ["uid-train", "uid-another-job"])
+async def test_a_compute_domain_of_the_jobs_name_is_adopted_only_when_it_is_the_jobs(
+    owner: str,
+) -> None:
+    """Made before a restart (its decision never written), the job's own domain is used as it
+    is; another's of the same name is left alone, and the job waits, saying so."""
+    h = Harness(job("train", 16))
+    existing = compute_domain.compute_domain("train", "ns", owner)
+    h.kube.add(existing)
+    await h.run()
+    assert h.kube.stored(keys.COMPUTE_DOMAIN_KIND, "ns") == [
+        {**existing, "metadata": {**existing["metadata"], "resourceVersion": "1"}}
+    ]
+    if owner == "uid-train":
+        assert isinstance(h.last("train"), queue.Admit)
+        assert h.decisions[0]["spec"]["computeDomain"] == "train-compute-domain"
+    else:
+        last = h.last("train")
+        assert isinstance(last, queue.Wait)
+        assert "ComputeDomain train-compute-domain exists and belongs to something else" in (
+            last.message
+        )
+        assert h.decisions == []
+
+
 def test_fabric_flag_names_a_shipped_fabric_or_a_file(tmp_path: Any) -> None:
     from mpijob.handlers.startup import load_fabric
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -28,11 +28,12 @@ from mpijob.handlers import reconcile
 from mpijob.handlers.cache import Index, PodsBy
 from mpijob.handlers.runtime import Runtime
 from mpijob.platform.deferred import DeferredPatches
-from mpijob.platform.workers import Workers
+from mpijob.platform.kube import ApiError
+from mpijob.platform.workers import OwnershipError, Workers
 from mpijob.settings import OperatorSettings
 from support import jobs
 from support.fake_kube import FakeKube
-from support.virtual_time import virtual_time
+from support.virtual_time import FakeClock, LoopClock, virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -243,13 +244,16 @@ async def test_the_ssh_secret_is_read_by_name_only_before_what_mounts_it_is_crea
     Pending once a while; one that creates a worker reads the job's Secret first, and one that
     exists is not made again."""
     rt, kube, _ = runtime(valid_job())
+    rt.cache.clock = clock = FakeClock()
     await reconcile.reconcile(rt, ("bar", "foo"))
     index_created(rt, kube)
     kube.requests.clear()
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == []  # pods Pending, and the Secret was written just now
-    at, secret = rt.cache.secrets[("bar", "foo")]
-    rt.cache.secrets[("bar", "foo")] = (at - reconcile.PENDING_SECRET_READ_SECONDS, secret)
+    clock.advance(reconcile.PENDING_SECRET_READ_SECONDS - 0.5)
+    await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.requests == []  # not yet
+    clock.advance(0.5)
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert kube.requests == [("get", ("v1", "Secret", "bar", "foo-ssh"))]  # pods still Pending
     await reconcile.reconcile(rt, ("bar", "foo"))
@@ -325,6 +329,38 @@ async def test_a_new_jobs_first_sync_creates_its_secret_without_reading_it_first
     await reconcile.reconcile(rt, ("bar", "foo"))
     assert "Secret/foo-ssh" in kube.created()
     assert [args for verb, args in kube.requests if verb == "get"] == []
+
+
+async def test_a_childs_name_taken_by_an_object_the_job_does_not_control_is_left_alone() -> None:
+    """Upstream's ``ErrResourceExists``: a Warning, and the sync fails (to be retried); the
+    object is neither adopted nor changed, and nothing after it is created."""
+    rt, kube, recorder = runtime(valid_job())
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "foo", "namespace": "bar"},
+    }
+    kube.add(theirs)
+    with pytest.raises(OwnershipError):
+        await reconcile.reconcile(rt, ("bar", "foo"))
+    assert kube.created() == ["Service/foo"]
+    assert [(e.type, e.reason) for e in recorder.events] == [
+        ("Warning", keys.REASON_RESOURCE_EXISTS)
+    ]
+    assert "ownerReferences" not in kube.stored("Service", "bar")[0]["metadata"]
+    assert rt.cache.expected == {}
+
+
+async def test_a_childs_name_freed_between_the_create_and_the_read_fails_the_sync_quietly() -> None:
+    """A 409 whose holder is gone by the read: the sync is retried from a fresh look, with no
+    Warning (nothing failed but timing)."""
+    rt, kube, recorder = runtime(valid_job())
+    kube.fail("create", ApiError(409, "AlreadyExists", 'services "foo" already exists'))
+    with pytest.raises(ApiError) as raised:
+        await reconcile.reconcile(rt, ("bar", "foo"))
+    assert raised.value.status == 409
+    assert recorder.events == []
+    assert [verb for verb, _ in kube.requests] == ["create", "get"]
 
 
 async def test_resume_replaces_the_launcher_with_the_version_its_status_patch_returned() -> None:
@@ -528,7 +564,7 @@ async def test_a_worker_gone_from_a_node_not_ready_is_made_again_placed_anew_pas
     the worker made again waits there, unbound."""
     loop = asyncio.get_running_loop()
     rt, kube, recorder = topology_runtime(gpu_job())
-    rt.cache.clock = lambda: T0 + timedelta(seconds=loop.time())  # the wall clock, virtual
+    rt.cache.clock = LoopClock(T0)  # the wall clock, virtual
     known(rt, kube, "decisions_by_job", decision_body("uid-foo", "n0", "n1"))
     known(rt, kube, Index.PODS, worker_pod(0, "n0", "uid-foo"), key=PODS_OF_FOO)
     nodes = {"n0": pool_node("n0"), "n1": pool_node("n1", ready=False)}

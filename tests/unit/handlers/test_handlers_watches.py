@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +35,7 @@ from mpijob.objects import JSON
 from mpijob.platform.informer import Informer, ObjectIndex
 from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
-from support.virtual_time import virtual_time
+from support.virtual_time import FakeClock, virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -240,9 +240,9 @@ async def test_a_node_is_noted_not_ready_from_first_sight_until_ready_and_the_po
     """What the placement checks weigh a node that is not Ready by: since when this process
     has seen it so (kept while it stays not Ready, whatever its condition says next), whether
     most of the pool is not Ready with it, and when the pool last stopped being so."""
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    clock = [t0]
-    cache = Cache(clock=lambda: clock[0])
+    clock = FakeClock()
+    t0 = clock.now()
+    cache = Cache(clock=clock)
     index = ObjectIndex()
     cache.indices = {Index.NODES_BY_NAME: index}
     rt: Any = SimpleNamespace(cache=cache, workers=Workers(threadiness=1), admission=None)
@@ -251,16 +251,16 @@ async def test_a_node_is_noted_not_ready_from_first_sight_until_ready_and_the_po
     for name in ("n1", "n2", "n3", "n4"):
         nodes.apply(None, _pool_node(name, "True"))
     nodes.apply("MODIFIED", _pool_node("n1", "False"))
-    clock[0] = t0 + timedelta(seconds=30)
+    clock.advance(30)
     nodes.apply("MODIFIED", _pool_node("n1", "Unknown"))  # still not Ready: first sight kept
     assert cache.pool_health() == PoolHealth({"n1": t0}, disrupted=False)
     nodes.apply("MODIFIED", _pool_node("n2", "False"))
     assert not cache.pool_health().disrupted  # two of four
     nodes.apply("MODIFIED", _pool_node("n3", "Unknown"))
     assert cache.pool_health().disrupted  # three of four: 75 %
-    clock[0] = t0 + timedelta(seconds=90)
+    clock.advance(60)
     nodes.apply("MODIFIED", _pool_node("n1", "True"))  # two of four: recovered, now
-    clock[0] = t0 + timedelta(seconds=95)
+    clock.advance(5)
     nodes.apply("DELETED", _pool_node("n2", "False"))
     recovered = t0 + timedelta(seconds=90)
     assert cache.pool_health() == PoolHealth({"n3": t0 + timedelta(seconds=30)}, False, recovered)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mpijob.platform import leader as leader_module
+from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import ApiError
 from mpijob.platform.leader import (
     LEASE_SECONDS,
@@ -38,7 +39,8 @@ def lease(kube: FakeKube) -> dict[str, Any]:
     return kube.stored("Lease", "ops")[0]
 
 
-def elector(kube: Any, clock: FakeClock | None = None, name: str = "") -> LeaderElector:
+def elector(kube: Any, clock: Clock = SYSTEM, name: str = "") -> LeaderElector:
+    """An elector on ``clock``: the real one reads the (virtual) loop's time."""
     return LeaderElector(
         namespace="ops",
         name="lock",
@@ -55,12 +57,12 @@ async def test_the_first_replica_creates_the_lease_and_a_second_waits_a_lease_du
     assert lease(kube)["spec"]["holderIdentity"] == first.identity
     first.leading.set()
     assert not await second._try_acquire_or_renew()  # held: a first sight, a retry period on
-    clock.now += RETRY_SECONDS
+    clock.advance(RETRY_SECONDS)
     assert await first._try_acquire_or_renew()  # the last renewal
     assert not await second._try_acquire_or_renew()  # seen changing just now
-    clock.now += LEASE_SECONDS - 1
+    clock.advance(LEASE_SECONDS - 1)
     assert not await second._try_acquire_or_renew()
-    clock.now += 1  # unchanged for a whole lease duration on the standby's own clock
+    clock.advance(1)  # unchanged for a whole lease duration on the standby's own clock
     assert await second._try_acquire_or_renew()
     spec = lease(kube)["spec"]
     assert spec["holderIdentity"] == second.identity
@@ -73,7 +75,7 @@ async def test_a_renewing_leader_keeps_the_lease_from_a_standby() -> None:
     assert await first._try_acquire_or_renew()
     first.leading.set()
     for _ in range(10):  # 2 s apart, as the campaign retries: 20 s, longer than a lease
-        clock.now += leader_module.RETRY_SECONDS
+        clock.advance(leader_module.RETRY_SECONDS)
         assert await first._try_acquire_or_renew()
         assert not await second._try_acquire_or_renew()
     assert lease(kube)["spec"]["holderIdentity"] == first.identity
@@ -84,9 +86,9 @@ async def test_a_leader_whose_lease_was_taken_reads_it_and_stands_down() -> None
     first, second = elector(kube, clock), elector(kube, clock)
     assert await first._try_acquire_or_renew()
     first.leading.set()
-    clock.now += LEASE_SECONDS  # the first stalled; the second saw no change for a lease
+    clock.advance(LEASE_SECONDS)  # the first stalled; the second saw no change for a lease
     assert not await second._try_acquire_or_renew()
-    clock.now += LEASE_SECONDS + RETRY_SECONDS  # after a first sight, a retry period more
+    clock.advance(LEASE_SECONDS + RETRY_SECONDS)  # after a first sight, a retry period more
     assert await second._try_acquire_or_renew()
     # The first's renewal of the Lease it last wrote is refused (409): it reads, sees another
     # holder whose Lease just changed, and does not take it back.
@@ -201,15 +203,15 @@ async def test_a_warm_standby_takes_a_dead_leaders_lease_before_a_replica_starte
     assert await leader._try_acquire_or_renew()
     leader.leading.set()
     assert not await standby._try_acquire_or_renew()  # the standby has watched for a while
-    clock.now += RETRY_SECONDS
+    clock.advance(RETRY_SECONDS)
     assert await leader._try_acquire_or_renew()  # its last renewal, then it is killed
-    clock.now += 0.25  # the replacement starts and looks, before the standby's next poll
+    clock.advance(0.25)  # the replacement starts and looks, before the standby's next poll
     assert not await fresh._try_acquire_or_renew()
-    clock.now += RETRY_SECONDS - 0.5  # the standby sees the last renewal, a poll late
+    clock.advance(RETRY_SECONDS - 0.5)  # the standby sees the last renewal, a poll late
     assert not await standby._try_acquire_or_renew()
-    clock.now += LEASE_SECONDS - (RETRY_SECONDS - 0.5)  # a lease after the fresh one's look
+    clock.advance(LEASE_SECONDS - (RETRY_SECONDS - 0.5))  # a lease after the fresh one's look
     assert not await fresh._try_acquire_or_renew()
-    clock.now += RETRY_SECONDS - 0.5  # a lease after the standby saw the last change
+    clock.advance(RETRY_SECONDS - 0.5)  # a lease after the standby saw the last change
     assert await standby._try_acquire_or_renew()
     assert not await fresh._try_acquire_or_renew()  # it reads the standby's new Lease
     assert lease(kube)["spec"]["holderIdentity"] == standby.identity

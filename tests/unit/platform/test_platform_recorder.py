@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from mpijob.desired.events import Event, Implied, normal
 from mpijob.platform.kube import ApiError
 from mpijob.platform.recorder import (
+    EVENT_TTL_SECONDS,
     MAX_TRACKED,
     MAX_WAITING,
     MESSAGE_LIMIT,
@@ -19,7 +20,7 @@ from mpijob.platform.recorder import (
     Recorder,
 )
 from support.fake_kube import FakeKube
-from support.virtual_time import virtual_time
+from support.virtual_time import FakeClock, virtual_time
 
 pytestmark = pytest.mark.unit
 
@@ -218,6 +219,57 @@ async def test_after_a_restart_the_events_the_api_lacks_are_posted_once() -> Non
     assert lists(api) == [
         ("v1", "Event", "ns", "source=mpi-job-controller,involvedObject.kind=MPIJob")
     ]
+
+
+@virtual_time
+async def test_a_lost_event_is_posted_again_up_to_the_event_ttl_and_not_after() -> None:
+    """Its age is read on the recorder's clock: at the API server's ``--event-ttl`` it may still
+    be there to find missing; past it, it may have expired, which says nothing."""
+    clock = FakeClock()
+    since = clock.now() - timedelta(seconds=EVENT_TTL_SECONDS)
+
+    async def posted_after_a_restart() -> list[str]:
+        api = slow_api()
+        recorder = Recorder(api, instance="test", clock=clock)
+        recorder.ensure(JOB, lambda: [Implied(CREATED, since)])
+        await recorder.drain()
+        return [e["firstTimestamp"] for e in created(api)]
+
+    assert await posted_after_a_restart() == [since.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    clock.advance(1)
+    assert await posted_after_a_restart() == []
+
+
+@virtual_time
+async def test_an_events_times_are_the_recorders_clocks() -> None:
+    clock = FakeClock()
+    api = slow_api()
+    recorder = Recorder(api, instance="test", clock=clock)
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    clock.advance(90)
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    [event] = created(api)
+    first = (clock.now() - timedelta(seconds=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (event["firstTimestamp"], event["lastTimestamp"]) == (first, first)
+    [update] = [c.args[-1] for c in api.calls if c.verb == "patch"]
+    assert update == {"count": 2, "lastTimestamp": clock.now().strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+@virtual_time
+async def test_a_create_answered_409_is_an_earlier_try_that_made_it_and_is_counted_up() -> None:
+    """An Event's name is its own (a random suffix): a 409 is a try whose answer was lost, so
+    the series is made, nothing is read, and a repeat counts it up."""
+    api = slow_api()
+    api.fail("create", ApiError(409, "AlreadyExists", "events pi.1a2b already exists"))
+    recorder = Recorder(api, instance="test")
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    recorder.post(JOB, RUNNING)
+    await recorder.drain()
+    assert [c.verb for c in api.calls] == ["create", "patch"]
+    assert counts(api) == [2]
 
 
 @virtual_time

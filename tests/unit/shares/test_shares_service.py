@@ -197,11 +197,14 @@ async def test_the_webhook_gates_every_share_pod_and_holds_nothing() -> None:
 
 
 async def test_a_placement_whose_record_the_watch_never_sees_lapses() -> None:
+    """Held for ``PENDING_SECONDS`` from the placement, not a moment less."""
     clock = FakeClock()
     admission = await admission_with(node("gpu-a", gpus=1, memory=15), clock=clock)
     await decided(admission, pod(memory="10", core="50"), seen=False)
     assert len(admission.ledger) == 1
-    clock.now += fractional.PENDING_SECONDS + 1
+    clock.advance(fractional.PENDING_SECONDS - 0.5)
+    await waits(admission, pod(memory="10", core="50"))  # still held
+    clock.advance(0.5)
     await decided(admission, pod(memory="10", core="50"))  # the first one lapsed
     assert len(admission.ledger) == 1
 
@@ -213,7 +216,7 @@ async def test_a_seen_pod_keeps_its_share_and_frees_it_when_finished() -> None:
     patched, record = placed_of(body, await decided(admission, body))
     patched["metadata"]["name"] = "cuda-sample-x1"
     await admission.on_pod(patched, "ADDED")
-    clock.now += fractional.PENDING_SECONDS + 1
+    clock.advance(fractional.PENDING_SECONDS + 1)
     await waits(admission, pod(memory="10", core="50"))
     patched["status"] = {"phase": "Succeeded"}
     await admission.on_pod(patched, "MODIFIED")
@@ -539,7 +542,7 @@ async def test_unadmitted_worker_reservations_lapse() -> None:
     admission = await admission_with(node("gpu-a"), clock=clock)
     admission.workers_of = workers(4)
     await decided(admission, worker_pod("train", 0))
-    clock.now += fractional.PENDING_SECONDS + 1
+    clock.advance(fractional.PENDING_SECONDS + 1)
     await decided(admission, pod())  # any placement expires what lapsed first
     assert len(admission.ledger) == 2  # worker 0 and that pod; the 3 reservations lapsed
 
