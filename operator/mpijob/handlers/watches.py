@@ -10,22 +10,24 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
-Every watched kind is one row of :data:`WATCHED`, from which every watch is registered. The kinds
-with most events and those with one object per node (MPIJobs, pods,
-Services, ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices
-and ResourceClaims) are listed and watched by the operator's informers
-(:class:`mpijob.platform.informer.Informer`), which give each event to one plain function here
-(:func:`mpijob_event`, :func:`pod_event`, :func:`child_event`, :func:`node_event`,
+Every watched kind is one row of :data:`WATCHED`, from which every watch is registered. The
+MPIJob is Kopf's: an index function files it and an event handler (:func:`mpijob_event`) asks
+for its sync. The kinds with most events and those with one object per node (pods, Services,
+ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices and
+ResourceClaims) are listed and watched by the operator's informers
+(:class:`mpijob.platform.informer.Informer`, docs/informers.md), which give each event to one
+plain function here (:func:`pod_event`, :func:`child_event`, :func:`node_event`,
 :func:`slice_event`, :func:`claim_event`): it asks for the syncs and returns what the index
 files. A pod is filed under every key a reader looks it up by
 (:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds, the
 node whose room it takes; a claim under its job and the node whose GPUs it was given
-(:class:`~mpijob.handlers.cache.ClaimsBy`). The others (decisions, quotas, priorities, DRA's
-DeviceClasses, PodGroups) are Kopf's indices and event handlers: a child's index function is also
-its trigger, since Kopf calls an index for every event but a deletion, so its event handlers are
-filtered to deletions. They are async and never block: Kopf would otherwise run each call in a
-thread. Only low-level handlers are used, so Kopf adds no finalizer, progress annotation or
-diff-base to anyone's objects.
+(:class:`~mpijob.handlers.cache.ClaimsBy`). The others (MPIJobs, decisions, quotas,
+priorities, DRA's DeviceClasses, PodGroups) are Kopf's indices and event handlers: a child's
+index function is also its trigger, since Kopf calls an index for every event but a deletion,
+so its event handlers are filtered to deletions (the MPIJob's handler sees every event, after
+the index: its sync must read what the event brought). They are async and never block: Kopf
+would otherwise run each call in a thread. Only low-level handlers are used, so Kopf adds no
+finalizer, progress annotation or diff-base to anyone's objects.
 
 No sync runs before every index is complete: the work queue holds what the events ask for until
 each informer has listed its kind once and Kopf has called :func:`kopf_indexed` (Kopf calls
@@ -204,19 +206,34 @@ def pod_summary(body: Mapping[str, Any]) -> JSON:
 SUSPENDED_FIRST_SYNC_SECONDS = 1.0
 
 
-def mpijob_event(rt: Runtime, type: str | None, body: JSON) -> dict[JobKey, JSON]:
-    """An MPIJob's event from its informer (``type`` None: listed): the sync it asks for, and
-    the job filed under its key (nothing once deleted, when every memory of it goes)."""
-    metadata = body.get("metadata") or {}
-    key = _key(metadata.get("namespace"), str(metadata.get("name") or ""))
+async def mpijobs_by_key(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[JobKey, JSON]:
+    """Kopf's index of the MPIJobs: each filed under its key (:func:`job_summary`). The sync
+    its event asks for is :func:`mpijob_event`'s, which Kopf calls once the index holds it."""
+    return {_key(namespace, name): job_summary(dict(body))}
+
+
+async def mpijob_event(
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """An MPIJob's event (``type`` None: listed), after Kopf has filed it: the sync it asks
+    for, none for the echo of our own status write (whose sync saw this state); every memory
+    of a deleted job goes."""
+    rt = _runtime(memo)
+    key = _key(namespace, name)
     if type == "DELETED":
         rt.forget(key)
-        return {}
-    if type == "MODIFIED" and rt.cache.is_own_status_write(key, metadata.get("resourceVersion")):
-        pass  # the echo of our own status write: the sync that wrote it saw this state
-    elif (
-        type == "ADDED" and ((body.get("spec") or {}).get("runPolicy") or {}).get("suspend") is True
+    elif type == "MODIFIED" and rt.cache.is_own_status_write(
+        key, body.metadata.get("resourceVersion")
     ):
+        pass
+    elif type == "ADDED" and (body.spec.get("runPolicy") or {}).get("suspend") is True:
         # Created suspended: nothing runs for it yet, and whoever made it so (Kueue, a queue,
         # upstream's e2e suite) is about to update the object its create returned. Our first
         # status write would make that update fail with 409 Conflict; the client's update (a
@@ -224,7 +241,6 @@ def mpijob_event(rt: Runtime, type: str | None, body: JSON) -> dict[JobKey, JSON
         rt.workers.enqueue_after(key, SUSPENDED_FIRST_SYNC_SECONDS)
     else:
         rt.workers.enqueue_rate_limited(key)
-    return {key: job_summary(body)}
 
 
 def job_summary(body: JSON) -> JSON:
@@ -711,10 +727,10 @@ WATCHED: dict[Index, Watched] = {
     w.index: w
     for w in (
         Watched(
-            Index.MPIJOBS_BY_KEY, keys.KIND, keys.API_VERSION, Source.INFORMER,
+            Index.MPIJOBS_BY_KEY, keys.KIND, keys.API_VERSION, Source.KOPF,
             f"{_BY_JOB}: spec and status whole, the metadata read (job_summary)",
             "its own, rate-limited; none for the echo of its own status write",
-            handle=_informed(mpijob_event),
+            index_fn=mpijobs_by_key, on_event=mpijob_event,
         ),
         Watched(
             Index.PODS, "Pod", "v1", Source.INFORMER,

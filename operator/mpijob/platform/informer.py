@@ -1,8 +1,8 @@
 """A list and watch of one kind outside Kopf, filing each object into an index, as client-go's
 informers do.
 
-The operator's informers take the kinds with most events (MPIJobs, pods, Services, ConfigMaps,
-launcher Jobs; :data:`mpijob.handlers.watches.WATCHED`): in ``make bench`` nearly all of them.
+The operator's informers take the kinds with most events (pods, Services, ConfigMaps, launcher
+Jobs; :data:`mpijob.handlers.watches.WATCHED`): in ``make bench`` nearly all of them.
 Kopf gives every event the same path, whatever its handlers: a task per object with its own
 queue and batching wait, a body wrapped in views, cause detection, handler matching with their
 arguments built and their outcomes kept. That was 46 % of the operator's CPU samples there; an

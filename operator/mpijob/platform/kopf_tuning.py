@@ -6,10 +6,12 @@ upstream's source component), its finalizer and storage keys use our prefix so t
 is ever stored it is ours, no diff-base is kept, node watches are filtered server-side to
 opted-in nodes, and no handler runs in Kopf's threads (:class:`NoThreads`).
 
-Three changes reach into Kopf's private ``kopf._cogs`` modules, which no setting covers: watch
+Four changes reach into Kopf's private ``kopf._cogs`` modules, which no setting covers: watch
 lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
-reference cycles (:func:`views_without_cycles`), and index filling that wakes the objects
-waiting for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`).
+reference cycles (:func:`views_without_cycles`), index filling that wakes the objects
+waiting for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`),
+and a list after a broken watch that deletes what it no longer finds
+(:func:`relists_delete_what_is_gone`).
 Two more read Kopf's internals: its namespace patterns, for the informers
 (:func:`namespace_matcher`), and its indexers, made before Kopf starts
 (:func:`indexers_for`, ``kopf._core``). This is the only module that imports any of Kopf's
@@ -269,11 +271,68 @@ def toggle_sets_wake_on_change() -> None:
     toggle_set._wakes_on_change = True  # type: ignore[attr-defined]
 
 
+#: What is kept of each object a Kopf watch streamed, to say it is gone after a list that no
+#: longer holds it: who it is and whose, the fields Kopf and the handlers of a deletion read.
+_GONE_METADATA = ("name", "namespace", "uid", "labels", "ownerReferences")
+
+
+def _identity(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: meta[k] for k in _GONE_METADATA if k in meta},
+    }
+
+
+def relists_delete_what_is_gone() -> None:
+    """Kopf lists a kind again when its watch broke (the API server restarted, the version it
+    watched from is gone), but keeps, in its indices and in what its handlers were told, every
+    object that list no longer holds: one deleted while no watch ran stays for good, and its
+    deletion handlers never run. As an informer does
+    (:mod:`mpijob.platform.informer`), each of Kopf's streams now ends a list after the first
+    with a ``DELETED`` event for every object it streamed before and the list lacks, made from
+    what was kept of it (:data:`_GONE_METADATA`), before the list's end is announced. What is
+    kept per object is its identity alone, whatever the object holds."""
+    from kopf._cogs.clients import watching
+
+    original = watching.infinite_watch
+    listed_mark = getattr(getattr(watching, "Bookmark", None), "LISTED", None)
+    if listed_mark is None or getattr(original, "deletes_what_is_gone", False):
+        if listed_mark is None:
+            log.warning("Kopf's watch stream was not found; its relists keep deleted objects")
+        return
+
+    async def infinite_watch(**kwargs: Any) -> Any:
+        known: dict[str, dict[str, Any]] = {}
+        listing: set[str] | None = None  # the uids of the list in progress, after the first
+        async for item in original(**kwargs):
+            if item is listed_mark:
+                for gone in [u for u in known if listing is not None and u not in listing]:
+                    yield {"type": "DELETED", "object": known.pop(gone)}
+                listing = set()  # the next list, if the watch breaks, is compared
+            elif isinstance(item, Mapping):
+                obj = item.get("object") or {}
+                uid = (obj.get("metadata") or {}).get("uid")
+                kind = item.get("type")
+                if uid and kind == "DELETED":
+                    known.pop(uid, None)
+                elif uid and kind in (None, "ADDED", "MODIFIED"):
+                    known[uid] = _identity(obj)
+                    if kind is None and listing is not None:
+                        listing.add(uid)
+            yield item
+
+    infinite_watch.deletes_what_is_gone = True  # type: ignore[attr-defined]
+    watching.infinite_watch = infinite_watch
+
+
 def patch_kopf() -> None:
     """Every change to Kopf's private classes; once per process, before Kopf starts."""
     decode_watch_events_with_orjson()
     views_without_cycles()
     toggle_sets_wake_on_change()
+    relists_delete_what_is_gone()
 
 
 def namespace_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:

@@ -33,7 +33,6 @@ def test_each_row_names_what_its_source_needs() -> None:
 @pytest.mark.parametrize("dra", [False, True])
 def test_the_informers_are_the_informer_rows_of_the_mode(dra: bool) -> None:
     informed = watches.informed(dra=dra)
-    assert Index.MPIJOBS_BY_KEY in informed
     assert Index.PODS in informed
     assert (Index.CLAIMS in informed) is dra
     assert (Index.SLICES_BY_NODE in informed) is dra
@@ -61,6 +60,9 @@ def test_kopf_gets_the_kopf_rows_of_the_mode(gang: str | None, dra: bool) -> Non
         )
     }
     assert _kopf_indices(registry) == wanted
+    # The MPIJob is reached through Kopf's handlers, as a Kopf user looks for it.
+    assert Index.MPIJOBS_BY_KEY.value in wanted
+    assert WATCHED[Index.MPIJOBS_BY_KEY].on_event is watches.mpijob_event
     assert (Index.PODGROUPS_BY_JOB.value in wanted) is bool(gang)
     assert (Index.GPU_CLASSES_BY_NAME.value in wanted) is dra
 

@@ -26,6 +26,7 @@ from mpijob.handlers.watches import (
     kopf_indexed,
     limits_gpus,
     mpijob_event,
+    mpijobs_by_key,
     node_event,
     pod_event,
     quotas_by_namespace,
@@ -51,11 +52,29 @@ def _indexed(version: str) -> Cache:
     return Cache(indices={Index.MPIJOBS_BY_KEY: {KEY: [_event(version)]}})
 
 
+async def _job_event(rt: Any, type: str | None, raw: dict[str, Any]) -> None:
+    """Kopf's call of the MPIJob's event handler, once its index holds the event's object."""
+    memo = SimpleNamespace(runtime=rt)
+    await mpijob_event(type=type, body=kopf.Body(raw), namespace="ns", name="pi", memo=memo)
+
+
 async def _event_seen(type: str | None, version: str) -> Workers:
     rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
     rt.cache.wrote_status(KEY, "1", {"metadata": {"resourceVersion": "2"}})
-    assert mpijob_event(rt, type, _event(version)) == {KEY: _event(version)}  # type: ignore[arg-type]
+    filed = await mpijobs_by_key(body=kopf.Body(_event(version)), namespace="ns", name="pi")
+    assert filed == {KEY: _event(version)}
+    await _job_event(rt, type, _event(version))
     return rt.workers
+
+
+async def test_a_deleted_job_is_forgotten_and_asks_for_no_sync() -> None:
+    forgotten = []
+    rt = SimpleNamespace(
+        cache=_indexed("1"), workers=Workers(threadiness=1), forget=forgotten.append
+    )
+    await _job_event(rt, "DELETED", _event("3"))
+    assert forgotten == [KEY]
+    assert KEY not in rt.workers.queue
 
 
 async def test_the_echo_of_our_own_status_write_asks_for_no_sync() -> None:
@@ -382,14 +401,14 @@ async def test_a_job_created_suspended_is_first_synced_a_second_later_or_at_its_
     rt: Any = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
     suspended = {**_event("1"), "spec": {"runPolicy": {"suspend": True}}}
     start = loop.time()
-    mpijob_event(rt, "ADDED", suspended)
+    await _job_event(rt, "ADDED", suspended)
     assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
     assert loop.time() - start == pytest.approx(SUSPENDED_FIRST_SYNC_SECONDS)
 
     rt = SimpleNamespace(cache=_indexed("1"), workers=Workers(threadiness=1))
     start = loop.time()
-    mpijob_event(rt, "ADDED", suspended)
-    mpijob_event(rt, "MODIFIED", _event("2"))
+    await _job_event(rt, "ADDED", suspended)
+    await _job_event(rt, "MODIFIED", _event("2"))
     assert await asyncio.wait_for(rt.workers.queue.get(), 5) == KEY
     assert loop.time() - start == pytest.approx(BASE_DELAY_SECONDS)
 
