@@ -17,6 +17,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from mpijob import keys
+from mpijob.api.models import format_time
 from mpijob.objects import JSON
 from mpijob.platform.credentials import configuration
 
@@ -64,7 +65,7 @@ class AgentKube:
         )
 
     def post_event(self, involved: JSON, type_: str, reason: str, message: str) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_time(datetime.now(UTC))
         namespace = str(involved.get("namespace"))
         body = {
             "apiVersion": "v1",

@@ -60,6 +60,13 @@ def format_time(value: datetime) -> str:
     return utc_seconds(value).isoformat()[:19] + "Z"
 
 
+def format_micro_time(value: datetime) -> str:
+    """RFC 3339 in UTC with microsecond precision, as Kubernetes writes ``metav1.MicroTime``
+    (a Lease's acquire and renew times)."""
+    at = value.astimezone(UTC) if value.tzinfo else value
+    return at.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
 def parse_time(value: object) -> datetime | None:
     """A Kubernetes timestamp (RFC 3339 string or datetime) in UTC, or None if it is not one."""
     if isinstance(value, datetime):

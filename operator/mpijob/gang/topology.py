@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from mpijob import keys
 from mpijob.api import JSON, JobKey, MPIJob, gpu_ids
 from mpijob.api.errors import FieldError, forbidden
-from mpijob.api.models import parse_time
+from mpijob.api.models import format_time, parse_time
 from mpijob.desired import compute_domain, names
 from mpijob.desired.sync import PodPlacement
 from mpijob.gang import fit
@@ -142,7 +142,7 @@ def released_object(body: Mapping[str, Any], reason: str, message: str, at: date
     finished or suspended, and replaced by the job's next placement."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    stamp = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(at)
     return {
         "apiVersion": keys.DECISION_API_VERSION,
         "kind": keys.DECISION_KIND,

@@ -40,10 +40,10 @@ import logging
 import os
 import socket
 import uuid
-from datetime import UTC
 from typing import Any
 
 from mpijob import metrics
+from mpijob.api.models import format_micro_time
 from mpijob.platform.clock import SYSTEM, Clock
 from mpijob.platform.kube import ApiError, transient
 from mpijob.platform.kube_api import KubeApi
@@ -116,7 +116,7 @@ class LeaderElector:
 
     def _now(self) -> str:
         """The wall clock as a Lease's ``MicroTime``."""
-        return self._clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return format_micro_time(self._clock.now())
 
     async def run(self) -> str:
         """Campaign until this replica leads (``leading`` set), then renew until the Lease is

@@ -56,12 +56,12 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from mpijob import keys, metrics
 from mpijob.api.errors import EVENT_MESSAGE_LIMIT, truncate_message
+from mpijob.api.models import format_time
 from mpijob.desired import events
 from mpijob.desired.events import Event
 from mpijob.objects import about
@@ -93,10 +93,6 @@ EVENT_TTL_SECONDS = 3600.0
 #: The first and the longest wait between two tries of a request the API did not answer.
 RETRY_FIRST_SECONDS = 0.5
 RETRY_MAX_SECONDS = 30.0
-
-
-def _stamp(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -372,7 +368,7 @@ class Recorder:
                 f"{meta.get('name', 'mpijob')}.{uuid.uuid4().hex[:16]}", ns, subject=_about(obj)
             )
             self._track(key, series)
-            body = self._event(obj, e, series, at=_stamp(item.since))
+            body = self._event(obj, e, series, at=format_time(item.since))
             log.info(
                 "Posting an Event a restart or an outage lost",
                 extra={"reason": e.reason, **series.subject},
@@ -413,7 +409,7 @@ class Recorder:
             self._log("count update", e, series)
 
     def _now(self) -> str:
-        return _stamp(self._clock.now())
+        return format_time(self._clock.now())
 
     def _event(
         self, obj: dict[str, Any], event: Event, series: Series, *, at: str = ""
