@@ -19,20 +19,15 @@ it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from bench import ours_env
+from bench import realnodes
 from hack import cluster, images, incluster, realnode
-
-ROOT = Path(__file__).resolve().parents[1]
 
 NAMESPACE = "bench-launch"
 TIMEOUT = 600
@@ -134,20 +129,8 @@ def main() -> int:
     config.load_kube_config(config_file=str(kubeconfig))
     core, api = client.CoreV1Api(), client.CustomObjectsApi()
     image = incluster.load_image(incluster.nodes())
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    log = (cluster.state_dir() / "logs" / "operator-bench-launch.log").open("wb")
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect",
-         "--monitoring-port", "0", "--kubeconfig", str(kubeconfig), "--launch-image", image],
-        stdout=log, stderr=subprocess.STDOUT, env=ours_env(),
-    )  # fmt: skip
     results: dict[str, Any] = {"runs": args.runs, "launch_image": image}
-    try:
-        time.sleep(3)  # the operator's caches are filled
+    with realnodes.operator(core, NAMESPACE, "--launch-image", image):
         for workers in args.workers:
             for mode in args.modes:
                 samples = [one_run(core, api, mode, workers, i) for i in range(args.runs)]
@@ -158,13 +141,7 @@ def main() -> int:
                     f"{', '.join(f'{s:.2f}' for s in samples)} s (median {median:.2f} s)",
                     flush=True,
                 )
-    finally:
-        operator.terminate()
-        operator.wait(timeout=30)
-    out = ROOT / ".bench" / "launch.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    realnodes.write("launch", results)
     return 0
 
 

@@ -14,10 +14,8 @@ else running, so the figures say what this machine gives, not what a cluster wou
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from bench import ours_env
+from bench import realnodes
 from hack import cluster, pytorch_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,20 +81,8 @@ def main() -> int:
     ]
     if not nodes:
         raise SystemExit("no Ready real node: start the cluster with REAL_NODES=2 (make cluster)")
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    log = (cluster.state_dir() / "logs" / "operator-bench-train.log").open("wb")
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect",
-         "--monitoring-port", "0", "--kubeconfig", str(kubeconfig)],
-        stdout=log, stderr=subprocess.STDOUT, env=ours_env(),
-    )  # fmt: skip
     results: dict[str, Any] = {"real_nodes": nodes, "runs": args.runs, "model": "convnet"}
-    try:
-        time.sleep(3)  # the operator's watches are up (it lists before it watches)
+    with realnodes.operator(core, NAMESPACE):
         single = None
         for workers in args.workers:
             samples = [one_run(core, api, workers, i) for i in range(args.runs)]
@@ -109,13 +95,7 @@ def main() -> int:
                 f"{', '.join(f'{s:.1f}' for s in samples)} img/s (median {median:.1f}{eff})",
                 flush=True,
             )
-    finally:
-        operator.terminate()
-        operator.wait(timeout=30)
-    out = ROOT / ".bench" / "train.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    realnodes.write("train", results)
     return 0
 
 

@@ -28,10 +28,11 @@ from kubernetes.client.exceptions import ApiException
 from hack import incluster, realnode
 from mpijob import keys
 from mpijob.desired import launch
+from support import realnode as realnode_support
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
-from support.realnode import exit_codes, launcher_log, on_real_node, pods, ready_real_node
+from support.realnode import launcher_log, on_real_node, pods, ready_real_node
 from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
@@ -87,13 +88,7 @@ def no_sshd(body: dict[str, Any], flavour: str, name: str) -> dict[str, Any]:
 
 
 def run_to_success(crds: Cluster, mpijobs: MPIJobs, namespace: str, body: dict[str, Any]) -> str:
-    crds.apply(body, namespace=namespace)
-    name = body["metadata"]["name"]
-    mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=TIMEOUT)
-    launchers = pods(crds, namespace, name, keys.ROLE_LAUNCHER)
-    assert launchers, "the launcher pod is gone"
-    assert all(0 in exit_codes(p) for p in launchers), [exit_codes(p) for p in launchers]
-    return launcher_log(crds, namespace, name)
+    return realnode_support.run_to_success(crds, mpijobs, namespace, body, TIMEOUT)
 
 
 def in_pod(

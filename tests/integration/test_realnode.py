@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from mpijob import keys
+from support import realnode as realnode_support
 from support.kube import ROOT, Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
@@ -58,13 +59,7 @@ def assert_pi_ran_on_all_hosts(log: str, hosts: list[str]) -> None:
 
 
 def run_to_success(crds: Cluster, mpijobs: MPIJobs, namespace: str, body: dict[str, Any]) -> str:
-    crds.apply(body, namespace=namespace)
-    name = body["metadata"]["name"]
-    mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=TIMEOUT)
-    launchers = pods(crds, namespace, name, keys.ROLE_LAUNCHER)
-    assert launchers, "the launcher pod is gone"
-    assert all(0 in exit_codes(p) for p in launchers), [exit_codes(p) for p in launchers]
-    return launcher_log(crds, namespace, name)
+    return realnode_support.run_to_success(crds, mpijobs, namespace, body, TIMEOUT)
 
 
 def mpijob_logs(crds: Cluster, namespace: str, job: str, *flags: str) -> str:

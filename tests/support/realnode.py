@@ -62,6 +62,20 @@ def launcher_log(cluster: Cluster, namespace: str, job: str) -> str:
     return str(cluster.core.read_namespaced_pod_log(newest.metadata.name, namespace))
 
 
+def run_to_success(
+    cluster: Cluster, mpijobs: Any, namespace: str, body: dict[str, Any], timeout: float
+) -> str:
+    """Apply the MPIJob, wait for it to succeed with every launcher run exiting 0, and return
+    its launcher's log."""
+    cluster.apply(body, namespace=namespace)
+    name = body["metadata"]["name"]
+    mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=timeout)
+    launchers = pods(cluster, namespace, name, keys.ROLE_LAUNCHER)
+    assert launchers, "the launcher pod is gone"
+    assert all(0 in exit_codes(p) for p in launchers), [exit_codes(p) for p in launchers]
+    return launcher_log(cluster, namespace, name)
+
+
 def exit_codes(pod: client.V1Pod) -> list[int]:
     """Exit codes of the pod's containers, last run and the one before it."""
     out = []
