@@ -69,11 +69,33 @@ def run_to_success(
     its launcher's log."""
     cluster.apply(body, namespace=namespace)
     name = body["metadata"]["name"]
-    mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=timeout)
+    try:
+        mpijobs.wait_condition(name, keys.COND_SUCCEEDED, timeout=timeout)
+    except Exception as e:
+        raise AssertionError(f"{e}\n{job_state(cluster, namespace, name)}") from e
     launchers = pods(cluster, namespace, name, keys.ROLE_LAUNCHER)
     assert launchers, "the launcher pod is gone"
     assert all(0 in exit_codes(p) for p in launchers), [exit_codes(p) for p in launchers]
     return launcher_log(cluster, namespace, name)
+
+
+def job_state(cluster: Cluster, namespace: str, job: str) -> str:
+    """What a job that did not finish left to read: its pods' phases and containers' states,
+    and its launcher's log, for the failure's message."""
+    lines = []
+    for role in (keys.ROLE_LAUNCHER, keys.ROLE_WORKER):
+        for pod in pods(cluster, namespace, job, role):
+            statuses = [*(pod.status.init_container_statuses or []),
+                        *(pod.status.container_statuses or [])]  # fmt: skip
+            states = ", ".join(f"{c.name}: {c.state}".replace("\n", " ") for c in statuses)
+            lines.append(
+                f"{pod.metadata.name} {pod.status.phase} on {pod.spec.node_name}: {states}"
+            )
+    try:
+        lines.append("launcher log:\n" + launcher_log(cluster, namespace, job)[-3000:])
+    except Exception as e:  # no launcher pod, or no log yet: say so
+        lines.append(f"no launcher log: {e}")
+    return "\n".join(lines)
 
 
 def exit_codes(pod: client.V1Pod) -> list[int]:
