@@ -32,7 +32,7 @@ from support import realnode as realnode_support
 from support.kube import ROOT, Cluster, kubectl_binary
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
-from support.realnode import launcher_log, on_real_node, pods, ready_real_node
+from support.realnode import launcher_log, on_real_node, pods, ready_real_node, with_image
 from support.tenants import TenantJobs, bind_tenant
 from support.wait import wait_until
 
@@ -73,17 +73,11 @@ def example(name: str) -> dict[str, Any]:
 
 def no_sshd(body: dict[str, Any], flavour: str, name: str) -> dict[str, Any]:
     """``body`` (an example launched by the agent) under ``name``, every container on the
-    no-sshd image of ``flavour``, the launcher printing its MPI's version first, and its
-    workers kept after the end (``cleanPodPolicy: None``) so the test can look inside them."""
-    body["metadata"]["name"] = name
-    body["spec"]["runPolicy"]["cleanPodPolicy"] = "None"
+    no-sshd image of ``flavour`` (:func:`with_image`), and its workers kept after the end
+    (``cleanPodPolicy: None``) so the test can look inside them."""
     image = realnode.images.reference(f"{flavour}{realnode.images.NOSSHD_SUFFIX}")
-    for spec in body["spec"]["mpiReplicaSpecs"].values():
-        for c in spec["template"]["spec"]["containers"]:
-            c["image"] = image
-    launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    argv = [*(launcher.pop("command", None) or []), *(launcher.pop("args", None) or [])]
-    launcher["command"] = ["sh", "-c", 'mpirun --version && exec "$@"', "sh", *argv]
+    body = with_image(body, image, name)
+    body["spec"]["runPolicy"]["cleanPodPolicy"] = "None"
     return on_real_node(body)
 
 
@@ -210,7 +204,7 @@ def test_a_worker_added_while_running_is_in_discover_hosts_and_runs_a_rank(
     body = no_sshd(example("pi-no-sshd.yaml"), "openmpi", "pi-grow")
     launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     # Wait (up to 3 min) for a third host in discover_hosts.sh, then run pi on all three.
-    launcher["command"] = [
+    launcher["args"] = [
         "sh",
         "-c",
         "for i in $(seq 360); do"
@@ -242,7 +236,7 @@ def waiting_job(name: str) -> dict[str, Any]:
     """A job launched by the agent whose launcher only waits: its workers serve, and stay."""
     body = no_sshd(example("pi-no-sshd.yaml"), "openmpi", name)
     launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    launcher["command"] = ["sleep", "600"]
+    launcher["args"] = ["sleep", "600"]
     return body
 
 

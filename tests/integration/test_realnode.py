@@ -28,6 +28,7 @@ from support.realnode import (
     on_real_node,
     pods,
     ready_real_node,
+    with_image,
 )
 from support.wait import wait_until
 
@@ -81,19 +82,6 @@ def test_pi_with_openmpi_as_non_root(
     log = run_to_success(crds, mpijobs, namespace, on_real_node(example("pi.yaml")))
     assert_pi_ran_on_all_hosts(log, ["pi-worker-0", "pi-worker-1"])
     assert mpijob_logs(crds, namespace, "pi") == log
-
-
-def with_image(body: dict[str, Any], image: str, name: str) -> dict[str, Any]:
-    """``body`` under another name, every container on ``image``, and the launcher printing its
-    MPI's version before it runs its command (so the log proves which MPI ran)."""
-    body["metadata"]["name"] = name
-    for spec in body["spec"]["mpiReplicaSpecs"].values():
-        for c in spec["template"]["spec"]["containers"]:
-            c["image"] = image
-    launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    argv = [*(launcher.pop("command", None) or []), *(launcher.pop("args", None) or [])]
-    launcher["args"] = ["sh", "-c", 'mpirun --version && exec "$@"', "sh", *argv]
-    return body
 
 
 # One rank on each worker, never on the launcher: Open MPI 5's mpirun (PRRTE) ignores the

@@ -49,6 +49,21 @@ def on_real_node(body: dict[str, Any]) -> dict[str, Any]:
     return realnode.place_on_real_node(body)
 
 
+def with_image(body: dict[str, Any], image: str, name: str) -> dict[str, Any]:
+    """``body`` under another name, every container on ``image``, and the launcher printing its
+    MPI's version before it runs its command (so the log proves which MPI ran). The command
+    goes in ``args``, so the image's entrypoint still runs first: for MPICH and Intel MPI it
+    waits until every host's name resolves, which their process managers do not."""
+    body["metadata"]["name"] = name
+    for spec in body["spec"]["mpiReplicaSpecs"].values():
+        for c in spec["template"]["spec"]["containers"]:
+            c["image"] = image
+    launcher = body["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    argv = [*(launcher.pop("command", None) or []), *(launcher.pop("args", None) or [])]
+    launcher["args"] = ["sh", "-c", 'mpirun --version && exec "$@"', "sh", *argv]
+    return body
+
+
 def pods(cluster: Cluster, namespace: str, job: str, role: str) -> list[client.V1Pod]:
     selector = f"{keys.LABEL_JOB_NAME}={job},{keys.LABEL_JOB_ROLE}={role}"
     return list(cluster.core.list_namespaced_pod(namespace, label_selector=selector).items)
