@@ -272,17 +272,49 @@ def toggle_sets_wake_on_change() -> None:
 
 
 #: What is kept of each object a Kopf watch streamed, to say it is gone after a list that no
-#: longer holds it: who it is and whose, the fields Kopf and the handlers of a deletion read.
-_GONE_METADATA = ("name", "namespace", "uid", "labels", "ownerReferences")
+#: longer holds it: who it is and whose, and what the filters and handlers of a deletion read
+#: (the operator's labels and its own annotations, a closed set; the controller reference; the
+#: node it was bound to), each bounded, whatever a tenant put on its object.
+_GONE_LABELS = frozenset(
+    {
+        keys.LABEL_OPERATOR_NAME,
+        keys.LABEL_JOB_NAME,
+        keys.LABEL_JOB_ROLE,
+        keys.LABEL_APP,
+        keys.NODE_GPU_SCHEDULE_LABEL,
+    }
+)
+_GONE_ANNOTATIONS = frozenset(
+    value
+    for value in vars(keys).values()
+    if isinstance(value, str) and value.startswith(keys.PREFIX) and value != keys.PREFIX
+)
+_GONE_VALUE_MAX = 1024
+_OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
+
+
+def _kept(values: Any, names: frozenset[str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in (values or {}).items()
+        if k in names and isinstance(v, str) and len(v) <= _GONE_VALUE_MAX
+    }
 
 
 def _identity(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
-    return {
-        "apiVersion": obj.get("apiVersion"),
-        "kind": obj.get("kind"),
-        "metadata": {k: meta[k] for k in _GONE_METADATA if k in meta},
-    }
+    kept: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    if labels := _kept(meta.get("labels"), _GONE_LABELS):
+        kept["labels"] = labels
+    if annotations := _kept(meta.get("annotations"), _GONE_ANNOTATIONS):
+        kept["annotations"] = annotations
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")][:1]
+    if owners:
+        kept["ownerReferences"] = [{k: owners[0].get(k) for k in _OWNER_FIELDS}]
+    out = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
+    if node := (obj.get("spec") or {}).get("nodeName"):
+        out["spec"] = {"nodeName": str(node)[:_GONE_VALUE_MAX]}
+    return out
 
 
 def relists_delete_what_is_gone() -> None:
@@ -292,7 +324,7 @@ def relists_delete_what_is_gone() -> None:
     deletion handlers never run. As an informer does
     (:mod:`mpijob.platform.informer`), each of Kopf's streams now ends a list after the first
     with a ``DELETED`` event for every object it streamed before and the list lacks, made from
-    what was kept of it (:data:`_GONE_METADATA`), before the list's end is announced. What is
+    what was kept of it (:func:`_identity`), before the list's end is announced. What is
     kept per object is its identity alone, whatever the object holds."""
     from kopf._cogs.clients import watching
 

@@ -69,11 +69,11 @@ async def test_a_relist_deletes_the_objects_it_no_longer_holds_before_it_ends(
         ("ADDED", "d"),
     ]  # fmt: skip
     gone = out[7]["object"]
-    # Its identity and whose it is, and nothing else it held.
+    # Its identity, and nothing else it held (its spec, a label not the operator's).
     assert gone == {
         "apiVersion": "mpijob.io/v1alpha1",
         "kind": "PlacementDecision",
-        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b", "labels": {"a": "b"}},
+        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b"},
     }
 
 
@@ -97,6 +97,60 @@ async def test_the_first_list_deletes_nothing_and_an_object_added_while_watching
         (None, "a"), ("DELETED", "b"), "LISTED",
         (None, "a"), "LISTED",
     ]  # fmt: skip
+
+
+async def test_what_is_kept_of_a_tenants_object_is_bounded_whatever_it_carries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's pod with many labels, annotations and owners, and a large spec: what is
+    kept for its deletion is its identity, the operator's own keys and its node alone."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "uid-p",
+            "labels": {
+                **{f"l{i}": "x" * 60 for i in range(200)},
+                "training.kubeflow.org/job-name": "pi",
+            },
+            "annotations": {
+                **{f"mpijob.io/made-up-{i}": "y" * 1000 for i in range(200)},
+                "mpijob.io/gpu-share": "2",
+                "mpijob.io/gpu-ids": "z" * 5000,
+            },
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "X", "name": f"o{i}", "uid": f"u{i}"}
+                for i in range(50)
+            ]
+            + [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi", "uid": "j",
+                "controller": True, "blockOwnerDeletion": True, "extra": "e" * 4000}],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "env": [{"value": "v" * 100_000}]}],
+        },
+    }  # fmt: skip
+    relisted = [{"type": None, "object": pod}, LISTED, LISTED]
+    out = await streamed(relisted, monkeypatch)
+    gone = out[2]["object"]
+    assert gone == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "uid-p",
+            "labels": {"training.kubeflow.org/job-name": "pi"},
+            "annotations": {"mpijob.io/gpu-share": "2"},
+            "ownerReferences": [
+                {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "pi",
+                 "uid": "j", "controller": True}
+            ],
+        },
+        "spec": {"nodeName": "n1"},
+    }  # fmt: skip
 
 
 async def test_kopf_is_patched_once(monkeypatch: pytest.MonkeyPatch) -> None:
