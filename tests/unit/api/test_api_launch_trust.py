@@ -23,13 +23,15 @@ def test_no_module_that_decides_gpus_reads_the_launch_annotation(package: str) -
     assert readers == []
 
 
-#: Where the annotation may be read: its validation, and the builders of the job's own pods.
+#: Where the annotation may be read: its validation, and the builders of the job's own pods
+#: and Secret.
 WIRING = {
     "api/launch.py",
     "api/models.py",
     "desired/launch.py",
     "desired/launcher.py",
     "desired/names.py",
+    "desired/sync.py",
     "desired/worker.py",
 }
 
