@@ -1,7 +1,9 @@
 """What the reconciler reads: the indices, the creations not yet seen, our last status write.
 
-The indices are the informer caches: every watched kind feeds one, the informers' or Kopf's
-(see :mod:`mpijob.handlers.watches` and :class:`Indices`). This object reads them into what
+The indices are the one cache: every watched kind feeds one index, and every index is one of
+Kopf's, whether Kopf's watch fills it or an informer does (the declared extension:
+:mod:`mpijob.handlers.watches`, :func:`mpijob.platform.kopf_tuning.indexers_for`). This object
+reads them into what
 one sync needs (:meth:`Cache.observe`), and keeps the two memories a level-based reconciler
 must have, each bounded by what it remembers:
 
@@ -24,7 +26,7 @@ Built by the composition root; read and fed by the reconciler and the watch hand
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -93,25 +95,6 @@ class ClaimsBy(StrEnum):
     pool, with those devices: what the scheduler gave out."""
 
 
-class Indices(Mapping[str, Any]):
-    """Every index by name: the informers' (``ours``) and Kopf's, the latter looked up in its
-    live mapping at each read (Kopf makes its indices anew when it starts)."""
-
-    def __init__(self, kopf_indices: Mapping[str, Any], ours: Mapping[Index, Any]) -> None:
-        self._kopf = kopf_indices
-        self._ours: dict[str, Any] = {str(name): index for name, index in ours.items()}
-
-    def __getitem__(self, name: str) -> Any:
-        return self._ours[name] if name in self._ours else self._kopf[name]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._ours
-        yield from (name for name in self._kopf if name not in self._ours)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
 #: The indices a placement check reads before it gives a placement back (the job, its
 #: decision, its workers, their nodes, their claims): none may lack events then
 #: (:meth:`Cache.complete`). The decisions are Kopf's, which says nothing of it.
@@ -136,7 +119,8 @@ CHILD_INDICES = {
 @dataclass
 class Cache:
     indices: Mapping[str, Any] = field(default_factory=dict)
-    """Kopf's live index mappings, by index name (empty until the indices are filled)."""
+    """Every index by name: Kopf's live mapping of them, the informers' included (empty until
+    the watches fill them)."""
     expected: dict[JobKey, dict[tuple[str, str], tuple[float, JSON]]] = field(default_factory=dict)
     """Per job: (kind, name) -> (when created, the object the API returned)."""
     written: dict[JobKey, tuple[str, JSON]] = field(default_factory=dict)
@@ -308,8 +292,9 @@ class Cache:
 
     def complete(self, indices: Iterable[str] = PLACEMENT_VIEW) -> bool:
         """Whether none of ``indices`` may lack events: an informer's index says so
-        (:attr:`mpijob.platform.informer.ObjectIndex.complete`); Kopf's say nothing and count as
-        complete, as does an index not kept in this mode (claims, without the dra binding)."""
+        (:attr:`mpijob.platform.kopf_tuning.InformedIndex.complete`); Kopf's say nothing and
+        count as complete, as does an index not kept in this mode (claims, without the dra
+        binding)."""
         return all(getattr(self.indices.get(name), "complete", True) for name in indices)
 
     def saw_node(self, name: str, ready: bool | None) -> None:

@@ -36,7 +36,7 @@ from mpijob.desired.gpu_binding import Choice, ClusterFacts, GpuBinding, choose
 from mpijob.gang import quota
 from mpijob.gang.service import Admission, store_decision
 from mpijob.handlers import reconcile, watches
-from mpijob.handlers.cache import Cache, Index, Indices
+from mpijob.handlers.cache import Cache, Index
 from mpijob.handlers.runtime import OperatorMemo, Runtime
 from mpijob.placement import fabric as fabric_module
 from mpijob.placement import fabric_labels
@@ -127,11 +127,10 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
     if ours.fractional_gpus:
         shares = await start_shares(ours, kube, settings, where, recorder.post)
     registry = registry_for(ours, binding, shares, user_agent)
-    indexers, indices = kopf_tuning.indexers_for(registry)
-    informed = {
-        index: informer.ObjectIndex() for index in watches.informed(dra=binding is GpuBinding.DRA)
-    }
-    cache = Cache(indices=Indices(indices, informed), server_minor=await server_minor(kube))
+    informed = watches.informed(dra=binding is GpuBinding.DRA)
+    # One cache: Kopf's indices, among which the informers file theirs.
+    indexers, indices, filings = kopf_tuning.indexers_for(registry, informed)
+    cache = Cache(indices=indices, server_minor=await server_minor(kube))
     workers = Workers(ours.threadiness, caches=frozenset({KOPF_INDICES, *informed}))
     admission = Admission(
         write_decision=lambda obj: store_decision(kube, obj),
@@ -156,7 +155,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
         cache=cache,
         admission=admission,
     )
-    watch_kube, informers = make_informers(ours, rt, informed, user_agent)
+    watch_kube, informers = make_informers(ours, rt, filings, user_agent)
     runnables = [
         *(Runnable(f"informer-{i.kind}s", i.run, needs_lease=False) for i in informers),
         Runnable("heartbeat", workers.beat, needs_lease=False),
@@ -226,7 +225,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
 def make_informers(
     ours: OperatorSettings,
     rt: Runtime,
-    indices: Mapping[Index, informer.ObjectIndex],
+    indices: Mapping[str, informer.Filing],
     user_agent: str,
 ) -> tuple[Kube, list[informer.Informer]]:
     """An informer per index of ``indices``, of its kind in
@@ -242,7 +241,8 @@ def make_informers(
         user_agent=user_agent,
     )
     informers = []
-    for index, into in indices.items():
+    for name, into in indices.items():
+        index = Index(name)
         kind = watches.WATCHED[index]
         assert kind.api_version is not None, kind
         namespaced = kube_module.KINDS[kind.api_version, kind.kind].namespaced

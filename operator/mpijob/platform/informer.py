@@ -15,16 +15,16 @@ with Kopf.
 An :class:`Informer` lists its kind in each namespace it watches (the whole cluster: one), then
 watches from the list's version, with bookmarks, and lists again when the API server says that
 version is gone (410). Each object's events go to ``handle(type, body)`` (``type`` None for a
-listed object), which returns the keys the object is filed under, with a value for each: the
-:class:`ObjectIndex` the readers look them up in. An object that a new list no longer holds was
-deleted while no watch ran; ``handle`` gets a ``DELETED`` event for it, with the metadata kept
-of it (name, namespace, uid, labels, owner references), so nothing waits for an event that
-never comes. A list or watch that fails, or a watch that ends as soon as it began, is tried
-again after :func:`~mpijob.platform.backoff.exponential` waits; ``on_listed`` is called once
-every namespace has been listed the first time. Informers only read: every replica runs them,
-and none needs the Lease.
+listed object), which returns the keys the object is filed under, with a value for each: its
+:class:`Filing`, one of Kopf's indices, which every reader reads. An object that a new list no
+longer holds was deleted while no watch ran; ``handle`` gets a ``DELETED`` event for it, with
+the metadata kept of it (name, namespace, uid, labels, owner references), so nothing waits for
+an event that never comes. A list or watch that fails, or a watch that ends as soon as it
+began, is tried again after :func:`~mpijob.platform.backoff.exponential` waits; ``on_listed``
+is called once every namespace has been listed the first time. Informers only read: every
+replica runs them, and none needs the Lease.
 
-Completeness: an index is :attr:`~ObjectIndex.complete` once every namespace has been listed,
+Completeness: an index is :attr:`~Filing.complete` once every namespace has been listed,
 and no longer from the moment a list or watch fails (an API server restarted, a connection
 cut) until a list of that namespace completes again: events sent while no watch ran may be
 missing. A watch that broke is therefore followed by a list, not resumed from its version
@@ -44,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from mpijob.objects import JSON
 from mpijob.platform.backoff import exponential
@@ -90,83 +90,22 @@ def scope(
     return (None,), matcher(patterns)
 
 
-class Store(Collection[Any]):
-    """The values filed under one key, one per object; iterating gives the values (as Kopf's
-    index stores do, so the readers take either)."""
+class Filing(Protocol):
+    """Where an informer files its objects: an index kept among Kopf's, so that every reader
+    reads one cache (:class:`mpijob.platform.kopf_tuning.InformedIndexer`); the informer is its
+    only writer."""
 
-    __slots__ = ("_by_uid",)
+    complete: bool
+    """Whether the index holds every object its informer's lists and watches could show: set
+    once every namespace has been listed, cleared from a failed list or watch until that
+    namespace is listed again (see the module)."""
 
-    def __init__(self) -> None:
-        self._by_uid: dict[str, Any] = {}
+    def replace(self, key: Any, obj: Any) -> None:
+        """File the object ``key`` (its uid) under each key of ``obj`` (a mapping), with its
+        value, and under no other."""
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._by_uid.values())
-
-    def __len__(self) -> int:
-        return len(self._by_uid)
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._by_uid.values()
-
-
-class ObjectIndex(Mapping[Key, Store]):
-    """Key -> the :class:`Store` of values filed under it; only an :class:`Informer` writes."""
-
-    def __init__(self) -> None:
-        self._stores: dict[Key, Store] = {}
-        self._filed: dict[str, tuple[tuple[Key, ...], JSON]] = {}
-        """uid -> (the keys the object is filed under, its kept metadata)."""
-        self.complete = False
-        """Whether the index holds every object its informer's lists and watches could show:
-        set once every namespace has been listed, cleared from a failed list or watch until
-        that namespace is listed again (see the module)."""
-
-    def __getitem__(self, key: Key) -> Store:
-        return self._stores[key]
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._stores)
-
-    def __len__(self) -> int:
-        return len(self._stores)
-
-    def file(self, uid: str, metadata: JSON, entries: Mapping[Key, Any]) -> None:
-        """The object's entries, in place of those it had; ``metadata`` is what is kept of it
-        (its handler's ``DELETED`` event reads it when a list no longer holds the object)."""
-        self.drop(uid)
-        if not entries:
-            return
-        for key, value in entries.items():
-            store = self._stores.get(key)
-            if store is None:
-                store = self._stores[key] = Store()
-            store._by_uid[uid] = value
-        self._filed[uid] = (tuple(entries), metadata)
-
-    def drop(self, uid: str) -> JSON | None:
-        """Unfile the object; the metadata kept of it, or None if it was not filed."""
-        filed = self._filed.pop(uid, None)
-        if filed is None:
-            return None
-        for key in filed[0]:
-            store = self._stores[key]
-            del store._by_uid[uid]
-            if not store:
-                del self._stores[key]
-        return filed[1]
-
-    def kept(self, uid: str) -> JSON | None:
-        """The metadata kept of a filed object (None: not filed)."""
-        filed = self._filed.get(uid)
-        return None if filed is None else filed[1]
-
-    def uids(self, namespace: str | None) -> set[str]:
-        """The filed objects of ``namespace`` (None: all)."""
-        return {
-            uid
-            for uid, (_, meta) in self._filed.items()
-            if namespace is None or meta.get("namespace") == namespace
-        }
+    def discard(self, key: Any) -> None:
+        """Unfile the object ``key``."""
 
 
 class Informer:
@@ -180,7 +119,7 @@ class Informer:
         api_version: str,
         kind: str,
         *,
-        index: ObjectIndex,
+        index: Filing,
         handle: Handle,
         namespaces: Sequence[str | None] = (None,),
         admits: Callable[[str], bool] | None = None,
@@ -200,6 +139,9 @@ class Informer:
         self.on_listed = on_listed
         self.kept = kept
         self.page = page
+        self._filed: dict[str, JSON] = {}
+        """uid -> what is kept of each object filed under some key (``kept``), for the
+        ``DELETED`` event a list implies when it no longer holds the object."""
         self._unlisted = set(self.namespaces)
         self._gaps = set(self.namespaces)
         """Namespaces whose index may lack events: not listed yet, or not since their list or
@@ -218,12 +160,15 @@ class Informer:
             return
         try:
             if type == "DELETED":
-                self.index.drop(uid)
+                self._unfile_one(uid)
                 self.handle(type, body)
             else:
                 entries = self.handle(type, body)
-                # Most objects (anyone's pods) are filed under nothing: nothing kept of them.
-                self.index.file(uid, self.kept(metadata) if entries else {}, entries)
+                if entries:
+                    self.index.replace(uid, entries)
+                    self._filed[uid] = self.kept(metadata)
+                else:  # most objects (anyone's pods) are filed under nothing: nothing kept
+                    self._unfile_one(uid)
         except Exception:  # one object's failure must not stop the watch of all the others
             log.exception(
                 "Handling %s %s/%s failed",
@@ -232,10 +177,22 @@ class Informer:
                 metadata.get("name"),
             )
 
+    def _unfile_one(self, uid: str) -> None:
+        if self._filed.pop(uid, None) is not None:
+            self.index.discard(uid)
+
+    def _uids(self, namespace: str | None) -> set[str]:
+        """The filed objects of ``namespace`` (None: all)."""
+        return {
+            uid
+            for uid, meta in self._filed.items()
+            if namespace is None or meta.get("namespace") == namespace
+        }
+
     def relisted(self, namespace: str | None, items: Sequence[JSON]) -> None:
         """A whole list of ``namespace``: every item filed again, and whatever was filed but is
         no longer there deleted."""
-        gone = self.index.uids(namespace)
+        gone = self._uids(namespace)
         self._filed_again(items, gone)
         self._unfile(gone)
 
@@ -246,7 +203,7 @@ class Informer:
 
     def _unfile(self, gone: set[str]) -> None:
         for uid in gone:
-            if (metadata := self.index.kept(uid)) is not None:
+            if (metadata := self._filed.get(uid)) is not None:
                 deleted = {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
                 self.apply("DELETED", deleted)  # unfiles it, then tells its handler
 
@@ -256,7 +213,7 @@ class Informer:
         each; the index keeps what its handler returns). Until the last page the index holds
         the objects of the previous list that no page has shown yet, so no reader sees fewer
         objects than there are; then those that are gone are unfiled."""
-        gone = self.index.uids(namespace)
+        gone = self._uids(namespace)
         listed = 0
         cont = ""
         while True:

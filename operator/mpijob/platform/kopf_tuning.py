@@ -8,17 +8,17 @@ opted-in nodes, and no handler runs in Kopf's threads (:class:`NoThreads`).
 
 Four changes reach into Kopf's private ``kopf._cogs`` modules, which no setting covers: watch
 lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
-reference cycles (:func:`views_without_cycles`), index filling that wakes the objects
-waiting for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`),
-and a list after a broken watch that deletes what it no longer finds
-(:func:`relists_delete_what_is_gone`).
-Two more read Kopf's internals: its namespace patterns, for the informers
-(:func:`namespace_matcher`), and its indexers, made before Kopf starts
-(:func:`indexers_for`, ``kopf._core``). This is the only module that imports any of Kopf's
-private packages (``kopf._cogs``, ``kopf._core``, ``kopf._kits``: an import contract says so),
-and ``pyproject.toml`` pins Kopf to the minor version these were written against; each change
-checks that what it replaces is there, and leaves Kopf as it is, with a warning, where it is
-not.
+reference cycles (:func:`views_without_cycles`), index filling that wakes the objects waiting
+for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`), and a
+list after a broken watch that deletes what it no longer finds
+(:func:`relists_delete_what_is_gone`). Two more read Kopf's internals: its namespace patterns,
+for the informers (:func:`namespace_matcher`), and its indexers, made before Kopf starts, among
+which the informers' indices are kept, so that every reader reads one cache, Kopf's
+(:func:`indexers_for`, :class:`InformedIndexer`, ``kopf._core``). This is the only module that
+imports any of Kopf's private packages (``kopf._cogs``, ``kopf._core``, ``kopf._kits``: an
+import contract says so), and ``pyproject.toml`` pins Kopf to the minor version these were
+written against; each change checks that what it replaces is there, and leaves Kopf as it is,
+with a warning, where it is not.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import functools
 import json
 import logging
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import kopf
+from kopf._cogs.structs import ids
+from kopf._core.engines import indexing
 
 from mpijob import keys
 from mpijob.platform import logs
@@ -380,12 +382,48 @@ def namespace_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
     return matches
 
 
-def indexers_for(registry: kopf.OperatorRegistry) -> tuple[Any, Mapping[str, Any]]:
-    """Kopf's indexers for ``registry``'s index handlers, made before Kopf starts (it takes them
-    as ``kopf.operator(indexers=...)``), and their indices by name: a live mapping, empty until
-    the watches fill it, so whatever reads the indices is built complete with it."""
-    from kopf._core.engines import indexing
+class InformedIndex(indexing.Index):  # type: ignore[type-arg]
+    """An index of Kopf's own kind that an informer fills: it also says whether it may lack
+    events (:mod:`mpijob.platform.informer`); Kopf's own indices say nothing of it."""
 
+    complete: bool = False
+
+
+class InformedIndexer(indexing.OperatorIndexer):
+    """The writer of an :class:`InformedIndex`, kept among Kopf's indexers, so that Kopf's one
+    mapping of indices holds every index, its own and the informers' alike. Kopf's events never
+    reach it: Kopf discards each of its objects from every indexer by a (namespace, name, uid)
+    key, and an informer files by uid alone."""
+
+    index: InformedIndex
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index = InformedIndex()
+
+    @property
+    def complete(self) -> bool:
+        return self.index.complete
+
+    @complete.setter
+    def complete(self, value: bool) -> None:
+        self.index.complete = value
+
+
+def indexers_for(
+    registry: kopf.OperatorRegistry, informed: Iterable[str] = ()
+) -> tuple[Any, Mapping[str, Any], dict[str, InformedIndexer]]:
+    """Kopf's indexers for ``registry``'s index handlers, made before Kopf starts (it takes them
+    as ``kopf.operator(indexers=...)``), with an :class:`InformedIndexer` for each index the
+    informers fill (``informed``); the one mapping of every index by name, live and empty until
+    the watches fill it, so whatever reads the indices is built complete with it; and the
+    informers' indexers by name. Kopf makes its own indexers anew when it starts and leaves the
+    informers' as they are."""
     indexers = indexing.OperatorIndexers()
     indexers.ensure(registry._indexing.get_all_handlers())
-    return indexers, indexers.indices
+    filled = {}
+    for index in informed:
+        name = str(index)  # Kopf formats ids with repr at every call: plain strings, no enums
+        assert name not in indexers, f"{name} is filled by Kopf and by an informer"
+        filled[name] = indexers[ids.HandlerId(name)] = InformedIndexer()
+    return indexers, indexers.indices, filled

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from mpijob.handlers import startup
-from mpijob.handlers.cache import Index, Indices
+from mpijob.handlers.cache import Index
 from mpijob.handlers.startup import StartupFailed, step
-from mpijob.platform import informer, kopf_tuning
+from mpijob.platform import kopf_tuning
 from mpijob.platform.kube import ApiError
 from mpijob.settings import OperatorSettings
 
@@ -120,15 +120,15 @@ def test_sigterm_while_starting_ends_the_process_at_once(tmp_path: Path) -> None
 
 
 def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> None:
-    """Kopf makes its indices anew when it starts (``kopf.operator`` ensures its indexers
-    again): the cache must read those, and the pod informer's index beside them. A copy taken
-    at start-up read empty indices for good, and no job was ever synced."""
+    """One cache: Kopf's mapping of indices holds the informers' too. Kopf makes its own
+    indices anew when it starts (``kopf.operator`` ensures its indexers again): the cache must
+    read those, and keep the pod informer's. A copy taken at start-up read empty indices for
+    good, and no job was ever synced."""
     registry = startup.registry_for(OperatorSettings())
-    indexers, kopf_indices = kopf_tuning.indexers_for(registry)
-    pods = informer.ObjectIndex()
-    indices = Indices(kopf_indices, {Index.PODS: pods})
+    indexers, indices, filings = kopf_tuning.indexers_for(registry, [Index.PODS])
+    pods = filings[Index.PODS]
     indexers.ensure(registry._indexing.get_all_handlers())  # as kopf.operator() does
-    assert indices[Index.PRIORITIES_BY_NAME] is kopf_indices[Index.PRIORITIES_BY_NAME]
     assert indices[Index.PRIORITIES_BY_NAME] is indexers[Index.PRIORITIES_BY_NAME].index
-    assert indices[Index.PODS] is pods
-    assert set(indices) == {*kopf_indices, Index.PODS}
+    assert indices[Index.PODS] is pods.index
+    assert set(indices) == {Index.PODS, *(h.id for h in registry._indexing.get_all_handlers())}
+    assert type(next(iter(filings))) is str  # Kopf formats ids with repr at every call

@@ -33,7 +33,8 @@ from mpijob.handlers.watches import (
     slice_event,
 )
 from mpijob.objects import JSON
-from mpijob.platform.informer import Informer, ObjectIndex
+from mpijob.platform.informer import Informer
+from mpijob.platform.kopf_tuning import InformedIndexer
 from mpijob.platform.workers import KOPF_INDICES, Workers
 from mpijob.platform.workqueue import BASE_DELAY_SECONDS
 from support.virtual_time import FakeClock, virtual_time
@@ -155,7 +156,7 @@ async def test_the_pod_informer_files_each_pod_under_every_key_it_is_read_by() -
     pods' requests by node. The placement snapshot reads the last two back."""
     rt = SimpleNamespace(cache=Cache(), workers=Workers(threadiness=1), reported_actual={})
     kube: Any = None  # nothing is listed or watched: the events are applied by hand
-    pods = Informer(kube, "v1", "Pod", index=ObjectIndex(), handle=partial(pod_event, rt))
+    pods = Informer(kube, "v1", "Pod", index=InformedIndexer(), handle=partial(pod_event, rt))
     ours = {keys.LABEL_OPERATOR_NAME: keys.OPERATOR_NAME, keys.LABEL_JOB_NAME: "pi"}
     bodies = {
         "pi-worker-0": _pod("pi-worker-0", "n1", "Running", "2", **ours),
@@ -184,7 +185,7 @@ async def test_the_pod_informer_files_each_pod_under_every_key_it_is_read_by() -
         pods.apply(None, body)
     labels = {keys.NODE_GPU_SCHEDULE_LABEL: keys.NODE_GPU_SCHEDULE_TOPOLOGY}
     node = {"metadata": {"name": "n1", "labels": labels}, "spec": {}, "status": {}}
-    cache = Cache(indices={Index.PODS: pods.index, Index.NODES_BY_NAME: {"n1": [node]}})
+    cache = Cache(indices={Index.PODS: pods.index.index, Index.NODES_BY_NAME: {"n1": [node]}})
     snapshot = cache.placement_snapshot()
     assert sorted(p["metadata"]["name"] for p in snapshot.pods) == [
         "done",
@@ -262,8 +263,8 @@ async def test_a_node_is_noted_not_ready_from_first_sight_until_ready_and_the_po
     clock = FakeClock()
     t0 = clock.now()
     cache = Cache(clock=clock)
-    index = ObjectIndex()
-    cache.indices = {Index.NODES_BY_NAME: index}
+    index = InformedIndexer()
+    cache.indices = {Index.NODES_BY_NAME: index.index}
     rt: Any = SimpleNamespace(cache=cache, workers=Workers(threadiness=1), admission=None)
     kube: Any = None  # events are given to it by hand
     nodes = Informer(kube, "v1", "Node", index=index, handle=partial(node_event, rt))
@@ -286,10 +287,16 @@ async def test_a_node_is_noted_not_ready_from_first_sight_until_ready_and_the_po
 
 
 def test_the_placement_view_is_complete_only_while_every_informer_index_it_reads_is() -> None:
-    pods, nodes = ObjectIndex(), ObjectIndex()
+    pods, nodes = InformedIndexer(), InformedIndexer()
     pods.complete = nodes.complete = True
     # Kopf's indices (a plain mapping here) say nothing of it; claims are not kept without DRA.
-    cache = Cache(indices={Index.PODS: pods, Index.NODES_BY_NAME: nodes, Index.MPIJOBS_BY_KEY: {}})
+    cache = Cache(
+        indices={
+            Index.PODS: pods.index,
+            Index.NODES_BY_NAME: nodes.index,
+            Index.MPIJOBS_BY_KEY: {},
+        }
+    )
     assert cache.complete()
     nodes.complete = False  # its watch broke, and it has not listed again yet
     assert not cache.complete()
@@ -342,7 +349,7 @@ async def test_a_claim_is_filed_under_its_job_and_the_node_whose_gpus_it_holds()
         None,  # type: ignore[arg-type]  # nothing is listed or watched here
         keys.DRA_API_VERSION,
         "ResourceClaim",
-        index=ObjectIndex(),
+        index=InformedIndexer(),
         handle=informer_handler(rt, Index.CLAIMS),
     )
     ours = _claim(
@@ -378,7 +385,7 @@ async def test_a_claim_is_filed_under_its_job_and_the_node_whose_gpus_it_holds()
 
     claims.apply(None, ours)
     claims.apply("ADDED", theirs)
-    cache = Cache(indices={Index.CLAIMS: claims.index})
+    cache = Cache(indices={Index.CLAIMS: claims.index.index})
     snapshot = cache.placement_snapshot()
     assert {n: sorted(d) for n, d in snapshot.allocated.items()} == {
         "n1": ["gpu-0", "gpu-1", "gpu-2"],
@@ -460,7 +467,7 @@ async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync()
         kube,
         "v1",
         "Service",
-        index=ObjectIndex(),
+        index=InformedIndexer(),
         handle=informer_handler(rt, Index.SERVICES_BY_JOB),
         kept=kept_metadata,
     )
@@ -468,11 +475,11 @@ async def test_a_child_deleted_while_no_watch_ran_still_asks_for_its_jobs_sync()
     meta = {"name": "pi", "namespace": "ns", "uid": "s"}
     meta["ownerReferences"] = [{**owner, "controller": True}]  # type: ignore[assignment]
     services.relisted("ns", [{"apiVersion": "v1", "kind": "Service", "metadata": meta}])
-    assert list(services.index) == [KEY]
+    assert list(services.index.index) == [KEY]
     rt.workers.queue.forget(KEY)
     rt.workers = Workers(threadiness=1)  # a fresh queue: only what the relist asks for
     services.relisted("ns", [])
-    assert list(services.index) == []
+    assert list(services.index.index) == []
     assert KEY in rt.workers.queue
     assert rt.cache.expected == {}
 

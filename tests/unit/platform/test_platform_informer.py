@@ -17,8 +17,9 @@ import pytest
 from aiohttp import web
 
 from mpijob.objects import JSON
-from mpijob.platform import informer
-from mpijob.platform.informer import Informer, ObjectIndex
+from mpijob.platform import informer, kopf_tuning
+from mpijob.platform.informer import Informer
+from mpijob.platform.kopf_tuning import InformedIndexer
 from mpijob.platform.kube import Kube
 from support.virtual_time import virtual_time
 
@@ -116,7 +117,7 @@ async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_
         [line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"})],
         [],
     ]
-    index = ObjectIndex()
+    index = InformedIndexer()
     pods = Informer(
         kube, "v1", "Pod", index=index, handle=handle, on_listed=lambda: listed.append(True)
     )
@@ -134,8 +135,8 @@ async def test_list_then_watch_then_a_gone_version_lists_again_and_deletes_what_
     ]
     assert sorted(events[5:]) == [("DELETED", "b"), ("DELETED", "c")]  # filed, not listed
     assert listed == [True]  # once, at the first list
-    assert dict(index) == {("by-name", "a"): index[("by-name", "a")]}
-    assert list(index[("by-name", "a")]) == ["9"]
+    assert dict(index.index) == {("by-name", "a"): index.index[("by-name", "a")]}
+    assert list(index.index[("by-name", "a")]) == ["9"]
     watches = [q for q in script.queries if q.get("watch") == "1"]
     assert [q["resourceVersion"] for q in watches[:2]] == ["5", "8"]  # from the list, resumed
     assert all(q["allowWatchBookmarks"] == "true" for q in watches)
@@ -148,7 +149,7 @@ async def test_the_index_is_complete_once_listed_and_after_a_failed_watch_only_o
     until a list of its namespace has come through, and the informer lists rather than resume
     the broken watch from its version."""
     script, kube = server
-    index = ObjectIndex()
+    index = InformedIndexer()
     seen: list[tuple[str | None, str, bool]] = []
     done = asyncio.Event()
 
@@ -183,17 +184,36 @@ async def test_the_index_is_complete_once_listed_and_after_a_failed_watch_only_o
     assert asked[:4] == [(None, None), ("1", "5"), (None, None), ("1", "9")]
 
 
-def test_an_update_refiles_an_object_and_a_deletion_unfiles_it() -> None:
-    index = ObjectIndex()
-    index.file("u1", {"name": "a", "namespace": "ns"}, {("job", "x"): 1, ("node", "n1"): 1})
-    index.file("u2", {"name": "b", "namespace": "ns"}, {("job", "x"): 2})
+def test_an_update_refiles_an_object_and_a_deletion_unfiles_it_in_kopfs_own_index() -> None:
+    """The informer files into an index of Kopf's own kind, kept among Kopf's indexers: one
+    cache. Kopf's discards of its own objects (keyed by namespace, name and uid) leave the
+    informer's objects (keyed by uid) alone."""
+    registry = kopf.OperatorRegistry()
+    indexers, indices, filings = kopf_tuning.indexers_for(registry, ["pods"])
+    filed = {"u1": {("job", "x"): 1, ("node", "n1"): 1}, "u2": {("job", "x"): 2}}
+    pods = Informer(
+        None,  # type: ignore[arg-type]
+        "v1",
+        "Pod",
+        index=filings["pods"],
+        handle=lambda type, body: {} if type == "DELETED" else filed[body["metadata"]["uid"]],
+    )
+    for uid, name in (("u1", "a"), ("u2", "b")):
+        pods.apply("ADDED", {"metadata": {"name": name, "namespace": "ns", "uid": uid}})
+    index = indices["pods"]
+    assert index is filings["pods"].index
     assert sorted(index[("job", "x")]) == [1, 2]
-    index.file("u1", {"name": "a", "namespace": "ns"}, {("node", "n2"): 3})  # moved
+    filed["u1"] = {("node", "n2"): 3}  # moved
+    pods.apply("MODIFIED", {"metadata": {"name": "a", "namespace": "ns", "uid": "u1"}})
     assert sorted(index) == [("job", "x"), ("node", "n2")]
     assert list(index[("job", "x")]) == [2]
-    assert index.drop("u2") == {"name": "b", "namespace": "ns"}
+    for indexer in indexers.values():  # as Kopf does for each object of its own kinds
+        indexer.discard(("ns", "b", "u2"))
+    assert list(index[("job", "x")]) == [2]
+    pods.apply("DELETED", {"metadata": {"name": "b", "namespace": "ns", "uid": "u2"}})
     assert sorted(index) == [("node", "n2")]
-    assert index.drop("u2") is None
+    pods.relisted("ns", [])  # a list without u1: it goes, with a DELETED event
+    assert dict(index) == {}
 
 
 def test_objects_outside_the_patterns_are_ignored_and_a_failing_handler_stops_nothing() -> None:
@@ -210,7 +230,7 @@ def test_objects_outside_the_patterns_are_ignored_and_a_failing_handler_stops_no
         None,  # type: ignore[arg-type]
         "v1",
         "Pod",
-        index=ObjectIndex(),
+        index=InformedIndexer(),
         handle=handle,
         admits=lambda namespace: namespace.startswith("team-"),
     )
@@ -218,7 +238,7 @@ def test_objects_outside_the_patterns_are_ignored_and_a_failing_handler_stops_no
         pods.apply("ADDED", body)
     pods.apply("ADDED", pod("b", "2", "team-b"))
     assert seen == ["a", "bad", "b"]
-    assert sorted(pods.index) == [("by-name", "a"), ("by-name", "b")]
+    assert sorted(pods.index.index) == [("by-name", "a"), ("by-name", "b")]
 
 
 def test_the_scope_watches_named_namespaces_each_and_globs_through_the_whole_cluster() -> None:
@@ -262,7 +282,7 @@ async def test_a_watch_that_ends_at_once_or_fails_is_tried_again_a_second_apart_
     refuse: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     kube: Any = Refusing(refuse)
-    pods = Informer(kube, "v1", "Pod", index=ObjectIndex(), handle=by_name)
+    pods = Informer(kube, "v1", "Pod", index=InformedIndexer(), handle=by_name)
     with (
         caplog.at_level(logging.DEBUG, logger=informer.__name__),
         contextlib.suppress(TimeoutError),
@@ -294,7 +314,7 @@ async def test_a_label_selector_is_sent_with_every_list_and_watch_and_a_node_lea
     script.watches = [
         [line("DELETED", {**node, "metadata": {**node["metadata"], "resourceVersion": "2"}})]
     ]
-    index = ObjectIndex()
+    index = InformedIndexer()
     nodes = Informer(kube, "v1", "Node", index=index, handle=handle, labels="opt=in")
     task = asyncio.create_task(nodes.run())
     try:
@@ -303,4 +323,4 @@ async def test_a_label_selector_is_sent_with_every_list_and_watch_and_a_node_lea
         task.cancel()
     assert [q.get("labelSelector") for q in script.queries[:2]] == ["opt=in", "opt=in"]
     assert [q.get("watch") for q in script.queries[:2]] == [None, "1"]
-    assert dict(index) == {}
+    assert dict(index.index) == {}
