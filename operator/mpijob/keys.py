@@ -337,3 +337,22 @@ ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"
 ENV_MPS_ACTIVE_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
+
+def own_annotations() -> frozenset[str]:
+    """Every annotation of the operator's own (each ``mpijob.io/`` name of this module): a
+    closed set, so whatever keeps an object's annotations (the caches, Kopf's record of a
+    streamed object) keeps at most these, however many a tenant puts on its objects."""
+    return frozenset(
+        value
+        for name, value in globals().items()
+        if not name.startswith("_")
+        and isinstance(value, str)
+        and value.startswith(PREFIX)
+        and value != PREFIX
+    )
+
+
+#: The longest value of an annotation of the operator's own that a cache keeps. Its own are
+#: short (a GPU set, eight UUIDs, a claim's name, a share); a longer one was not written by it.
+MAX_OWN_VALUE: Final = 1024

@@ -84,16 +84,9 @@ KEPT_LABELS = frozenset(
         keys.SCHED_PLUGINS_POD_GROUP_LABEL,
     }
 )
-#: The annotations any reader reads: the operator's own keys (every ``mpijob.io/`` name in
-#: :mod:`mpijob.keys`), a closed set, so a tenant cannot make the cache hold more of them.
-KEPT_ANNOTATIONS = frozenset(
-    value
-    for value in vars(keys).values()
-    if isinstance(value, str) and value.startswith(keys.PREFIX) and value != keys.PREFIX
-)
-#: The longest annotation value kept. The operator's own are short (a GPU set, eight UUIDs, a
-#: claim's name, a share); a longer one was not written by it and is read as absent.
-MAX_KEPT_VALUE = 1024
+#: The annotations any reader reads: the operator's own (a closed set), and the longest value
+#: kept of one.
+KEPT_ANNOTATIONS, MAX_KEPT_VALUE = keys.own_annotations(), keys.MAX_OWN_VALUE
 
 
 #: The annotations read of an MPIJob: the operator's and Volcano's queue.

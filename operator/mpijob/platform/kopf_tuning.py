@@ -286,12 +286,7 @@ _GONE_LABELS = frozenset(
         keys.NODE_GPU_SCHEDULE_LABEL,
     }
 )
-_GONE_ANNOTATIONS = frozenset(
-    value
-    for value in vars(keys).values()
-    if isinstance(value, str) and value.startswith(keys.PREFIX) and value != keys.PREFIX
-)
-_GONE_VALUE_MAX = 1024
+_GONE_ANNOTATIONS, _GONE_VALUE_MAX = keys.own_annotations(), keys.MAX_OWN_VALUE
 _OWNER_FIELDS = ("apiVersion", "kind", "name", "uid", "controller")
 
 
