@@ -14,7 +14,10 @@ KUBECONFIG ?= $(CURDIR)/.cluster/kubeconfig
 export KUBECONFIG
 
 CACHE := $(or $(MPIJOB_CACHE),$(HOME)/.cache/mpijob-operator)
-KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION=//p' hack/versions.env)
+# The Kubernetes minor of the local cluster (1.35, 1.36 or 1.37; hack/versions.env).
+K8S_VERSION ?= $(shell sed -n 's/^DEFAULT_K8S_VERSION=//p' hack/versions.env)
+export K8S_VERSION
+KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION_$(subst .,_,$(K8S_VERSION))=//p' hack/versions.env)
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \

@@ -7,8 +7,8 @@
 # mpi-operator (the benchmark peer).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=versions.sh
+source "$here/versions.sh"
 
 CACHE=${MPIJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpijob-operator}
 # Go's build and module caches inside the project's, unless set (hack/common.py go_env does the
@@ -33,7 +33,7 @@ case "$gover" in 1.2[6-9]*|1.[3-9]*) ;; *) die "Go $gover is too old: kwok v$KWO
 kube_dir=$CACHE/bin/kubernetes-v$KUBE_VERSION
 etcd_dir=$CACHE/bin/etcd-v$ETCD_VERSION
 kwok_dir=$CACHE/bin/kwok-v$KWOK_VERSION
-sp_dir=$CACHE/bin/scheduler-plugins-v$SCHED_PLUGINS_VERSION
+sp_dir=$CACHE/bin/scheduler-plugins-v$SCHED_PLUGINS_VERSION-k8s-v$KUBE_VERSION
 mpi_dir=$CACHE/bin/mpi-operator-v$MPI_OPERATOR_VERSION
 e2e_dir=$CACHE/bin/mpi-operator-e2e-v$MPI_OPERATOR_VERSION
 kueue_dir=$CACHE/bin/kueue-v$KUEUE_VERSION
@@ -108,11 +108,32 @@ kube_wrapper() {
     go mod edit -replace="$m=$m@$v"
   done
   go mod edit -require="k8s.io/kubernetes@v$KUBE_VERSION" \
-    -require="sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION"
+    -require="sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION" \
+    -replace="sigs.k8s.io/controller-runtime=sigs.k8s.io/controller-runtime@v$CONTROLLER_RUNTIME_VERSION"
+  sched_plugins_source "$minor"
+  mkdir -p cmd/kube-scheduler
+  cp "$here/scheduler/main.go" cmd/kube-scheduler/
+}
+
+# scheduler-plugins is released for one Kubernetes minor; built on another, with the
+# controller-runtime made for that minor (CONTROLLER_RUNTIME_VERSION), the patches of
+# hack/patches/scheduler-plugins/1.<minor>/ carry it across the scheduler framework's changes:
+# the module's source is copied next to the wrapper, patched, and replaces the module.
+sched_plugins_source() {
+  local patches=$here/patches/scheduler-plugins/1.$1 p
+  compgen -G "$patches/*.patch" >/dev/null || return 0
+  local src; src=$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$SCHED_PLUGINS_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  cp -r "$src" scheduler-plugins; chmod -R u+w scheduler-plugins
+  for p in "$patches"/*.patch; do
+    echo "  scheduler-plugins v$SCHED_PLUGINS_VERSION: applying ${p#"$here"/}" >&2
+    patch -d scheduler-plugins -p1 --forward --quiet < "$p" || die "${p#"$here"/} does not apply to scheduler-plugins v$SCHED_PLUGINS_VERSION"
+  done
+  go mod edit -replace="sigs.k8s.io/scheduler-plugins=./scheduler-plugins"
 }
 
 # The members of that family and their binaries: "kube" the control plane's, "sched-plugins" the
-# cluster's scheduler (Coscheduling) and its PodGroup controller, "kubelet" the real nodes'.
+# cluster's scheduler (hack/scheduler/main.go: kube-scheduler with Coscheduling) and the PodGroup
+# controller, "kubelet" the real nodes'.
 member_dir() {
   case $1 in kube) echo "$kube_dir";; sched-plugins) echo "$sp_dir";; kubelet) echo "$kubelet_dir";; esac
 }
@@ -126,7 +147,7 @@ member_bins() {
 # A binary's package, and the name `go build -o dir/` gives it (its last element).
 bin_pkg() {
   case $1 in
-    kube-scheduler) echo "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHED_PLUGINS_VERSION";;
+    kube-scheduler) echo "./cmd/kube-scheduler";;
     sched-plugins-controller) echo "sigs.k8s.io/scheduler-plugins/cmd/controller@v$SCHED_PLUGINS_VERSION";;
     *) echo "k8s.io/kubernetes/cmd/$1@v$KUBE_VERSION";;
   esac
@@ -145,13 +166,15 @@ build_kubernetes() {
   local bins; bins=$(for m in "${todo[@]}"; do member_bins "$m"; done | xargs)
   say "Kubernetes v$KUBE_VERSION and scheduler-plugins v$SCHED_PLUGINS_VERSION in one build: $bins (the longest step: 7 to 8 min from nothing on 2 cores, beside the other builds)"
   kube_wrapper kubernetes
-  local pkgs=()
+  local pkgs=() tools=() p
   for b in $bins; do pkgs+=("$(bin_pkg "$b")"); done
-  go get -tool "${pkgs[@]}"
+  for p in "${pkgs[@]}"; do [[ $p == ./* ]] || tools+=("$p"); done
+  [ ${#tools[@]} -eq 0 ] || go get -tool "${tools[@]}"
+  # The scheduler's main is the wrapper's own package: its imports' modules, resolved alike.
+  case " ${pkgs[*]} " in *" ./cmd/kube-scheduler "*) go get ./cmd/kube-scheduler;; esac
   local out=$CACHE/bin/.kubernetes.tmp
   rm -rf "$out"; mkdir -p "$out"
   go build -ldflags "$(kube_ldflags)" -o "$out/" "${pkgs[@]%@*}"
-  mv "$out/scheduler" "$out/kube-scheduler" 2>/dev/null || true
   mv "$out/controller" "$out/sched-plugins-controller" 2>/dev/null || true
   for m in "${todo[@]}"; do
     local d; d=$(member_dir "$m")

@@ -454,6 +454,12 @@ def restart_reason(state: State) -> str:
     """Why a running cluster must restart to be what this file starts; empty: it need not."""
     if state.stages != stages_digest():
         return "hack/kwok/stages.yaml changed since the cluster started"
+    wanted = versions()["KUBE_VERSION"]
+    if state.kube_version != wanted:
+        return (
+            f"the cluster runs Kubernetes v{state.kube_version or 'of an older make'}, and "
+            f"K8S_VERSION={versions()['K8S_VERSION']} asks for v{wanted}"
+        )
     if not (state_dir() / "pki" / WEBHOOK_CLIENT_CA).exists():
         return "the cluster's API server presents no webhook client certificate"
     return ""
@@ -539,7 +545,10 @@ def new_state(audit_log: bool, users: Sequence[str]) -> State:
         "kwok",
     )
     state = State(
-        ports={c: free_port() for c in ports}, started_at=time.time(), stages=stages_digest()
+        ports={c: free_port() for c in ports},
+        started_at=time.time(),
+        stages=stages_digest(),
+        kube_version=versions()["KUBE_VERSION"],
     )
     state.save()
     return state

@@ -39,13 +39,29 @@ COMPONENTS = (
 
 
 def versions() -> dict[str, str]:
-    out = {}
+    """hack/versions.env's pins for the Kubernetes minor the local cluster runs, resolved as
+    hack/versions.sh resolves them: ``K8S_VERSION`` from the environment, else
+    ``DEFAULT_K8S_VERSION``; each ``KEY_<major>_<minor>`` pin of that minor becomes ``KEY``."""
+    pins: dict[str, str] = {}
     for raw in (HACK / "versions.env").read_text().splitlines():
         line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
-            out[key] = value
-    return out
+            pins[key] = value.strip('"')
+    minor = os.environ.get("K8S_VERSION") or pins["DEFAULT_K8S_VERSION"]
+    supported = pins["K8S_VERSIONS"].split()
+    if minor not in supported:
+        raise SystemExit(
+            f"K8S_VERSION={minor}: the local cluster runs one of {' '.join(supported)} "
+            "(hack/versions.env); set K8S_VERSION to one of them, or unset it for "
+            f"{pins['DEFAULT_K8S_VERSION']}"
+        )
+    suffix = "_" + minor.replace(".", "_")
+    for key, value in list(pins.items()):
+        if key.endswith(suffix):
+            pins[key.removesuffix(suffix)] = value
+    pins["K8S_VERSION"] = minor
+    return pins
 
 
 def cache_dir() -> Path:
@@ -75,7 +91,7 @@ def binaries() -> dict[str, Path]:
     v = versions()
     b = cache_dir() / "bin"
     kube = b / f"kubernetes-v{v['KUBE_VERSION']}"
-    sp = b / f"scheduler-plugins-v{v['SCHED_PLUGINS_VERSION']}"
+    sp = b / f"scheduler-plugins-v{v['SCHED_PLUGINS_VERSION']}-k8s-v{v['KUBE_VERSION']}"
     return {
         "etcd": b / f"etcd-v{v['ETCD_VERSION']}" / "etcd",
         "kube-apiserver": kube / "kube-apiserver",
@@ -137,6 +153,8 @@ class State:
     started_at: float = 0.0
     stages: str = ""
     """Digest of the kwok stages the cluster runs: a changed file needs a restart to count."""
+    kube_version: str = ""
+    """The Kubernetes version it runs (``KUBE_VERSION`` of the minor chosen when it started)."""
 
     @classmethod
     def load(cls) -> State | None:

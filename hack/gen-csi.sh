@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source hack/versions.env
+source hack/versions.sh
 cache="${MPIJOB_CACHE:-$HOME/.cache/mpijob-operator}"
 venv="$cache/protoc-venv-$GRPC_TOOLS_VERSION"
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -108,7 +108,7 @@ def archive_path(name: str) -> Path:
         recipe = [a.replace(str(HACK), "hack") for a in mpi_recipe(name)]
         extra = [recipe, EXTRA_DIRS, image_config(name)]
         if name == "intel":
-            extra.append(versions()["INTEL_MPI_VERSION"])
+            extra.append(common.versions()["INTEL_MPI_VERSION"])
         digest = recipe_digest(RECIPE_FILES, json.dumps(extra))
     return cache_dir() / f"{name}-{digest}.oci.tar"
 
@@ -305,16 +305,6 @@ INTEL_ENV = [
 ]
 
 
-def versions() -> dict[str, str]:
-    """hack/versions.env's pins."""
-    pins = {}
-    for line in (HACK / "versions.env").read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith("#"):
-            pins[key.strip()] = value.strip()
-    return pins
-
-
 def image_config(name: str) -> dict[str, object]:
     if name != "intel":
         return MPI_CONFIG
@@ -328,7 +318,7 @@ def intel_mpi_tree(dest: Path) -> None:
     identical files (libmpi.so, .so.12, .so.12.0, ...); the copies become links to one."""
     import zipfile
 
-    version = versions()["INTEL_MPI_VERSION"]
+    version = common.versions()["INTEL_MPI_VERSION"]
     with tempfile.TemporaryDirectory(prefix="impi-wheels-") as wheels:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 for tool in docker kind kubectl; do
   command -v "$tool" >/dev/null || { echo "kind-e2e: '$tool' is required" >&2; exit 1; }
 done
-source hack/versions.env
+source hack/versions.sh
 NAME=${KIND_CLUSTER_NAME:-mpijob-e2e}
 KUBECONFIG_E2E=${KUBECONFIG_E2E:-$PWD/.cluster/kind-kubeconfig}
 mkdir -p "$(dirname "$KUBECONFIG_E2E")"

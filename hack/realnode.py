@@ -21,8 +21,9 @@ which serves the CRI v1 API kubelet 1.34 speaks) and runc, with these pieces sha
   (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) shadowed by files of our own, so the
   shared machine's values never change. When its last process exits, its mounts and the pods'
   network namespaces (and so their veths) go with it.
-- per node, a cgroup ``/mpijob-<id>-<i>`` in every cgroup v1 hierarchy as the kubelet's
-  cgroupRoot, removed on ``down``.
+- per node, a cgroup ``/mpijob-<id>-<i>`` as the kubelet's cgroupRoot (``cgroupfs`` driver),
+  removed on ``down``: on a cgroup v1 host one in every hierarchy, on a cgroup v2 host one in the
+  unified hierarchy with the controllers the kubelet needs (cgroup_mode).
 
 The nodes are labelled and tainted ``mpijob.io/real-node=true`` (NoSchedule): only pods that
 select and tolerate them land there; kwok never manages them (they lack its annotation) and the
@@ -60,7 +61,10 @@ HACK = Path(__file__).resolve().parent
 NODE_PREFIX = "real-node-"
 ROLE = "mpijob.io/real-node"
 TAINT = {"key": ROLE, "value": "true", "effect": "NoSchedule"}
-CGROUP_V1 = Path("/sys/fs/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Controllers the kubelet's cgroupfs manager refuses to start without (cpu, cpuset, memory, pids)
+# and those it uses where present; on cgroup v2 each must be enabled in the parent's subtree.
+CGROUP_V2_CONTROLLERS = ("cpu", "cpuset", "memory", "pids", "hugetlb", "io")
 CNI_BIN = Path("/usr/lib/cni")
 # Host paths containerd 1.6, the CNI plugins and the kubelet write whatever their configuration
 # says; inside the node's mount namespace each is a tmpfs of its own.
@@ -181,11 +185,20 @@ def preflight(bins: dict[str, Path]) -> None:
     plugins = [p for p in ("bridge", "host-local", "loopback") if not (CNI_BIN / p).exists()]
     if plugins:
         problems.append(f"CNI plugins {', '.join(plugins)} missing from {CNI_BIN}: {INSTALL_HINT}")
-    if not (CGROUP_V1 / "memory" / "cgroup.procs").exists():
+    mode = cgroup_mode(CGROUP_ROOT)
+    if mode is None:
         problems.append(
-            f"no cgroup v1 memory hierarchy at {CGROUP_V1}/memory: the real node's kubelet is set "
-            "up for cgroup v1 (cgroupfs driver); on a cgroup v2 host run REAL_NODES=0"
+            f"{CGROUP_ROOT} is neither a cgroup v2 hierarchy (no cgroup.controllers) nor cgroup "
+            "v1 (no memory/cgroup.procs): mount cgroups there, or run REAL_NODES=0"
         )
+    elif mode == "v2":
+        missing_ctl = sorted(set(CGROUP_V2_CONTROLLERS[:4]) - _v2_controllers(CGROUP_ROOT))
+        if missing_ctl:
+            problems.append(
+                f"cgroup v2 controllers {', '.join(missing_ctl)} are not available at "
+                f"{CGROUP_ROOT} (cgroup.controllers): the kubelet needs them; boot with them "
+                "enabled, or run REAL_NODES=0"
+            )
     for name in ("kubelet", "coredns"):
         if not bins[name].exists():
             problems.append(f"{bins[name]} missing: run hack/build-bins.sh kubelet coredns")
@@ -445,9 +458,40 @@ def import_images(d: Path, names: Sequence[str]) -> None:
         say(f"imported {ref} into {d.name}'s containerd ({time.monotonic() - t0:.1f}s)")
 
 
-def make_cgroups(st: NodeState, i: int) -> None:
+def cgroup_mode(root: Path) -> str | None:
+    """``"v2"`` on a unified hierarchy (every current distribution), ``"v1"`` where the
+    controllers are separate hierarchies (``memory`` among them), None for neither."""
+    if (root / "cgroup.controllers").exists():
+        return "v2"
+    if (root / "memory" / "cgroup.procs").exists():
+        return "v1"
+    return None
+
+
+def _v2_controllers(path: Path, file: str = "cgroup.controllers") -> set[str]:
+    try:
+        return set((path / file).read_text().split())
+    except OSError:
+        return set()
+
+
+def make_cgroups(st: NodeState, i: int, root: Path = CGROUP_ROOT) -> None:
+    """The node's cgroupRoot, recorded in ``st.cgroups`` for ``down``."""
     name = f"mpijob-{st.id}-{i}"
-    for hierarchy in sorted(CGROUP_V1.iterdir()):
+    if cgroup_mode(root) == "v2":
+        # A child sees only the controllers its parent enables for its subtree. systemd enables
+        # them all at the root on the distributions tried; where one is off, enable it (adding a
+        # controller to the root's subtree changes no limit of any existing cgroup).
+        wanted = set(CGROUP_V2_CONTROLLERS) & _v2_controllers(root)
+        off = sorted(wanted - _v2_controllers(root, "cgroup.subtree_control"))
+        if off:
+            (root / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in off))
+        path = root / name
+        path.mkdir(exist_ok=True)
+        if str(path) not in st.cgroups:
+            st.cgroups.append(str(path))
+        return
+    for hierarchy in sorted(root.iterdir()):
         if not (hierarchy / "cgroup.procs").exists():
             continue
         path = hierarchy / name
