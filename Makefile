@@ -21,7 +21,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION_$(subst .,_,$(K8S_VERSION))=//p'
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards
+        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards test-compat
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -71,6 +71,23 @@ test: install ## Run unit and integration tests (installs Prometheus, builds and
 	$(PY) -m hack.check_collected
 	bash hack/test-deps.sh
 	$(call pytest_phases,)
+
+# The compatibility lane, not in CI's time: on the oldest supported minor (COMPAT_VERSION), the
+# integration tests of everything whose API changed between the minors (docs/kubernetes-versions.md)
+# and upstream's e2e suite, in the same two phases. The cluster restarts on that minor, and the
+# next `make test` or `make demo` restarts it on the default one.
+COMPAT_VERSION ?= 1.35
+COMPAT_TESTS := $(addprefix tests/integration/,test_gang.py test_lifecycle.py test_dra.py \
+  test_dra_binding.py test_gpu_quota.py test_fractional.py test_kueue.py test_agent_reports_actual_gpus.py \
+  test_realnode.py test_training.py test_upstream_e2e.py)
+test-compat: export K8S_VERSION = $(COMPAT_VERSION)
+test-compat: install ## On Kubernetes 1.35 (COMPAT_VERSION): the tests of what changed between minors, and upstream's e2e suite
+	$(PY) -m hack.stray_operators
+	bash hack/test-deps.sh
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 -m "not exclusive" $(COMPAT_TESTS); \
+	  first=$$?; \
+	  $(PY) -m pytest -p no:xdist --durations=10 -m "exclusive" $(COMPAT_TESTS); second=$$?; \
+	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 test-unit: install ## Run the unit tests only (no cluster)
 	$(PY) -m pytest -m unit

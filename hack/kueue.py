@@ -5,7 +5,7 @@ The Kueue manager (``hack/build-bins.sh kueue``, version pinned in ``hack/versio
 a plain process like the rest of ``hack/cluster.py``'s cluster, with what a Kueue install in a
 cluster would have, arranged for loopback:
 
-- its CRDs from the downloaded Go module, the conversion webhook of the ones stored as v1beta1
+- its CRDs from the downloaded Go module, the conversion webhook of those served in two versions
   pointing at ``https://127.0.0.1:<port>/convert``;
 - its mutating and validating webhooks for its own kinds and the enabled frameworks only
   (``batch/job``, ``kubeflow.org/mpijob``), by URL on the same port: no Service, no Secret;
@@ -44,8 +44,6 @@ NAME = "kueue"
 NAMESPACE = "kueue-system"
 MODULE = "sigs.k8s.io/kueue"
 FRAMEWORKS = {"batch/job": ("batch", "jobs"), "kubeflow.org/mpijob": ("kubeflow.org", "mpijobs")}
-# Kueue v0.15 stores these as v1beta1 and serves v1beta2: the API server converts through Kueue.
-CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
 WEBHOOK_CONFIGS = (
     ("MutatingWebhookConfiguration", "kueue-mutating-webhook-configuration"),
     ("ValidatingWebhookConfiguration", "kueue-validating-webhook-configuration"),
@@ -116,7 +114,9 @@ def crds(mod: Path, port: int, ca: bytes) -> list[dict[str, Any]]:
     out = []
     for path in sorted((mod / "config/components/crd/bases").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["names"]["plural"] in CONVERTED:
+        # A kind served in two versions (v1beta1 and v1beta2 from Kueue v0.15 on) is converted
+        # by the API server through Kueue's webhook.
+        if len(crd["spec"]["versions"]) > 1:
             crd["spec"]["conversion"] = {
                 "strategy": "Webhook",
                 "webhook": {
