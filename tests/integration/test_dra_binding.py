@@ -1,6 +1,7 @@
 """The dra GPU binding end to end: the operator pins each placed worker's GPUs with a claim,
-the real scheduler allocates exactly those, GPUs held through anyone's claims are avoided, a GPU
-taken before the binding leads to a new placement, and a SIGKILL duplicates no claim.
+the real scheduler allocates exactly those, GPUs held through anyone's claims or kept off by
+device taints are avoided, a GPU taken before the binding leads to a new placement, and a SIGKILL
+duplicates no claim.
 
 The local cluster runs the simulated NVIDIA DRA driver (hack/dra.py), so ``--gpu-binding=auto``
 chooses dra. kwok runs no kubelet: what a worker got is read from its claim's allocation.
@@ -176,3 +177,38 @@ def test_sigkill_while_claims_are_created_duplicates_none_and_the_job_succeeds(
     names = sorted(c["metadata"]["name"] for c in job_claims(crds, namespace))
     assert names == [f"killed-worker-{i}-gpus" for i in range(6)]
     allocated_as_decided(crds, namespace, "killed", decision_workers(mpijobs, "killed"))
+
+
+def test_gpus_whose_device_taints_keep_claims_off_are_avoided(
+    crds: Cluster, namespace: str, operator: OperatorProcess, mpijobs: MPIJobs
+) -> None:
+    """Device taints in the driver's ResourceSlice (beta on 1.36, GA on 1.37): a claim pinned to
+    a tainted GPU would never be allocated, so placement leaves tainted GPUs out."""
+    slices = crds.resource(keys.DRA_API_VERSION, "ResourceSlice")
+    name = f"{NODE}-{keys.NVIDIA_GPU_DRIVER}"
+    original = slices.get(name=name).to_dict()["spec"]["devices"]
+    tainted = [1, 2]
+    devices = [
+        {**d, "taints": [{"key": "example.com/ecc", "value": "failing", "effect": "NoSchedule"}]}
+        if d["name"] in {f"gpu-{g}" for g in tainted}
+        else d
+        for d in original
+    ]
+    merge = "application/merge-patch+json"
+    slices.patch(name=name, body={"spec": {"devices": devices}}, content_type=merge)
+    try:
+        served = slices.get(name=name).to_dict()["spec"]["devices"]
+        if not any(d.get("taints") for d in served):
+            pytest.skip("this API server drops device taints (1.35 without DRADeviceTaints)")
+        mpijobs.create(topology_job("untainted", workers=1, gpus=4, node=NODE))
+        [(node, gpus)] = decision_workers(mpijobs, "untainted")
+        assert node == NODE
+        assert not set(gpus) & set(tainted)
+        best = allocator.choose(
+            tables_for(topology(crds, NODE)), ((1 << 8) - 1) & ~mask_of(tainted), 4
+        )
+        assert best is not None
+        assert tuple(sorted(gpus)) == tuple(sorted(best.gpus))
+        allocated_as_decided(crds, namespace, "untainted", [(node, gpus)])
+    finally:
+        slices.patch(name=name, body={"spec": {"devices": original}}, content_type=merge)

@@ -151,7 +151,7 @@ def decide(
     """One pass's decisions for ``jobs`` over ``nodes_raw`` (the opted-in nodes the pass may
     use), with the GPUs ``decisions`` and the snapshot's pods hold taken.
     ``placement_seconds`` is told how long each placement took (a histogram)."""
-    held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices)
+    held = topology.holdings(decisions, snap.pods, snap.allocated, snap.slices, snap.tainted)
     nodes = topology.node_states(nodes_raw, held)
     empty = topology.node_states(nodes_raw)
     by_uid = {}

@@ -574,6 +574,9 @@ class Snapshot:
     requested: dict[str, dict[str, Decimal]] = field(default_factory=dict)
     """Node -> what its bound, unfinished pods (anyone's) request, as the scheduler sums it
     (:func:`mpijob.pods.predicates.pod_requests`): what :mod:`mpijob.gang.fit` fits against."""
+    tainted: dict[str, set[str]] = field(default_factory=dict)
+    """Node -> UUIDs of GPUs whose device taints in the driver's ResourceSlice keep new claims
+    off them (dra mode)."""
 
 
 @dataclass
@@ -597,6 +600,8 @@ class Holdings:
     """Node -> GPUs held by pods that no decision placed (a count: the indices are unknown)."""
     holders: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     """Node -> (namespace, pod, GPUs) of those pods, to say who holds them when a job waits."""
+    tainted: dict[str, set[str]] = field(default_factory=dict)
+    """Node -> UUIDs of GPUs no new claim may get (device taints): taken, by nobody."""
 
     def note(self, nodes: Iterable[str], namespace: str) -> str:
         """Who holds GPUs on ``nodes`` outside our placement, for the message of a job waiting
@@ -619,12 +624,13 @@ def holdings(
     pods: Iterable[Mapping[str, Any]],
     allocated: Mapping[str, Iterable[str]] | None = None,
     slices: Mapping[str, Mapping[str, str]] | None = None,
+    tainted: Mapping[str, Iterable[str]] | None = None,
 ) -> Holdings:
     """GPUs held by ``decisions`` (by job key), by ``pods`` (bound, unfinished pods that
     request GPUs; terminating ones included) and by DRA allocations (``allocated`` devices per
     node, identified through the driver's ``slices``; a device no slice names counts as one GPU
-    of unknown index)."""
-    out = Holdings()
+    of unknown index); and the ``tainted`` GPUs (UUIDs per node), which no new claim gets."""
+    out = Holdings(tainted={node: set(uuids) for node, uuids in (tainted or {}).items()})
     for node, devices in (allocated or {}).items():
         names_ = (slices or {}).get(node) or {}
         for device in devices:
@@ -704,10 +710,27 @@ def node_states(
         taken = {g for g in held.known.get(name, ()) if 0 <= g < topology.size}
         allocated = held.uuids.get(name, set())
         by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
-        taken |= {by_uuid[u] for u in allocated if u in by_uuid}
+        taken |= {by_uuid[u] for u in allocated | held.tainted.get(name, set()) if u in by_uuid}
         unplaced = held.unplaced.get(name, 0) + len(allocated - set(by_uuid))
         states.append(NodeState(name, topology, frozenset(taken), unplaced))
     return sorted(states, key=lambda s: s.name)
+
+
+#: Device taint effects that keep the scheduler from allocating a device to a new claim
+#: (``NoExecute`` also evicts the pods of claims that have it); ``None`` only informs.
+EXCLUDING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def keeps_claims_off(taints: Any) -> bool:
+    """Whether a ResourceSlice device's ``taints`` keep new claims off it. A claim the operator
+    pins to such a GPU would never be allocated (the claims it makes tolerate no taint), so
+    placement counts it as taken. Served from 1.36 (beta) and GA in 1.37;
+    on 1.35 the field is absent unless its alpha gate is on, and nothing is tainted."""
+    if not isinstance(taints, list):
+        return False
+    return any(
+        isinstance(t, Mapping) and t.get("effect") in EXCLUDING_TAINT_EFFECTS for t in taints
+    )
 
 
 def slice_conflicts(

@@ -399,9 +399,11 @@ class Cache:
             elif by == ClaimsBy.JOB:
                 claims[(where[0], where[1])] = [dict(c) for c in store]
         slices: dict[str, dict[str, str]] = {}
+        tainted: dict[str, set[str]] = {}
         for node, store in self.indices.get(Index.SLICES_BY_NODE, {}).items():
-            for devices in store:
-                slices.setdefault(node, {}).update(devices)
+            for published in store:
+                slices.setdefault(node, {}).update(published["devices"])
+                tainted.setdefault(node, set()).update(published["tainted"])
         quotas = {
             namespace: [dict(q) for q in store]
             for namespace, store in self.indices.get(Index.QUOTAS_BY_NAMESPACE, {}).items()
@@ -419,6 +421,7 @@ class Cache:
             claims_as_gpus=quota.charges_claims_as_gpus(self.server_minor, mapped),
             hypernodes=self.hypernodes,
             requested=requested,
+            tainted={node: uuids for node, uuids in tainted.items() if uuids},
         )
 
     def _all(self, index: str, key: tuple[str, ...]) -> list[JSON]:

@@ -532,19 +532,24 @@ def claim_event(rt: Runtime, type: str | None, body: JSON) -> dict[tuple[str, ..
 
 def slice_event(type: str | None, body: JSON) -> dict[str, JSON]:
     """A ResourceSlice's event from its informer: of the NVIDIA driver's, each GPU device's
-    UUID, filed under its node (nothing once deleted). It asks for no sync: a claim's
-    allocation, not a slice, says where a job's GPUs are."""
+    UUID, and the UUIDs of those whose device taints keep new claims off them
+    (:func:`mpijob.gang.topology.keeps_claims_off`), filed under its node (nothing once
+    deleted). It asks for no sync: a claim's allocation, not a slice, says where a job's GPUs
+    are."""
     spec = body.get("spec") or {}
     if type == "DELETED" or spec.get("driver") != keys.NVIDIA_GPU_DRIVER:
         return {}
     if not (node := spec.get("nodeName")):
         return {}
     devices = {}
+    tainted = []
     for device in spec.get("devices") or []:
         uuid = ((device.get("attributes") or {}).get("uuid") or {}).get("string")
         if uuid:
             devices[str(device.get("name"))] = str(uuid)
-    return {str(node): devices}
+            if topology.keeps_claims_off(device.get("taints")):
+                tainted.append(str(uuid))
+    return {str(node): {"devices": devices, "tainted": tainted}}
 
 
 async def gpu_classes_by_name(body: kopf.Body, name: str, **_: Any) -> dict[str, str]:

@@ -430,6 +430,34 @@ def test_gpus_allocated_to_anyones_claims_are_taken_by_index_through_the_slice()
     assert state.free_count == 5
 
 
+def test_gpus_whose_device_taints_keep_claims_off_are_taken_by_nobody() -> None:
+    node = dgx_node()
+    uuids = slice_of(node)
+    held = topology.holdings(
+        {}, [], slices={"n0": uuids}, tainted={"n0": {uuids["gpu-3"], "GPU-elsewhere"}}
+    )
+    [state] = topology.node_states([node], held)
+    assert state.used == {3}
+    assert state.unplaced == 0, "a tainted UUID the topology does not name takes nothing"
+    assert state.free_count == 7
+
+
+@pytest.mark.parametrize(
+    ("taints", "off"),
+    [
+        (None, False),
+        ([], False),
+        ([{"key": "k", "effect": "None"}], False),
+        ([{"key": "k", "effect": "NoSchedule"}], True),
+        ([{"key": "k", "effect": "NoExecute"}], True),
+        ("NoSchedule", False),  # not a list: the API server never serves it, nothing believed
+        ([None, {"effect": "NoSchedule"}], True),
+    ],
+)
+def test_which_device_taints_keep_new_claims_off(taints: object, off: bool) -> None:
+    assert topology.keeps_claims_off(taints) is off
+
+
 def test_a_node_whose_slice_disagrees_with_its_topology_is_named() -> None:
     node = dgx_node()
     published = slice_of(node)

@@ -313,11 +313,31 @@ def test_a_resource_slice_files_its_gpus_uuids_under_its_node_and_others_nothing
         return {"spec": {"driver": driver, "nodeName": node, "devices": devices}}
 
     ours = slice_(keys.NVIDIA_GPU_DRIVER, "n1")
-    assert slice_event("ADDED", ours) == {"n1": {"gpu-0": "GPU-a", "gpu-1": "GPU-b"}}
+    assert slice_event("ADDED", ours) == {
+        "n1": {"devices": {"gpu-0": "GPU-a", "gpu-1": "GPU-b"}, "tainted": []}
+    }
     assert slice_event(None, ours) == slice_event("ADDED", ours)
     assert slice_event("DELETED", ours) == {}
     assert slice_event("ADDED", slice_("other.example.com", "n1")) == {}
     assert slice_event("ADDED", slice_(keys.NVIDIA_GPU_DRIVER, None)) == {}
+
+
+def test_a_resource_slice_names_the_gpus_its_device_taints_keep_claims_off() -> None:
+    def device(name: str, uuid: str, *effects: str) -> JSON:
+        taints = [{"key": "example.com/ecc", "value": "x", "effect": e} for e in effects]
+        return {"name": name, "attributes": {"uuid": {"string": uuid}}, "taints": taints}
+
+    devices = [
+        device("gpu-0", "GPU-a"),
+        device("gpu-1", "GPU-b", "NoSchedule"),
+        device("gpu-2", "GPU-c", "NoExecute"),
+        device("gpu-3", "GPU-d", "None"),  # informs only: still allocatable
+    ]
+    body = {"spec": {"driver": keys.NVIDIA_GPU_DRIVER, "nodeName": "n1", "devices": devices}}
+    [(node, published)] = slice_event("ADDED", body).items()
+    assert node == "n1"
+    assert published["tainted"] == ["GPU-b", "GPU-c"]
+    assert len(published["devices"]) == 4, "a tainted GPU is still the slice's (no conflict)"
 
 
 def _claim(name: str, uid: str, results: list[JSON], job: str | None = None) -> JSON:
