@@ -126,7 +126,9 @@ sched_plugins_source() {
   cp -r "$src" scheduler-plugins; chmod -R u+w scheduler-plugins
   for p in "$patches"/*.patch; do
     echo "  scheduler-plugins v$SCHED_PLUGINS_VERSION: applying ${p#"$here"/}" >&2
-    patch -d scheduler-plugins -p1 --forward --quiet < "$p" || die "${p#"$here"/} does not apply to scheduler-plugins v$SCHED_PLUGINS_VERSION"
+    # git apply (git is there: this is a checkout) works outside a repository too, and fails
+    # whole rather than leaving half a patch.
+    (cd scheduler-plugins && git apply -p1 "$p") || die "${p#"$here"/} does not apply to scheduler-plugins v$SCHED_PLUGINS_VERSION"
   done
   go mod edit -replace="sigs.k8s.io/scheduler-plugins=./scheduler-plugins"
 }
