@@ -642,7 +642,8 @@ def install_crds(state: State) -> None:
 
 
 def start_controllers(state: State) -> None:
-    """kube-controller-manager, the scheduler and the PodGroup controller."""
+    """kube-controller-manager, the scheduler and the PodGroup controller, each restarted when
+    it exits (as a kubelet restarts a control-plane static pod)."""
     sd, p, bins = state_dir(), state.ports, binaries()
     kubeconfig = sd / "kubeconfig"
     (sd / "scheduler-config.yaml").write_text(scheduler_config(kubeconfig))
@@ -665,6 +666,7 @@ def start_controllers(state: State) -> None:
             "--v=1",
         ],
         state,
+        restart=True,
     )
     start(
         "kube-scheduler",
@@ -682,6 +684,7 @@ def start_controllers(state: State) -> None:
             "--v=1",
         ],
         state,
+        restart=True,
     )
     start(
         "sched-plugins-controller",
@@ -695,6 +698,7 @@ def start_controllers(state: State) -> None:
             "--workers=4",
         ],
         state,
+        restart=True,
     )
 
 

@@ -250,7 +250,21 @@ def spawn(argv: list[str], log_path: Path) -> int:
     return proc.pid
 
 
-def start(name: str, argv: list[str], state: State) -> None:
+#: How a component started with ``restart=True`` runs: in a loop that starts it again a second
+#: after it exits, as a kubelet restarts a control-plane static pod. kube-scheduler exits on
+#: purpose when it finds its cache corrupt (``klog.FlushAndExit``), which 1.37's did once here
+#: after an API-server restart, and is meant to be restarted then.
+RESTART_LOOP = (
+    'while :; do "$@"; echo "[cluster] $0 exited with status $?; starting it again in 1 s"; '
+    "sleep 1; done"
+)
+
+
+def start(name: str, argv: list[str], state: State, restart: bool = False) -> None:
+    """Starts a component into ``state``; with ``restart``, restarted whenever it exits (its
+    pid is the loop's, so stopping the cluster stops both)."""
+    if restart:
+        argv = ["sh", "-c", RESTART_LOOP, name, *argv]
     state.pids[name] = spawn(argv, state_dir() / "logs" / f"{name}.log")
     state.save()
 
