@@ -162,8 +162,9 @@ def test_a_tenant_may_not_opt_a_node_in_or_out_nor_publish_gpus_for_one(
     crds: Cluster, namespace: str, tenant: str
 ) -> None:
     """The node informer believes a node's opt-in label, its topology annotation and its
-    status; the slice informer believes ResourceSlices' GPU UUIDs. All are cluster-scoped: a
-    tenant with ``edit`` and the MPIJob role in their namespace may write none of them."""
+    status; the slice informer believes ResourceSlices' GPU UUIDs and device taints. All are
+    cluster-scoped: a tenant with ``edit`` and the MPIJob role in their namespace may write none
+    of them."""
     for verb in ("update", "patch"):
         assert not can_i(crds, tenant, namespace, verb, "nodes"), verb
         assert not can_i(crds, tenant, namespace, verb, "nodes", subresource="status"), verb
@@ -195,6 +196,24 @@ def test_a_tenant_may_not_opt_a_node_in_or_out_nor_publish_gpus_for_one(
     }
     out = crds.kubectl("create", f"--as={tenant}", "-f", "-", input=json.dumps(forged), check=False)
     assert "forbidden" in out.lower(), out
+
+    # Nor taint a GPU of a real slice, which placement would then leave out (or untaint one).
+    name = f"gpu-node-0-{keys.NVIDIA_GPU_DRIVER}"
+    slices = crds.resource(keys.DRA_API_VERSION, "ResourceSlice")
+    devices = slices.get(name=name).to_dict()["spec"]["devices"]
+    tainted = [{**d, "taints": [{"key": "k", "effect": "NoSchedule"}]} for d in devices]
+    out = crds.kubectl(
+        "patch",
+        "resourceslice",
+        name,
+        f"--as={tenant}",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"devices": tainted}}),
+        check=False,
+    )
+    assert "forbidden" in out.lower(), out
+    assert slices.get(name=name).to_dict()["spec"]["devices"] == devices
 
 
 def test_a_tenant_may_not_write_the_allocation_of_a_claim(
