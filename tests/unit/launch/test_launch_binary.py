@@ -234,7 +234,11 @@ def test_another_jobs_launcher_is_refused_and_runs_nothing(job: Job) -> None:
     assert out.stderr.decode().startswith("mpijob-launch: 127.0.0.1: ")
     assert b"unable to authenticate" in out.stderr
     assert not marker.exists()
-    (refused,) = job.server.lines("refused")
+    # The server logs the refusal when its side of the handshake ends, which may be just after
+    # the client has given up and exited.
+    (refused,) = wait_until(
+        lambda: job.server.lines("refused"), timeout=TIMEOUT, what="the server's refusal line"
+    )
     assert "is not the job's launcher key" in refused
     assert not job.server.lines("started")
 
