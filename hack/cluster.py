@@ -460,6 +460,11 @@ def restart_reason(state: State) -> str:
             f"the cluster runs Kubernetes v{state.kube_version or 'of an older make'}, and "
             f"K8S_VERSION={versions()['K8S_VERSION']} asks for v{wanted}"
         )
+    if state.feature_gates != versions()["FEATURE_GATES"]:
+        return (
+            f"the cluster runs with feature gates {state.feature_gates or 'none'!r}, and "
+            f"hack/versions.env asks for {versions()['FEATURE_GATES'] or 'none'!r}"
+        )
     if not (state_dir() / "pki" / WEBHOOK_CLIENT_CA).exists():
         return "the cluster's API server presents no webhook client certificate"
     return ""
@@ -549,6 +554,7 @@ def new_state(audit_log: bool, users: Sequence[str]) -> State:
         started_at=time.time(),
         stages=stages_digest(),
         kube_version=versions()["KUBE_VERSION"],
+        feature_gates=versions()["FEATURE_GATES"],
     )
     state.save()
     return state
@@ -576,6 +582,13 @@ def start_etcd(state: State) -> None:
         ],
         state,
     )
+
+
+def feature_gate_args() -> list[str]:
+    """The minor's ``--feature-gates`` (hack/versions.env ``FEATURE_GATES``), the same for every
+    control-plane component, as kubeadm's featureGates gives them; none when it names none."""
+    gates = versions()["FEATURE_GATES"]
+    return [f"--feature-gates={gates}"] if gates else []
 
 
 def start_apiserver(state: State, audit: list[str]) -> None:
@@ -613,6 +626,12 @@ def start_apiserver(state: State, audit: list[str]) -> None:
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--profiling=false",
             "--v=1",
+            *feature_gate_args(),
+            *(
+                [f"--runtime-config={versions()['RUNTIME_CONFIG']}"]
+                if versions()["RUNTIME_CONFIG"]
+                else []
+            ),
             *write_webhook_client(pki),
             *audit,
         ],
@@ -664,6 +683,7 @@ def start_controllers(state: State) -> None:
             "--concurrent-job-syncs=20",
             "--concurrent-gc-syncs=40",
             "--v=1",
+            *feature_gate_args(),
         ],
         state,
         restart=True,
@@ -682,6 +702,7 @@ def start_controllers(state: State) -> None:
             # A simulation cluster retries sooner so tests see capacity freed within seconds.
             "--pod-max-in-unschedulable-pods-duration=10s",
             "--v=1",
+            *feature_gate_args(),
         ],
         state,
         restart=True,

@@ -155,6 +155,8 @@ class State:
     """Digest of the kwok stages the cluster runs: a changed file needs a restart to count."""
     kube_version: str = ""
     """The Kubernetes version it runs (``KUBE_VERSION`` of the minor chosen when it started)."""
+    feature_gates: str = ""
+    """The control plane's ``--feature-gates`` (``FEATURE_GATES`` of that minor)."""
 
     @classmethod
     def load(cls) -> State | None:

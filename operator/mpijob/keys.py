@@ -60,6 +60,18 @@ VOLCANO_POD_GROUP_API_VERSION: Final = "scheduling.volcano.sh/v1beta1"
 SCHED_PLUGINS_POD_GROUP_API_VERSION: Final = "scheduling.x-k8s.io/v1alpha1"
 POD_GROUP_KIND: Final = "PodGroup"
 POD_GROUP_PLURAL: Final = "podgroups"
+#: ``--gang-scheduling`` value of Kubernetes' own gang scheduling (the Workload API): a name no
+#: scheduler-plugins profile is given, so no upstream setting means it by accident.
+WORKLOAD_GANG_FLAG: Final = "workload-api"
+#: The Workload API the native gang drives (beta in 1.37, behind ``GenericWorkload``): the job's
+#: Workload and PodGroup, named after it; pods name the group in ``spec.schedulingGroup``.
+WORKLOAD_API_VERSION: Final = "scheduling.k8s.io/v1beta1"
+WORKLOAD_KIND: Final = "Workload"
+#: The Workload's one PodGroup template, which the PodGroup names in its ``workloadRef``.
+WORKLOAD_TEMPLATE: Final = "mpijob"
+#: The PodGroup condition kube-scheduler sets: False (reason ``Unschedulable``, its message
+#: saying why) until the gang first binds.
+POD_GROUP_SCHEDULED_CONDITION: Final = "PodGroupInitiallyScheduled"
 #: What the Volcano API server defaults an empty ``spec.queue`` to.
 VOLCANO_DEFAULT_QUEUE: Final = "default"
 
@@ -231,6 +243,12 @@ REASON_GANG_ADMITTED: Final = "GangAdmitted"
 #: ``Failed=True`` (and ``GangAdmitted=False``) when ``scheduleTimeoutSeconds`` passed while
 #: waiting; also the Warning Event's reason.
 REASON_GANG_SCHEDULE_TIMEOUT: Final = "GangScheduleTimeout"
+#: Condition type of a job gang-scheduled by Kubernetes itself (``--gang-scheduling=workload-api``):
+#: False while kube-scheduler has not bound the gang (reason ``GangWaiting``, its message
+#: quoting the scheduler's), True once ``minCount`` of its pods are bound.
+COND_GANG_SCHEDULED: Final = "GangScheduled"
+#: ``GangScheduled=True`` and the Normal Event posted when the gang binds.
+REASON_GANG_SCHEDULED: Final = "GangScheduled"
 #: ``GangAdmitted=False`` and a Warning Event: the job fits, but its PlacementDecision cannot be
 #: stored (the API server refuses it, or an earlier same-named job's decision is still held).
 REASON_DECISION_REFUSED: Final = "PlacementNotRecorded"

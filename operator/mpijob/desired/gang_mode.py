@@ -3,7 +3,10 @@
 As upstream: an empty value turns gang scheduling off, ``volcano`` selects Volcano's PodGroup
 (``scheduling.volcano.sh/v1beta1``), and any other value selects scheduler-plugins'
 Coscheduling PodGroup (``scheduling.x-k8s.io/v1alpha1``) with that value as the pods'
-``schedulerName``.
+``schedulerName``. One value of our own, ``workload-api``, selects Kubernetes' own gang
+scheduling: a Workload and a PodGroup of ``scheduling.k8s.io/v1beta1``, pods naming the group in
+``spec.schedulingGroup`` and keeping their ``schedulerName`` (kube-scheduler's default profile
+runs the GangScheduling plugin once ``GenericWorkload`` is on).
 
 Built by the CLI; read by :mod:`mpijob.desired.podgroup` and the reconciler.
 """
@@ -22,6 +25,7 @@ class GangKind(enum.Enum):
     OFF = "off"
     VOLCANO = "volcano"
     SCHEDULER_PLUGINS = "scheduler-plugins"
+    WORKLOAD_API = "workload-api"
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,8 @@ class GangMode:
 
     kind: GangKind
     scheduler_name: str = ""
-    """The ``schedulerName`` given to gang members; empty when gang scheduling is off."""
+    """The ``schedulerName`` given to gang members; empty when gang scheduling is off, and with
+    the Workload API, whose members keep their own."""
 
     @classmethod
     def from_flag(cls, value: str) -> GangMode:
@@ -39,6 +44,8 @@ class GangMode:
             return cls(GangKind.OFF)
         if value == keys.VOLCANO_SCHEDULER_NAME:
             return cls(GangKind.VOLCANO, keys.VOLCANO_SCHEDULER_NAME)
+        if value == keys.WORKLOAD_GANG_FLAG:
+            return cls(GangKind.WORKLOAD_API)
         return cls(GangKind.SCHEDULER_PLUGINS, value)
 
     @property
@@ -55,6 +62,7 @@ class GangMode:
 _API_VERSIONS = {
     GangKind.VOLCANO: keys.VOLCANO_POD_GROUP_API_VERSION,
     GangKind.SCHEDULER_PLUGINS: keys.SCHED_PLUGINS_POD_GROUP_API_VERSION,
+    GangKind.WORKLOAD_API: keys.WORKLOAD_API_VERSION,
 }
 
 

@@ -14,6 +14,14 @@ MPIJob, named after it, in its namespace, controlled by it, with no labels.
   ``scheduleTimeoutSeconds`` (0 when unset). Pods get the flag's ``schedulerName`` and the label
   ``scheduling.x-k8s.io/pod-group``.
 
+* Kubernetes' own (``scheduling.k8s.io/v1beta1``, ``--gang-scheduling=workload-api``): a Workload
+  with one PodGroup template, ``gang.minCount`` the same quorum, and a PodGroup made from it.
+  Both are immutable: a PodGroup whose quorum no longer matches the job is deleted and made
+  again (pods find a group by name). Pods get ``spec.schedulingGroup.podGroupName``, keep their
+  ``schedulerName``, and are created with it (the field is immutable). No ``minResources`` or
+  ``scheduleTimeoutSeconds`` exists there: the operator keeps the timeout itself
+  (:mod:`mpijob.gang.native`).
+
 Deliberate difference from upstream, for mpi-operator#608: with
 ``launcherCreationPolicy: WaitForWorkersReady`` the launcher is created only once every worker is
 Ready, but upstream's default quorum (workers + 1) counts it, so the gang scheduler waits for a
@@ -133,6 +141,15 @@ def build_pod_group(
     """
     if not mode.enabled:
         raise ValueError("no PodGroup is built when gang scheduling is off")
+    if mode.kind is GangKind.WORKLOAD_API:
+        return _child(
+            job,
+            keys.POD_GROUP_KIND,
+            {
+                "workloadRef": {"workloadName": job.name, "templateName": keys.WORKLOAD_TEMPLATE},
+                "schedulingPolicy": _native_policy(job),
+            },
+        )
     members = min_member(job)
     resources = gang_min_resources(job, priority_values)
     spec: dict[str, Any] = {}
@@ -161,6 +178,40 @@ def build_pod_group(
     }
 
 
+def build_workload(job: MPIJob) -> dict[str, Any]:
+    """The Workload of ``--gang-scheduling=workload-api``: the job as kube-scheduler's workload
+    API knows it, its one PodGroup template holding the gang's quorum."""
+    return _child(
+        job,
+        keys.WORKLOAD_KIND,
+        {
+            "controllerRef": {"apiGroup": keys.GROUP, "kind": keys.KIND, "name": job.name},
+            "podGroupTemplates": [
+                {"name": keys.WORKLOAD_TEMPLATE, "schedulingPolicy": _native_policy(job)}
+            ],
+        },
+    )
+
+
+def _native_policy(job: MPIJob) -> dict[str, Any]:
+    """A gang of ``minMember`` pods; a job whose quorum is 0 (``minAvailable: 0``) has none."""
+    members = min_member(job)
+    return {"gang": {"minCount": members}} if members > 0 else {"basic": {}}
+
+
+def _child(job: MPIJob, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.WORKLOAD_API_VERSION,
+        "kind": kind,
+        "metadata": {
+            "name": job.name,
+            "namespace": job.namespace,
+            "ownerReferences": [names.owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
 def pod_group_needs_update(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Whether the existing PodGroup's spec differs in meaning from the desired one.
 
@@ -168,6 +219,10 @@ def pod_group_needs_update(existing: Mapping[str, Any], desired: Mapping[str, An
     equals the ``default`` the API server fills in. When this is True the caller replaces the
     whole spec, as upstream does.
     """
+    if desired.get("apiVersion") == keys.WORKLOAD_API_VERSION:
+        # Only what the operator sets: the API server fills in the rest (disruption mode...).
+        old_spec, new_spec = existing.get("spec") or {}, desired.get("spec") or {}
+        return any(old_spec.get(key) != value for key, value in new_spec.items())
     volcano = desired.get("apiVersion") == keys.VOLCANO_POD_GROUP_API_VERSION
     return _comparable(existing.get("spec"), volcano=volcano) != _comparable(
         desired.get("spec"), volcano=volcano
@@ -195,10 +250,14 @@ def decorate_pod(pod: Mapping[str, Any], job_name: str, mode: GangMode) -> dict[
     """A copy of a pod or pod template made a member of the job's PodGroup.
 
     Sets ``spec.schedulerName`` and the annotation (Volcano) or label (scheduler-plugins) naming
-    the group; with gang scheduling off the copy is unchanged. The input is not modified.
+    the group, or, with the Workload API, ``spec.schedulingGroup`` alone; with gang scheduling
+    off the copy is unchanged. The input is not modified.
     """
     result = clone(dict(pod))
     if not mode.enabled:
+        return result
+    if mode.kind is GangKind.WORKLOAD_API:
+        result.setdefault("spec", {})["schedulingGroup"] = {"podGroupName": job_name}
         return result
     metadata = result.setdefault("metadata", {})
     result.setdefault("spec", {})["schedulerName"] = mode.scheduler_name

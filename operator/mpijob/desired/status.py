@@ -116,14 +116,15 @@ def next_status(
     now: datetime,
     *,
     admission: AdmissionOutcome | None = None,
+    gang: AdmissionOutcome | None = None,
 ) -> StatusResult:
     """The job's status after this sync, with its Events, steps and worker failures.
 
     Upstream's order: ``Created`` first; a job already finished with a completion time is only
     cleaned up (worker counts reset when cleanPodPolicy deletes its workers); otherwise the
     status follows from the launcher and worker pods (§4.2). Then our own conditions: a job
-    that validates again sheds ``Invalid``, and the admission outcome sets ``GangAdmitted``
-    (and ``Failed`` on timeout).
+    that validates again sheds ``Invalid``, the admission outcome sets ``GangAdmitted``, and
+    ``gang``, Kubernetes' own gang's state, ``GangScheduled`` (each ``Failed`` on timeout).
     """
     current = job.status.model_copy(deep=True)
     was_invalid = clear_invalid(current)
@@ -154,11 +155,13 @@ def next_status(
         if finished_with_completion(result.status) and not cleans_up_at_finish(job):
             # What the end leaves running goes in the end's own write, not a second one.
             _left_running(job, result, observed.workers_of(job, seen.pods), now)
-    if admission is not None:
-        applied = _apply_admission(result.status, admission, now)
+    for outcome in (admission, gang):
+        if outcome is None:
+            continue
+        applied = _apply_admission(result.status, outcome, now)
         result.changed = result.changed or applied
-        event = admission.event if applied else None
-        if admission.failed:
+        event = outcome.event if applied else None
+        if outcome.failed:
             if result.status.completion_time is None:
                 result.status.completion_time = utc_seconds(now)
                 result.changed = True

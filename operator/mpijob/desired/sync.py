@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from mpijob import keys
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
     claims,
@@ -46,7 +47,7 @@ from mpijob.desired import (
     worker,
 )
 from mpijob.desired.events import Event
-from mpijob.desired.gang_mode import OFF, GangMode
+from mpijob.desired.gang_mode import OFF, GangKind, GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.observed import Observed
 
@@ -163,7 +164,19 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
     workers = observed.workers_of(job, seen.pods)
 
     if status.finished_with_completion(job.status):
-        if status.cleans_up_at_finish(job):
+        if _gang_timed_out(job, options):
+            # Its pods never ran together; one left pending would be bound later, alone.
+            out.actions += [_delete_pod(p) for p in workers]
+            out.actions += _delete_claims(seen)
+            out.actions += _delete_pod_group(job, seen, options)
+            if seen.launcher_job is not None and not (
+                (seen.launcher_job.get("spec") or {}).get("suspend")
+            ):  # the Job controller removes its pending pod
+                suspend = {"spec": {"suspend": True}}
+                out.actions.append(
+                    Patch("batch/v1", "Job", observed.name_of(seen.launcher_job), suspend)
+                )
+        elif status.cleans_up_at_finish(job):
             out.actions += _delete_workers(job, workers)
             out.actions += _delete_claims(seen, keep=_kept(job, workers))
             out.actions += _delete_pod_group(job, seen, options)
@@ -216,6 +229,17 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
         out.actions += _delete_claims(seen, keep=_kept(job, workers))
         out.actions += _delete_pod_group(job, seen, options)
     return out
+
+
+def _gang_timed_out(job: MPIJob, options: Options) -> bool:
+    """A job Kubernetes' own gang never bound before its ``scheduleTimeoutSeconds``
+    (:mod:`mpijob.gang.native`)."""
+    scheduled = job.status.condition(keys.COND_GANG_SCHEDULED)
+    return (
+        options.gang.kind is GangKind.WORKLOAD_API
+        and scheduled is not None
+        and scheduled.reason == keys.REASON_GANG_SCHEDULE_TIMEOUT
+    )
 
 
 def _launcher_ttl(
@@ -300,9 +324,15 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
     desired = podgroup.build_pod_group(
         job, mode=options.gang, priority_values=options.priority_values
     )
+    native = options.gang.kind is GangKind.WORKLOAD_API
     if seen.pod_group is None:
-        return [Create(desired)]
+        # The Workload goes with its PodGroup; one the job already controls is left as it is.
+        return (
+            [Create(podgroup.build_workload(job)), Create(desired)] if native else [Create(desired)]
+        )
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
+        if native:  # immutable: made again with the job's quorum at the next sync
+            return _delete_pod_group(job, seen, options)
         patch = podgroup.update_patch(seen.pod_group, desired)
         return [Patch(desired["apiVersion"], "PodGroup", job.name, patch)]
     return []

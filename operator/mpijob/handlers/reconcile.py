@@ -31,10 +31,11 @@ from mpijob.api.fabric import fabric_level
 from mpijob.api.launch import launch_errors
 from mpijob.api.models import format_time
 from mpijob.desired import binding, config_map, events, names, observed, podgroup, status, sync
-from mpijob.desired.gang_mode import GangMode
+from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.gpu_binding import GpuBinding
 from mpijob.desired.life import ENDS, Life, News, Transition
 from mpijob.gang import gate as admission_gate
+from mpijob.gang import native as native_gang
 from mpijob.gang import topology
 from mpijob.handlers.runtime import Runtime
 from mpijob.objects import about
@@ -109,7 +110,19 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         plan = sync.plan(job, rt.cache.observe(key, job), now, options)
     if gate.release is not None:
         plan.actions.append(gate.release)
-    result = status.next_status(job, plan.projected, now, admission=gate.outcome)
+    native = (
+        native_gang.gang_state(
+            job,
+            seen.pod_group,
+            [*observed.workers_of(job, seen.pods), *observed.launcher_pods_of(seen.pods)],
+            now,
+        )
+        if gang.kind is GangKind.WORKLOAD_API
+        else native_gang.GangState(None)
+    )
+    result = status.next_status(
+        job, plan.projected, now, admission=gate.outcome, gang=native.outcome
+    )
     # Counted and posted once per job, whatever its status says (its tenant may rewrite it).
     news = life.news(result.steps, result.worker_failures)
     # Events a kill or an outage lost before this process, once per job: those its status says
@@ -118,8 +131,9 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
 
     if not await _apply_all(rt, key, job, body, plan.actions, gate):
         return
-    if plan.requeue_after is not None:
-        rt.workers.enqueue_after(key, plan.requeue_after)
+    for after in (plan.requeue_after, native.requeue_after):
+        if after is not None:
+            rt.workers.enqueue_after(key, after)
     if result.changed:
         try:
             await _write_status(rt, key, body, result.status.to_body())

@@ -350,6 +350,51 @@ async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:
     return choice
 
 
+#: The gang backends and the API each needs served: the PodGroup kind of each.
+GANG_APIS = (
+    (GangKind.VOLCANO, keys.VOLCANO_POD_GROUP_API_VERSION),
+    (GangKind.SCHEDULER_PLUGINS, keys.SCHED_PLUGINS_POD_GROUP_API_VERSION),
+    (GangKind.WORKLOAD_API, keys.WORKLOAD_API_VERSION),
+)
+
+
+async def detect_gang_backends(kube: KubeApi, flag: str) -> None:
+    """Say which gang backends this cluster serves and which one the flag chose.
+
+    :class:`StartupFailed`, naming the fix, when ``--gang-scheduling=workload-api`` is chosen
+    and the API server does not serve its PodGroups (a gate off, an older minor): its pods
+    would be refused. Volcano's and scheduler-plugins' PodGroups may be installed after the
+    operator starts, as upstream allows: their absence is a warning, and they are watched once
+    served."""
+    chosen = GangMode.from_flag(flag)
+    served: list[str] = []
+    for kind, group_version in GANG_APIS:
+        try:
+            found = await kube.resources(group_version) or {}
+        except ApiError as error:
+            log.warning("Could not read whether %s is served: %s", group_version, error)
+            continue
+        if any(r.get("name") == keys.POD_GROUP_PLURAL for r in found.get("resources") or []):
+            served.append(f"{kind.value} ({group_version})")
+        elif kind is chosen.kind and kind is GangKind.WORKLOAD_API:
+            raise StartupFailed(
+                f"--gang-scheduling={flag}: the API server does not serve {group_version} "
+                "PodGroups; run Kubernetes 1.37 or later with the feature gate GenericWorkload "
+                f"on and --runtime-config={group_version}=true, or choose another backend"
+            )
+        elif kind is chosen.kind:
+            log.warning(
+                "--gang-scheduling=%s: %s PodGroups are not served yet; watched once they are",
+                flag,
+                group_version,
+            )
+    log.info(
+        "Gang backends served here: %s; gang scheduling: %s",
+        ", ".join(served) or "none",
+        f"{chosen.kind.value} (--gang-scheduling={flag})" if chosen.enabled else "off",
+    )
+
+
 async def server_minor(kube: KubeApi) -> int | None:
     """The API server's Kubernetes minor version; None when it cannot be read (the GPU quota
     check then counts the operator's claims itself, see :mod:`mpijob.gang.quota`)."""
@@ -380,12 +425,9 @@ def registry_for(
 
     kopf.on.login(registry=registry)(login)
     gang = GangMode.from_flag(ours.gang_scheduling)
-    gang_api = None
-    if gang.kind is GangKind.VOLCANO:
-        gang_api = keys.VOLCANO_POD_GROUP_API_VERSION
-    elif gang.kind is GangKind.SCHEDULER_PLUGINS:
-        gang_api = keys.SCHED_PLUGINS_POD_GROUP_API_VERSION
-    watches.register(registry, gang_api_version=gang_api, dra=binding is GpuBinding.DRA)
+    watches.register(
+        registry, gang_api_version=gang.pod_group_api_version, dra=binding is GpuBinding.DRA
+    )
     if shares is not None:
         webhook.register(registry, shares)
     return registry
@@ -475,6 +517,7 @@ async def preflight(ours: OperatorSettings, where: str) -> tuple[GpuBinding, Ope
             with step(f"checking the CRDs and the GPU binding mode on {where}"):
                 try:
                     await check_crds(kube)
+                    await detect_gang_backends(kube, ours.gang_scheduling)
                     mode = (await detect_gpu_binding(kube, ours.gpu_binding)).mode
                     image = await launch_image(ours, where)
                     return mode, dataclasses.replace(ours, launch_image=image)

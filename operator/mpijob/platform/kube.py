@@ -87,6 +87,8 @@ KINDS: Mapping[tuple[str, str], Kind] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Kind(
         "/apis/scheduling.volcano.sh/v1beta1", "podgroups"
     ),
+    ("scheduling.k8s.io/v1beta1", "PodGroup"): Kind("/apis/scheduling.k8s.io/v1beta1", "podgroups"),
+    ("scheduling.k8s.io/v1beta1", "Workload"): Kind("/apis/scheduling.k8s.io/v1beta1", "workloads"),
     ("mpijob.io/v1alpha1", "PlacementDecision"): Kind(
         "/apis/mpijob.io/v1alpha1", "placementdecisions"
     ),
