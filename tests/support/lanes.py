@@ -52,6 +52,7 @@ MODULES: dict[str, str] = {
     "test_faults.py": EXCLUSIVE,  # a node lost, spare nodes added (the rest: TESTS)
     "test_fractional.py": EXCLUSIVE,  # share nodes, a cluster-wide pod webhook
     "test_gang.py": GPUS,
+    "test_workload_gang.py": GPUS,
     "test_gpu_quota.py": GPUS,
     "test_healing.py": FREE,
     "test_helm.py": INSTALLS,

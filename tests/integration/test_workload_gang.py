@@ -1,0 +1,211 @@
+"""Kubernetes' own gang scheduling (``--gang-scheduling=workload-api``) on the local cluster of
+the newest minor, whose control plane runs with ``GenericWorkload`` on (hack/versions.env):
+the operator makes each job's Workload and PodGroup (``scheduling.k8s.io/v1beta1``), the real
+kube-scheduler binds the gang all or nothing, and the job says where its gang stands.
+
+The four simulated nodes have 8 GPUs each; two held whole leave room for two 8-GPU workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mpijob import keys
+from support.gpus import hold
+from support.jobs import mpijob
+from support.kube import Cluster, wait_all_refused
+from support.mpijobs import MPIJobs
+from support.operator import OperatorProcess
+from support.wait import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+
+NATIVE = ("--gang-scheduling", keys.WORKLOAD_GANG_FLAG)
+POD_GROUP = (keys.WORKLOAD_API_VERSION, keys.POD_GROUP_KIND)
+WORKLOAD = (keys.WORKLOAD_API_VERSION, keys.WORKLOAD_KIND)
+HELD = ("gpu-node-0", "gpu-node-1")
+
+
+@pytest.fixture(autouse=True)
+def served(crds: Cluster) -> None:
+    """The suite runs on the default minor, whose cluster serves the API; say so if not."""
+    groups = crds.kubectl("api-versions").split()
+    assert keys.WORKLOAD_API_VERSION in groups, (
+        f"{keys.WORKLOAD_API_VERSION} is not served: the local cluster of this minor runs "
+        "without GenericWorkload (hack/versions.env FEATURE_GATES)"
+    )
+
+
+def job_pods(cluster: Cluster, ns: str, job: str) -> list[Any]:
+    return cluster.core.list_namespaced_pod(ns, label_selector=f"{keys.LABEL_JOB_NAME}={job}").items
+
+
+def get(cluster: Cluster, kind: tuple[str, str], ns: str, name: str) -> dict[str, Any]:
+    return wait_until(
+        lambda: cluster.resource(*kind).get(name=name, namespace=ns).to_dict(),
+        what=f"{kind[1]} {name}",
+    )
+
+
+def free_held(cluster: Cluster, namespace: str) -> None:
+    for node in HELD:
+        cluster.core.delete_namespaced_pod(f"holder-{node}", namespace, grace_period_seconds=0)
+
+
+def schedulable_gang_bound_together(
+    cluster: Cluster, namespace: str, mpijobs: MPIJobs, job: str, count: int
+) -> list[Any]:
+    """Every pod of the job bound, and ``GangScheduled=True`` with its Normal Event."""
+    pods = wait_until(
+        lambda: (
+            (pods := job_pods(cluster, namespace, job))
+            and len(pods) == count
+            and all(p.spec.node_name for p in pods)
+            and pods
+        ),
+        timeout=90,
+        what=f"{job}'s {count} pods bound",
+    )
+    scheduled = mpijobs.wait_condition(job, keys.COND_GANG_SCHEDULED, timeout=30)
+    assert scheduled["reason"] == keys.REASON_GANG_SCHEDULED
+    assert mpijobs.wait_event(job, keys.REASON_GANG_SCHEDULED)["type"] == "Normal"
+    return list(pods)
+
+
+def test_a_gang_that_cannot_fit_stays_pending_with_no_pod_bound_then_binds_all_at_once(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    op: OperatorProcess = start_operator(*NATIVE)
+    assert "workload-api (scheduling.k8s.io/v1beta1)" in op.logs()
+    for node in HELD:
+        hold(crds, namespace, node)
+    # Three whole nodes for the workers, the launcher anywhere: two nodes are free.
+    mpijobs.create(mpijob("gang", workers=3, gpus=8))
+
+    group = get(crds, POD_GROUP, namespace, "gang")
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}  # the launcher counts
+    assert group["spec"]["workloadRef"] == {"workloadName": "gang", "templateName": "mpijob"}
+    workload = get(crds, WORKLOAD, namespace, "gang")
+    assert workload["spec"]["controllerRef"]["name"] == "gang"
+    for obj in (group, workload):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("MPIJob", "gang", True)
+
+    wait_until(lambda: len(job_pods(crds, namespace, "gang")) == 4, what="3 workers + launcher")
+    for pod in job_pods(crds, namespace, "gang"):
+        assert pod.spec.scheduling_group.pod_group_name == "gang"
+        assert pod.spec.scheduler_name == "default-scheduler"
+    wait_all_refused(lambda: job_pods(crds, namespace, "gang"), 4, "the gang of 4")
+    waiting = wait_until(
+        lambda: (
+            (c := mpijobs.condition("gang", keys.COND_GANG_SCHEDULED))
+            and "the scheduler:" in c["message"]
+            and c
+        ),
+        what="GangScheduled=False quoting the scheduler",
+    )
+    assert (waiting["status"], waiting["reason"]) == ("False", keys.REASON_GANG_WAITING)
+    assert waiting["message"].startswith("0 of the gang's 4 pods bound")
+
+    free_held(crds, namespace)
+    pods = schedulable_gang_bound_together(crds, namespace, mpijobs, "gang", 4)
+    workers = [p.spec.node_name for p in pods if "worker" in p.metadata.name]
+    assert len(set(workers)) == 3, "each 8-GPU worker on a node of its own"
+    mpijobs.wait_condition("gang", "Running", timeout=60)
+
+
+def test_a_topology_job_binds_through_the_gang_on_the_gpus_its_placement_chose(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """Our admission chooses the GPUs (3 x 8 on three nodes) once they are free; the native gang
+    binds the pods together; each worker lands where its decision says, on exactly its GPUs."""
+    start_operator(*NATIVE)
+    for node in HELD:
+        hold(crds, namespace, node)
+    mpijobs.create(
+        mpijob(
+            "placed",
+            workers=3,
+            gpus=8,
+            annotations={keys.GPU_TOPOLOGY: "true"},
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "2s"},
+        )
+    )
+    waiting = mpijobs.wait_condition("placed", keys.COND_GANG_ADMITTED, status="False")
+    assert waiting["reason"] == keys.REASON_GANG_WAITING
+    assert not job_pods(crds, namespace, "placed"), "no pod while the gang does not fit"
+
+    free_held(crds, namespace)
+    decision = wait_until(lambda: mpijobs.decision("placed"), timeout=60, what="the decision")
+    places = [(w["node"], sorted(w["gpus"])) for w in decision["spec"]["workers"]]
+    assert [gpus for _, gpus in places] == [list(range(8))] * 3
+    group = get(crds, POD_GROUP, namespace, "placed")
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
+    pods = schedulable_gang_bound_together(crds, namespace, mpijobs, "placed", 4)
+    by_name = {p.metadata.name: p for p in pods}
+    for index, (node, gpus) in enumerate(places):
+        worker = by_name[f"placed-worker-{index}"]
+        assert worker.spec.node_name == node
+        assert worker.spec.scheduling_group.pod_group_name == "placed"
+        pinned = worker.metadata.annotations.get(keys.GPU_IDS)
+        claims = worker.spec.resource_claims or []
+        assert pinned == ",".join(map(str, gpus)) or claims, "the decided GPUs are pinned"
+    mpijobs.wait_condition("placed", "Succeeded", timeout=90)
+
+
+def test_min_available_is_the_quorum_and_the_job_runs_to_the_end(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """A job without topology, its quorum from ``minAvailable`` (the launcher left out)."""
+    start_operator(*NATIVE)
+    mpijobs.create(
+        mpijob(
+            "quorum",
+            workers=2,
+            gpus=1,
+            launcher_annotations={keys.SIM_SUCCEED_AFTER: "2s"},
+            run_policy={"schedulingPolicy": {"minAvailable": 2}, "cleanPodPolicy": "Running"},
+        )
+    )
+    group = get(crds, POD_GROUP, namespace, "quorum")
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    scheduled = mpijobs.wait_condition("quorum", keys.COND_GANG_SCHEDULED, timeout=60)
+    assert scheduled["reason"] == keys.REASON_GANG_SCHEDULED
+    mpijobs.wait_condition("quorum", "Succeeded", timeout=90)
+    wait_until(
+        lambda: not crds.resource(*POD_GROUP).get(namespace=namespace).items,
+        what="the PodGroup deleted with the workers at the end",
+    )
+
+
+def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    start_operator(*NATIVE)
+    for node in HELD:
+        hold(crds, namespace, node)
+    mpijobs.create(
+        mpijob(
+            "late",
+            workers=3,
+            gpus=8,
+            run_policy={"schedulingPolicy": {"scheduleTimeoutSeconds": 6}},
+        )
+    )
+    wait_until(lambda: len(job_pods(crds, namespace, "late")) == 4, what="the gang's pods")
+    failed = mpijobs.wait_condition("late", "Failed", timeout=60)
+    assert failed["reason"] == keys.REASON_GANG_SCHEDULE_TIMEOUT
+    assert "not bound within scheduleTimeoutSeconds=6 (0 of 4 pods bound)" in failed["message"]
+    scheduled = mpijobs.condition("late", keys.COND_GANG_SCHEDULED)
+    assert scheduled is not None
+    assert (scheduled["status"], scheduled["reason"]) == ("False", "GangScheduleTimeout")
+    assert mpijobs.wait_event("late", keys.REASON_GANG_SCHEDULE_TIMEOUT)["type"] == "Warning"
+    # Nothing left to be bound later: workers, launcher pod and PodGroup go; the launcher Job
+    # stays, suspended, as the record of the launcher.
+    wait_until(lambda: not job_pods(crds, namespace, "late"), what="the gang's pods deleted")
+    assert not crds.resource(*POD_GROUP).get(namespace=namespace).items
+    assert crds.batch.read_namespaced_job("late-launcher", namespace).spec.suspend is True
+    free_held(crds, namespace)
+    assert mpijobs.get("late")["status"]["completionTime"]
