@@ -23,7 +23,7 @@ from support.jobs import mpijob
 from support.kube import Cluster
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
-from support.tenants import TenantJobs, bind_tenant
+from support.tenants import TenantJobs, bind_tenant, can_i
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
@@ -118,16 +118,6 @@ def tenant(crds: Cluster, namespace: str) -> str:
             namespace,
         )
     return TENANT
-
-
-def can_i(
-    cluster: Cluster, user: str, namespace: str, verb: str, resource: str, subresource: str = ""
-) -> bool:
-    extra = [f"--subresource={subresource}"] if subresource else []
-    out = cluster.kubectl(
-        "auth", "can-i", verb, resource, *extra, f"--as={user}", "-n", namespace, check=False
-    )
-    return out.strip() == "yes"
 
 
 def test_a_namespace_user_may_run_jobs_but_not_write_placement_decisions(

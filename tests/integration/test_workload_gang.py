@@ -18,6 +18,7 @@ from support.jobs import mpijob
 from support.kube import Cluster, wait_all_refused
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
+from support.tenants import TenantJobs, bind_tenant, can_i
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
@@ -209,3 +210,90 @@ def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
     assert crds.batch.read_namespaced_job("late-launcher", namespace).spec.suspend is True
     free_held(crds, namespace)
     assert mpijobs.get("late")["status"]["completionTime"]
+
+
+TENANT = "gang-tenant@example.com"
+
+
+def test_a_tenant_can_neither_forge_the_gangs_state_nor_form_it_without_the_scheduler(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """What the job's gang state believes, tried by a tenant (``edit`` and the MPIJob role in
+    their own namespace): the PodGroup's condition is the scheduler's to write; a look-alike
+    bound pod and a forged ``GangScheduled=True`` count for nothing; a deleted PodGroup is made
+    again and the gang still binds only when it fits."""
+    start_operator(*NATIVE)
+    bind_tenant(crds, namespace, TENANT)
+    tenant = TenantJobs(crds, namespace, TENANT)
+    assert can_i(crds, TENANT, namespace, "delete", "podgroups.scheduling.k8s.io")
+    for verb in ("update", "patch"):
+        assert not can_i(
+            crds, TENANT, namespace, verb, "podgroups.scheduling.k8s.io", subresource="status"
+        ), verb
+    for node in (*HELD, "gpu-node-2"):
+        hold(crds, namespace, node)
+    tenant.create(mpijob("mine", workers=2, gpus=8))  # one node is free: the gang cannot fit
+    wait_until(lambda: len(job_pods(crds, namespace, "mine")) == 3, what="the gang's pods")
+    mpijobs.wait_condition("mine", keys.COND_GANG_SCHEDULED, status="False")
+
+    # A bound pod labelled as the job's worker, and the job's status saying the gang formed.
+    tenant.create_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "look-alike",
+                "labels": {
+                    keys.LABEL_JOB_NAME: "mine",
+                    keys.LABEL_JOB_ROLE: "worker",
+                    keys.LABEL_REPLICA_INDEX: "0",
+                },
+            },
+            "spec": {
+                "nodeName": "gpu-node-3",
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }
+    )
+    forged = {
+        "type": keys.COND_GANG_SCHEDULED,
+        "status": "True",
+        "reason": keys.REASON_GANG_SCHEDULED,
+        "message": "forged",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "lastUpdateTime": "2026-01-01T00:00:00Z",
+    }
+    conditions = mpijobs.get("mine")["status"]["conditions"]
+    kept = [c for c in conditions if c["type"] != keys.COND_GANG_SCHEDULED]
+    tenant.patch_status("mine", {"status": {"conditions": [*kept, forged]}})
+    set_back = wait_until(
+        lambda: (
+            (c := mpijobs.condition("mine", keys.COND_GANG_SCHEDULED))
+            and c["status"] == "False"
+            and c["message"] != "forged"
+            and c
+        ),
+        what="the forged GangScheduled set back to the scheduler's truth",
+    )
+    assert set_back["reason"] == keys.REASON_GANG_WAITING
+    assert set_back["message"].startswith("0 of the gang's 3 pods bound")
+
+    # The PodGroup deleted: Kubernetes keeps it (its podgroup-protection finalizer) while the
+    # pods name it, so the gang is not dissolved; the operator waits on it, writing nothing.
+    crds.kubectl(
+        "delete",
+        "--wait=false",
+        f"--as={TENANT}",
+        "-n",
+        namespace,
+        "podgroups.scheduling.k8s.io/mine",
+    )
+    group = get(crds, POD_GROUP, namespace, "mine")
+    assert group["metadata"]["deletionTimestamp"]
+    assert "scheduling.k8s.io/podgroup-protection" in group["metadata"]["finalizers"]
+    real = [p for p in job_pods(crds, namespace, "mine") if p.metadata.name != "look-alike"]
+    assert not any(p.spec.node_name for p in real)
+
+    crds.core.delete_namespaced_pod("look-alike", namespace, grace_period_seconds=0)
+    free_held(crds, namespace)
+    schedulable_gang_bound_together(crds, namespace, mpijobs, "mine", 3)

@@ -32,6 +32,17 @@ def bind_tenant(cluster: Cluster, namespace: str, user: str) -> str:
     return user
 
 
+def can_i(
+    cluster: Cluster, user: str, namespace: str, verb: str, resource: str, subresource: str = ""
+) -> bool:
+    """What RBAC answers for ``user`` (``kubectl auth can-i --as``)."""
+    extra = [f"--subresource={subresource}"] if subresource else []
+    out = cluster.kubectl(
+        "auth", "can-i", verb, resource, *extra, f"--as={user}", "-n", namespace, check=False
+    )
+    return out.strip() == "yes"
+
+
 class TenantJobs:
     """MPIJobs and pods as ``user`` writes them: every request impersonated, so RBAC and
     admission judge it as they would the tenant's own credentials."""

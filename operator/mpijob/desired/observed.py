@@ -88,6 +88,18 @@ def launcher_pods_of(pods: Sequence[JSON]) -> list[JSON]:
     return [p for p in pods if role_of(p) == keys.ROLE_LAUNCHER]
 
 
+def gang_members(job: MPIJob, pods: Sequence[JSON], launcher_job: JSON | None) -> list[JSON]:
+    """The pods of the job's gang: its workers and the pods its launcher Job controls (by
+    controller reference, never by label alone: anyone may label a pod)."""
+    launcher_uid = ((launcher_job or {}).get("metadata") or {}).get("uid")
+    launchers = [
+        p
+        for p in launcher_pods_of(pods)
+        if launcher_uid and names.is_controlled_by(p, launcher_uid)
+    ]
+    return [*workers_of(job, pods), *launchers]
+
+
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     """Whether the pod's Ready condition is True."""
     conditions = (pod.get("status") or {}).get("conditions") or []

@@ -331,8 +331,11 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
             [Create(podgroup.build_workload(job)), Create(desired)] if native else [Create(desired)]
         )
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
-        if native:  # immutable: made again with the job's quorum at the next sync
-            return _delete_pod_group(job, seen, options)
+        if native:
+            # Immutable: deleted, and made again with the job's quorum once gone. Kubernetes
+            # keeps it (a finalizer) until no pod names it: the pods' next creation.
+            deleting = (seen.pod_group.get("metadata") or {}).get("deletionTimestamp")
+            return [] if deleting else _delete_pod_group(job, seen, options)
         patch = podgroup.update_patch(seen.pod_group, desired)
         return [Patch(desired["apiVersion"], "PodGroup", job.name, patch)]
     return []

@@ -7,8 +7,9 @@ other backends' gangs show theirs, beside upstream's conditions:
 * ``GangScheduled=False``, reason ``GangWaiting``: fewer than the quorum of its pods are bound;
   the message counts them and quotes the scheduler's reason (cut to
   :data:`SCHEDULER_MESSAGE_LIMIT` characters).
-* ``GangScheduled=True``, reason ``GangScheduled``, and a Normal Event once: the quorum is bound.
-  It stays True for the rest of the job's life (its pods finish and go; the gang was formed).
+* ``GangScheduled=True``, reason ``GangScheduled``, and a Normal Event once: the quorum is bound,
+  or the scheduler's condition says the group was scheduled. It stays True for the rest of the
+  job's run (its pods finish and go; the gang was formed).
 * ``GangScheduled=False`` and ``Failed=True``, reason ``GangScheduleTimeout``, and a Warning
   Event: still not bound ``schedulingPolicy.scheduleTimeoutSeconds`` after the job's creation,
   the deadline our own admission keeps (:func:`mpijob.gang.timeout.admission_deadline`); the
@@ -16,11 +17,11 @@ other backends' gangs show theirs, beside upstream's conditions:
   (:func:`mpijob.desired.sync.plan`), whatever its ``cleanPodPolicy``: a pod left pending would
   be bound later and run without its gang.
 
-What it believes: which pods are bound (``spec.nodeName``, the scheduler's write, on pods the
-job controls) and the PodGroup's condition (kube-scheduler's write; the operator only quotes
-it). The job's own ``GangScheduled`` condition is read only to keep a formed gang's True: a
-tenant who writes it False gets it back at the next sync, and one who writes it True only
-hides their own job's wait.
+What it believes: which pods are bound (``spec.nodeName``, the scheduler's write, on the pods
+the job and its launcher Job control: a tenant's look-alike pod counts for nothing) and the
+PodGroup's condition (``podgroups/status``, which kube-scheduler writes and Kubernetes' ``edit``
+role does not grant). Never the job's own ``GangScheduled``: its status is its tenant's to
+write, and whatever is written there is set back to what the scheduler did at the next sync.
 
 Pure: ``now`` is passed in; :mod:`mpijob.handlers.reconcile` reads and applies.
 """
@@ -56,16 +57,12 @@ def gang_state(
     job: MPIJob, pod_group: JSON | None, pods: Sequence[JSON], now: datetime
 ) -> GangState:
     """The state of a running job's native gang; ``pods`` are the pods the job controls."""
-    status = job.status
-    if status.finished or job.spec.suspended:
+    if job.status.finished or job.spec.suspended:
         return GangState(None)
-    current = status.condition(keys.COND_GANG_SCHEDULED)
-    if current is not None and current.status == "True":
-        return GangState(None)  # formed; it stays so
     quorum = podgroup.min_member(job)
     bound = sum(1 for pod in pods if (pod.get("spec") or {}).get("nodeName"))
-    if quorum > 0 and bound >= quorum:
-        message = f"MPIJob {job.key}: kube-scheduler bound its gang, {bound} pods together."
+    if (quorum > 0 and bound >= quorum) or _scheduled(pod_group):
+        message = f"MPIJob {job.key}: kube-scheduler scheduled its gang of {quorum} pods together."
         return GangState(
             AdmissionOutcome(
                 [
@@ -103,16 +100,27 @@ def gang_state(
     return GangState(AdmissionOutcome([waiting]), left)
 
 
-def _scheduler_says(pod_group: JSON | None) -> str:
-    """'; the scheduler: <why>' from the PodGroup's condition, or nothing when it says none."""
+def _condition(pod_group: JSON | None) -> JSON:
+    """The PodGroup's ``PodGroupInitiallyScheduled`` condition; empty when it has none."""
     for condition in ((pod_group or {}).get("status") or {}).get("conditions") or []:
         if (
             isinstance(condition, dict)
             and condition.get("type") == keys.POD_GROUP_SCHEDULED_CONDITION
-            and condition.get("status") == "False"
         ):
-            text = " ".join(str(condition.get("message") or condition.get("reason") or "").split())
-            if len(text) > SCHEDULER_MESSAGE_LIMIT:
-                text = text[: SCHEDULER_MESSAGE_LIMIT - 1] + "…"
-            return f"; the scheduler: {text}" if text else ""
-    return ""
+            return condition
+    return {}
+
+
+def _scheduled(pod_group: JSON | None) -> bool:
+    return _condition(pod_group).get("status") == "True"
+
+
+def _scheduler_says(pod_group: JSON | None) -> str:
+    """'; the scheduler: <why>' from the PodGroup's condition, or nothing when it says none."""
+    condition = _condition(pod_group)
+    if condition.get("status") != "False":
+        return ""
+    text = " ".join(str(condition.get("message") or condition.get("reason") or "").split())
+    if len(text) > SCHEDULER_MESSAGE_LIMIT:
+        text = text[: SCHEDULER_MESSAGE_LIMIT - 1] + "…"
+    return f"; the scheduler: {text}" if text else ""

@@ -114,7 +114,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         native_gang.gang_state(
             job,
             seen.pod_group,
-            [*observed.workers_of(job, seen.pods), *observed.launcher_pods_of(seen.pods)],
+            observed.gang_members(job, seen.pods, seen.launcher_job),
             now,
         )
         if gang.kind is GangKind.WORKLOAD_API

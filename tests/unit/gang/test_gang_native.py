@@ -11,7 +11,7 @@ import pytest
 from mpijob import keys
 from mpijob.api import MPIJob
 from mpijob.api.models import JobCondition
-from mpijob.desired import podgroup, status, sync
+from mpijob.desired import observed, podgroup, status, sync
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.observed import Observed
 from mpijob.gang import native
@@ -175,7 +175,7 @@ def test_a_long_scheduler_message_is_cut() -> None:
     assert state.requeue_after is None  # no timeout: no deadline
 
 
-def test_the_bound_quorum_is_scheduled_once_and_stays_so() -> None:
+def test_the_bound_quorum_is_scheduled_and_stays_so_while_the_scheduler_says_it() -> None:
     mpi_job = _stored(workers=2)
     pods = [_pod("w0", "n0"), _pod("w1", "n1"), _pod("l", "n2")]
     state = native.gang_state(mpi_job, None, pods, T0)
@@ -186,8 +186,26 @@ def test_the_bound_quorum_is_scheduled_once_and_stays_so() -> None:
     assert state.outcome.event.reason == "GangScheduled"
     result = status.next_status(mpi_job, Observed(), T0, gang=state.outcome)
     assert result.status.condition("GangScheduled").status == "True"  # type: ignore[union-attr]
-    scheduled = mpi_job.model_copy(update={"status": result.status})
-    assert native.gang_state(scheduled, None, [], T0).outcome is None
+
+    # Its pods gone (finished), the scheduler's condition still says the gang was formed.
+    group = {"status": {"conditions": [{"type": "PodGroupInitiallyScheduled", "status": "True"}]}}
+    later = native.gang_state(mpi_job, group, [], T0)
+    assert later.outcome is not None
+    assert later.outcome.conditions[0].status == "True"
+
+
+def test_the_jobs_own_condition_is_not_believed() -> None:
+    """A tenant's GangScheduled=True on their job's status is set back to what the scheduler
+    did; a look-alike pod of theirs is not counted (the caller passes the controlled pods)."""
+    mpi_job = _stored(workers=2)
+    mpi_job.status.conditions.append(
+        JobCondition(type="GangScheduled", status="True", reason="GangScheduled", message="x")
+    )
+    state = native.gang_state(mpi_job, _unschedulable("no room"), [], T0)
+    assert state.outcome is not None
+    assert state.outcome.conditions[0].status == "False"
+    result = status.next_status(mpi_job, Observed(), T0, gang=state.outcome)
+    assert result.status.condition("GangScheduled").status == "False"  # type: ignore[union-attr]
 
 
 def test_past_the_deadline_the_job_fails_and_its_pods_and_group_go() -> None:
@@ -242,3 +260,37 @@ def test_a_finished_or_suspended_job_has_nothing_to_say() -> None:
     )
     done.status.completion_time = T0
     assert native.gang_state(done, None, [], T0).outcome is None
+
+
+def _member(name: str, role: str, owner_uid: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {keys.LABEL_JOB_NAME: "test", keys.LABEL_JOB_ROLE: role},
+            "ownerReferences": [{"uid": owner_uid, "controller": True}],
+        },
+        "spec": {"nodeName": "n0"},
+    }
+
+
+def test_gang_members_are_the_pods_the_job_and_its_launcher_job_control() -> None:
+    mpi_job = _stored(workers=1)
+    launcher_job = {"metadata": {"name": "test-launcher", "uid": "job-uid"}}
+    pods = [
+        _member("test-worker-0", "worker", "uid-1"),
+        _member("test-launcher-abc", "launcher", "job-uid"),
+        _member("look-alike-worker", "worker", "someone-else"),
+        _member("look-alike-launcher", "launcher", "someone-else"),
+    ]
+    members = observed.gang_members(mpi_job, pods, launcher_job)
+    assert [m["metadata"]["name"] for m in members] == ["test-worker-0", "test-launcher-abc"]
+    assert [m["metadata"]["name"] for m in observed.gang_members(mpi_job, pods, None)] == [
+        "test-worker-0"
+    ]
+
+
+def test_a_pod_group_being_deleted_is_waited_on() -> None:
+    """Kubernetes keeps a PodGroup its pods name (a finalizer): no second delete each sync."""
+    old = podgroup.build_pod_group(job(workers=5), mode=NATIVE, priority_values={})
+    old["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    assert not _actions(_plan(_stored(workers=2), Observed(pod_group=old)), "PodGroup")
