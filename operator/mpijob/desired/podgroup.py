@@ -132,12 +132,14 @@ def min_resources_errors(job: MPIJob) -> list[FieldError]:
 
 
 def build_pod_group(
-    job: MPIJob, *, mode: GangMode, priority_values: Mapping[str, int]
+    job: MPIJob, *, mode: GangMode, priority_values: Mapping[str, int], topology_key: str = ""
 ) -> dict[str, Any]:
     """The PodGroup the job should have in ``mode``.
 
     ``priority_values`` maps PriorityClass names to their values; classes missing from it count
-    as 0. Raises ValueError when gang scheduling is off or a quantity is malformed.
+    as 0. ``topology_key``, with the Workload API, is the node label kube-scheduler must keep
+    the whole gang within (:func:`mpijob.gang.native.topology_key`). Raises ValueError when gang
+    scheduling is off or a quantity is malformed.
     """
     if not mode.enabled:
         raise ValueError("no PodGroup is built when gang scheduling is off")
@@ -148,6 +150,7 @@ def build_pod_group(
             {
                 "workloadRef": {"workloadName": job.name, "templateName": keys.WORKLOAD_TEMPLATE},
                 "schedulingPolicy": _native_policy(job),
+                **_constraints(topology_key),
             },
         )
     members = min_member(job)
@@ -178,19 +181,26 @@ def build_pod_group(
     }
 
 
-def build_workload(job: MPIJob) -> dict[str, Any]:
+def build_workload(job: MPIJob, topology_key: str = "") -> dict[str, Any]:
     """The Workload of ``--gang-scheduling=workload-api``: the job as kube-scheduler's workload
-    API knows it, its one PodGroup template holding the gang's quorum."""
+    API knows it, its one PodGroup template holding what its PodGroup holds."""
+    template = {
+        "name": keys.WORKLOAD_TEMPLATE,
+        "schedulingPolicy": _native_policy(job),
+        **_constraints(topology_key),
+    }
     return _child(
         job,
         keys.WORKLOAD_KIND,
         {
             "controllerRef": {"apiGroup": keys.GROUP, "kind": keys.KIND, "name": job.name},
-            "podGroupTemplates": [
-                {"name": keys.WORKLOAD_TEMPLATE, "schedulingPolicy": _native_policy(job)}
-            ],
+            "podGroupTemplates": [template],
         },
     )
+
+
+def _constraints(topology_key: str) -> dict[str, Any]:
+    return {"schedulingConstraints": {"topology": [{"key": topology_key}]}} if topology_key else {}
 
 
 def _native_policy(job: MPIJob) -> dict[str, Any]:

@@ -81,6 +81,8 @@ class Options:
     gang: GangMode = OFF
     priority_values: Mapping[str, int] = field(default_factory=dict)
     """PriorityClass name -> value, for the PodGroup's minResources."""
+    gang_topology_key: str = ""
+    """With the Workload API, the node label kube-scheduler keeps the gang within."""
     admitted: bool = True
     """False while our own gang admission holds the job back: no workers, no launcher."""
     placement: Sequence[PodPlacement] | None = None
@@ -322,14 +324,17 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
     if not options.gang.enabled:
         return []
     desired = podgroup.build_pod_group(
-        job, mode=options.gang, priority_values=options.priority_values
+        job,
+        mode=options.gang,
+        priority_values=options.priority_values,
+        topology_key=options.gang_topology_key,
     )
     native = options.gang.kind is GangKind.WORKLOAD_API
     if seen.pod_group is None:
+        if not native:
+            return [Create(desired)]
         # The Workload goes with its PodGroup; one the job already controls is left as it is.
-        return (
-            [Create(podgroup.build_workload(job)), Create(desired)] if native else [Create(desired)]
-        )
+        return [Create(podgroup.build_workload(job, options.gang_topology_key)), Create(desired)]
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
         if native:
             # Immutable: deleted, and made again with the job's quorum once gone. Kubernetes

@@ -34,10 +34,15 @@ from datetime import datetime
 
 from mpijob import keys
 from mpijob.api import JSON
+from mpijob.api.fabric import fabric_level
 from mpijob.api.models import MPIJob
 from mpijob.desired import events, podgroup
 from mpijob.desired.status import AdmissionOutcome, ConditionChange
 from mpijob.gang.timeout import admission_deadline
+from mpijob.placement.fabric import NODE, Fabric
+
+#: The node label of the ``node`` fabric level: every node its own domain.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 #: The most of the scheduler's message a condition quotes: it lists every failed placement.
 SCHEDULER_MESSAGE_LIMIT = 400
@@ -98,6 +103,22 @@ def gang_state(
     waiting = ConditionChange(keys.COND_GANG_SCHEDULED, "False", keys.REASON_GANG_WAITING, message)
     left = (deadline - now).total_seconds() if deadline is not None else None
     return GangState(AdmissionOutcome([waiting]), left)
+
+
+def topology_key(job: MPIJob, fabric: Fabric | None) -> str:
+    """The node label kube-scheduler's topology-aware workload scheduling keeps a job without
+    our placement inside (the PodGroup's ``schedulingConstraints.topology``): the label of the
+    level ``mpijob.io/fabric-required-level`` names in the operator's ``--fabric``. Empty for a
+    job that names none, or only a preferred level (the constraint is a requirement), and
+    without a fabric (the names mean nothing then)."""
+    if fabric is None:
+        return ""
+    level, errors = fabric_level(job.metadata.annotations or {}, fabric.level_names)
+    if level is None or errors or not level.required:
+        return ""
+    if level.level == NODE:
+        return HOSTNAME_LABEL
+    return next(lv.label for lv in fabric.levels if lv.name == level.level)
 
 
 def _condition(pod_group: JSON | None) -> JSON:

@@ -100,6 +100,12 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         cluster_domain=rt.settings.cluster_domain,
         gang=gang,
         priority_values=rt.cache.priority_values() if gang.enabled else {},
+        gang_topology_key=(
+            native_gang.topology_key(job, fabric)
+            if gang.kind is GangKind.WORKLOAD_API
+            and not topology.wants_topology(job, default=rt.settings.gpu_topology_default)
+            else ""  # a topology job's pods are pinned where our placement chose
+        ),
         admitted=gate.admitted,
         placement=gate.placement,
         gpu_binding=rt.gpu_binding,

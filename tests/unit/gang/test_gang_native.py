@@ -15,6 +15,7 @@ from mpijob.desired import observed, podgroup, status, sync
 from mpijob.desired.gang_mode import GangKind, GangMode
 from mpijob.desired.observed import Observed
 from mpijob.gang import native
+from mpijob.placement import fabric_labels
 from support.gang_jobs import job
 
 pytestmark = pytest.mark.unit
@@ -294,3 +295,40 @@ def test_a_pod_group_being_deleted_is_waited_on() -> None:
     old = podgroup.build_pod_group(job(workers=5), mode=NATIVE, priority_values={})
     old["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
     assert not _actions(_plan(_stored(workers=2), Observed(pod_group=old)), "PodGroup")
+
+
+FABRIC = fabric_labels.fabric_from_spec(
+    {
+        "levels": [
+            {"name": "block", "nodeLabel": "example.com/block", "gbps": 25},
+            {"name": "leaf", "nodeLabel": "example.com/leaf", "gbps": 50},
+        ]
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "key"),
+    [
+        ({keys.FABRIC_REQUIRED_LEVEL: "leaf"}, "example.com/leaf"),
+        ({keys.FABRIC_REQUIRED_LEVEL: "node"}, "kubernetes.io/hostname"),
+        ({keys.FABRIC_PREFERRED_LEVEL: "leaf"}, ""),  # kube-scheduler's constraint is required
+        ({}, ""),
+    ],
+)
+def test_a_required_fabric_level_becomes_kube_schedulers_topology_constraint(
+    annotations: dict[str, str], key: str
+) -> None:
+    mpi_job = job(workers=2, annotations=annotations)
+    assert native.topology_key(mpi_job, FABRIC) == key
+    assert native.topology_key(mpi_job, None) == ""
+    group = podgroup.build_pod_group(mpi_job, mode=NATIVE, priority_values={}, topology_key=key)
+    workload = podgroup.build_workload(mpi_job, key)
+    (template,) = workload["spec"]["podGroupTemplates"]
+    if key:
+        constraint = {"topology": [{"key": key}]}
+        assert group["spec"]["schedulingConstraints"] == constraint
+        assert template["schedulingConstraints"] == constraint
+    else:
+        assert "schedulingConstraints" not in group["spec"]
+        assert "schedulingConstraints" not in template
