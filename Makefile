@@ -21,7 +21,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION_$(subst .,_,$(K8S_VERSION))=//p'
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards test-compat
+        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-tas bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards test-compat
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -175,6 +175,9 @@ bench-soak: install ## 10,000 MPIJob lifecycles through one operator process, ow
 
 bench-bigjob: install ## One MPIJob of 8,192 GPUs (1,024 workers x 8) on 1,024 kwok nodes in a fabric, own cluster: apply to placed, bound, Running; ours vs upstream (median of 3)
 	REAL_NODES=0 $(PY) -m bench.bigjob
+
+bench-tas: install ## Topology-aware placement three ways, own cluster: ours vs kube-scheduler's (Workload API) vs Kueue TAS, figure of merit and time to bound (median of 3)
+	REAL_NODES=0 $(PY) -m bench.native_tas
 
 bench-placement: install ## Placement quality and latency benchmark (pure, no cluster)
 	$(PY) -m bench.placement

@@ -123,8 +123,8 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             observed.gang_members(job, seen.pods, seen.launcher_job),
             now,
         )
-        if gang.kind is GangKind.WORKLOAD_API
-        else native_gang.GangState(None)
+        if gang.kind is GangKind.WORKLOAD_API and gate.admitted
+        else native_gang.GangState(None)  # held back by our admission: its condition says so
     )
     result = status.next_status(
         job, plan.projected, now, admission=gate.outcome, gang=native.outcome
