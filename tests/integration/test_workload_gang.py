@@ -181,6 +181,41 @@ def test_min_available_is_the_quorum_and_the_job_runs_to_the_end(
     )
 
 
+def test_an_edited_min_available_reaches_the_pod_group_and_the_scheduler(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """``minCount`` is mutable: the same PodGroup takes the new quorum, and kube-scheduler binds
+    the part of the gang that now makes one (two workers and the launcher of three workers)."""
+    start_operator(*NATIVE)
+    for node in HELD:
+        hold(crds, namespace, node)
+    mpijobs.create(mpijob("edit", workers=3, gpus=8))
+    wait_until(lambda: len(job_pods(crds, namespace, "edit")) == 4, what="the gang's pods")
+    wait_all_refused(lambda: job_pods(crds, namespace, "edit"), 4, "the gang of 4")
+    uid = get(crds, POD_GROUP, namespace, "edit")["metadata"]["uid"]
+    mpijobs.patch("edit", {"spec": {"runPolicy": {"schedulingPolicy": {"minAvailable": 3}}}})
+    group = wait_until(
+        lambda: (
+            (g := get(crds, POD_GROUP, namespace, "edit"))["spec"]["schedulingPolicy"]["gang"][
+                "minCount"
+            ]
+            == 3
+            and g
+        ),
+        what="minCount 3",
+    )
+    assert group["metadata"]["uid"] == uid, "the same PodGroup"
+    bound = wait_until(
+        lambda: (
+            len(b := [p for p in job_pods(crds, namespace, "edit") if p.spec.node_name]) == 3 and b
+        ),
+        timeout=60,
+        what="three of the four pods bound",
+    )
+    assert sum("worker" in p.metadata.name for p in bound) == 2
+    mpijobs.wait_condition("edit", keys.COND_GANG_SCHEDULED, timeout=30)
+
+
 def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:

@@ -16,8 +16,8 @@ MPIJob, named after it, in its namespace, controlled by it, with no labels.
 
 * Kubernetes' own (``scheduling.k8s.io/v1beta1``, ``--gang-scheduling=workload-api``): a Workload
   with one PodGroup template, ``gang.minCount`` the same quorum, and a PodGroup made from it.
-  Both are immutable: a PodGroup whose quorum no longer matches the job is deleted and made
-  again (pods find a group by name). Pods get ``spec.schedulingGroup.podGroupName``, keep their
+  The PodGroup's ``minCount`` may change (:func:`native_patch`); the rest of both is immutable,
+  so a PodGroup that differs otherwise is deleted and made again (pods find a group by name). Pods get ``spec.schedulingGroup.podGroupName``, keep their
   ``schedulerName``, and are created with it (the field is immutable). No ``minResources`` or
   ``scheduleTimeoutSeconds`` exists there: the operator keeps the timeout itself
   (:mod:`mpijob.gang.native`).
@@ -237,6 +237,20 @@ def pod_group_needs_update(existing: Mapping[str, Any], desired: Mapping[str, An
     return _comparable(existing.get("spec"), volcano=volcano) != _comparable(
         desired.get("spec"), volcano=volcano
     )
+
+
+def native_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that brings a Workload API PodGroup to the desired quorum, when only its
+    gang's ``minCount`` differs (the one mutable field it has); None when more differs."""
+    old_spec, new_spec = existing.get("spec") or {}, desired.get("spec") or {}
+    old_gang = (old_spec.get("schedulingPolicy") or {}).get("gang")
+    new_gang = (new_spec.get("schedulingPolicy") or {}).get("gang")
+    if not isinstance(old_gang, Mapping) or not isinstance(new_gang, Mapping):
+        return None
+    others = {k: v for k, v in new_spec.items() if k != "schedulingPolicy"}
+    if any(old_spec.get(k) != v for k, v in others.items()):
+        return None
+    return {"spec": {"schedulingPolicy": {"gang": {"minCount": new_gang["minCount"]}}}}
 
 
 def update_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:

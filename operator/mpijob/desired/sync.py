@@ -337,8 +337,10 @@ def _pod_group(job: MPIJob, seen: Observed, options: Options) -> list[Action]:
         return [Create(podgroup.build_workload(job, options.gang_topology_key)), Create(desired)]
     if podgroup.pod_group_needs_update(seen.pod_group, desired):
         if native:
-            # Immutable: deleted, and made again with the job's quorum once gone. Kubernetes
-            # keeps it (a finalizer) until no pod names it: the pods' next creation.
+            if (quorum := podgroup.native_patch(seen.pod_group, desired)) is not None:
+                return [Patch(desired["apiVersion"], "PodGroup", job.name, quorum)]
+            # Otherwise immutable: deleted, and made again once gone. Kubernetes keeps it (a
+            # finalizer) until no pod names it: the pods' next creation.
             deleting = (seen.pod_group.get("metadata") or {}).get("deletionTimestamp")
             return [] if deleting else _delete_pod_group(job, seen, options)
         patch = podgroup.update_patch(seen.pod_group, desired)

@@ -146,13 +146,24 @@ def test_a_sync_creates_workload_pod_group_and_decorated_pods() -> None:
     assert template["spec"]["schedulingGroup"] == {"podGroupName": "test"}
 
 
-def test_a_pod_group_of_another_quorum_is_deleted_to_be_made_again() -> None:
-    mpi_job = _stored(workers=2)
+def test_a_pod_group_of_another_quorum_gets_the_quorum_patched() -> None:
+    """``minCount`` is the one mutable field (1.37): the PodGroup stays, its pods keep it."""
+    old = podgroup.build_pod_group(job(workers=5), mode=NATIVE, priority_values={})
+    (patch,) = _actions(_plan(_stored(workers=2), Observed(pod_group=old)), "PodGroup")
+    assert isinstance(patch, sync.Patch)
+    assert patch.patch == {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}}
+
+
+def test_a_pod_group_that_differs_otherwise_is_deleted_to_be_made_again() -> None:
+    mpi_job = _stored(workers=2, policy={"minAvailable": 0})  # no gang: a basic policy
     old = podgroup.build_pod_group(job(workers=5), mode=NATIVE, priority_values={})
     old["metadata"]["uid"] = "pg-1"
     (delete,) = _actions(_plan(mpi_job, Observed(pod_group=old)), "PodGroup")
     assert isinstance(delete, sync.Delete)
     assert delete.uid == "pg-1"
+    old["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+    # Kubernetes keeps a PodGroup its pods name (a finalizer): no second delete each sync.
+    assert not _actions(_plan(mpi_job, Observed(pod_group=old)), "PodGroup")
 
 
 def test_unbound_pods_wait_quoting_the_scheduler_and_requeue_for_the_deadline() -> None:
@@ -288,13 +299,6 @@ def test_gang_members_are_the_pods_the_job_and_its_launcher_job_control() -> Non
     assert [m["metadata"]["name"] for m in observed.gang_members(mpi_job, pods, None)] == [
         "test-worker-0"
     ]
-
-
-def test_a_pod_group_being_deleted_is_waited_on() -> None:
-    """Kubernetes keeps a PodGroup its pods name (a finalizer): no second delete each sync."""
-    old = podgroup.build_pod_group(job(workers=5), mode=NATIVE, priority_values={})
-    old["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
-    assert not _actions(_plan(_stored(workers=2), Observed(pod_group=old)), "PodGroup")
 
 
 FABRIC = fabric_labels.fabric_from_spec(

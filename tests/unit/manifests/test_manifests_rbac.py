@@ -34,7 +34,7 @@ OPERATOR_CLUSTER = (
     | grants("batch", "jobs/status", "patch")
     | grants("scheduling.x-k8s.io", "podgroups", "get list watch create patch delete")
     | grants("scheduling.volcano.sh", "podgroups", "get list watch create patch delete")
-    | grants("scheduling.k8s.io", "podgroups", "get list watch create delete")
+    | grants("scheduling.k8s.io", "podgroups", "get list watch create patch delete")
     | grants("scheduling.k8s.io", "workloads", "get create")
     | grants("scheduling.k8s.io", "priorityclasses", "list watch")
     | grants("mpijob.io", "placementdecisions", "get list watch create update delete")
