@@ -17,10 +17,10 @@ MPIJob, named after it, in its namespace, controlled by it, with no labels.
 * Kubernetes' own (``scheduling.k8s.io/v1beta1``, ``--gang-scheduling=workload-api``): a Workload
   with one PodGroup template, ``gang.minCount`` the same quorum, and a PodGroup made from it.
   The PodGroup's ``minCount`` may change (:func:`native_patch`); the rest of both is immutable,
-  so a PodGroup that differs otherwise is deleted and made again (pods find a group by name). Pods get ``spec.schedulingGroup.podGroupName``, keep their
-  ``schedulerName``, and are created with it (the field is immutable). No ``minResources`` or
-  ``scheduleTimeoutSeconds`` exists there: the operator keeps the timeout itself
-  (:mod:`mpijob.gang.native`).
+  so a PodGroup that differs otherwise is deleted and made again (pods find a group by name).
+  Pods get ``spec.schedulingGroup.podGroupName``, keep their ``schedulerName``, and are created
+  with it (the field is immutable). No ``minResources`` or ``scheduleTimeoutSeconds`` exists
+  there: the operator keeps the timeout itself (:mod:`mpijob.gang.native`).
 
 Deliberate difference from upstream, for mpi-operator#608: with
 ``launcherCreationPolicy: WaitForWorkersReady`` the launcher is created only once every worker is
