@@ -79,7 +79,7 @@ test: install ## Run unit and integration tests (installs Prometheus, builds and
 COMPAT_VERSION ?= 1.35
 COMPAT_TESTS := $(addprefix tests/integration/,test_gang.py test_lifecycle.py test_dra.py \
   test_dra_binding.py test_gpu_quota.py test_fractional.py test_kueue.py test_agent_reports_actual_gpus.py \
-  test_realnode.py test_training.py test_upstream_e2e.py)
+  test_realnode.py test_training.py test_upstream_e2e.py test_workload_gang.py)
 test-compat: export K8S_VERSION = $(COMPAT_VERSION)
 test-compat: install ## On Kubernetes 1.35 (COMPAT_VERSION): the tests of what changed between minors, and upstream's e2e suite
 	$(PY) -m hack.stray_operators

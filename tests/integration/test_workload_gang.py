@@ -8,6 +8,7 @@ The four simulated nodes have 8 GPUs each; two held whole leave room for two 8-G
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -15,13 +16,14 @@ import pytest
 from mpijob import keys
 from support.gpus import hold
 from support.jobs import mpijob
-from support.kube import Cluster, wait_all_refused
+from support.kube import ROOT, Cluster, wait_all_refused
 from support.mpijobs import MPIJobs
 from support.operator import OperatorProcess
 from support.tenants import TenantJobs, bind_tenant, can_i
 from support.wait import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("idle_gpus")]
+with_the_api = pytest.mark.usefixtures("workload_api")
 
 NATIVE = ("--gang-scheduling", keys.WORKLOAD_GANG_FLAG)
 POD_GROUP = (keys.WORKLOAD_API_VERSION, keys.POD_GROUP_KIND)
@@ -29,14 +31,41 @@ WORKLOAD = (keys.WORKLOAD_API_VERSION, keys.WORKLOAD_KIND)
 HELD = ("gpu-node-0", "gpu-node-1")
 
 
-@pytest.fixture(autouse=True)
-def served(crds: Cluster) -> None:
-    """The suite runs on the default minor, whose cluster serves the API; say so if not."""
-    groups = crds.kubectl("api-versions").split()
-    assert keys.WORKLOAD_API_VERSION in groups, (
-        f"{keys.WORKLOAD_API_VERSION} is not served: the local cluster of this minor runs "
-        "without GenericWorkload (hack/versions.env FEATURE_GATES)"
-    )
+def served(cluster: Cluster) -> bool:
+    return keys.WORKLOAD_API_VERSION in cluster.kubectl("api-versions").split()
+
+
+@pytest.fixture
+def workload_api(crds: Cluster) -> None:
+    """The local cluster of 1.37 serves the API (hack/versions.env FEATURE_GATES); those of 1.35
+    and 1.36 (``make test-compat``) do not, and run the start-up refusal below instead."""
+    if not served(crds):
+        minor = os.environ.get("K8S_VERSION", "")
+        assert minor in ("1.35", "1.36"), f"{keys.WORKLOAD_API_VERSION} is not served on {minor}"
+        pytest.skip(f"Kubernetes {minor}: the Workload API is not served (make test-compat)")
+
+
+def test_where_the_api_is_not_served_the_mode_stops_the_start_naming_the_fix(
+    crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
+) -> None:
+    """A downgrade (1.35, 1.36, or the gate off): ``workload-api`` exits at start-up in one line
+    saying what to turn on, and the other backends keep working (test_gang.py)."""
+    if served(crds):
+        pytest.skip("the API is served here; make test-compat runs this on 1.35")
+    refused = OperatorProcess(crds.kubeconfig, namespace, ROOT / ".test-logs", *NATIVE)
+    refused.start(wait=False)
+    try:
+        assert refused.proc is not None
+        status = refused.proc.wait(timeout=120)
+    finally:
+        refused.kill()
+    log = refused.logs()
+    assert status == 1, log
+    assert "Traceback" not in log
+    assert "does not serve scheduling.k8s.io/v1beta1 PodGroups" in log
+    assert "GenericWorkload" in log
+    coscheduling = start_operator("--gang-scheduling", "default-scheduler")
+    assert "workload-api" not in coscheduling.logs().split("Gang backends served here:")[1]
 
 
 def job_pods(cluster: Cluster, ns: str, job: str) -> list[Any]:
@@ -75,6 +104,7 @@ def schedulable_gang_bound_together(
     return list(pods)
 
 
+@with_the_api
 def test_a_gang_that_cannot_fit_stays_pending_with_no_pod_bound_then_binds_all_at_once(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -117,6 +147,7 @@ def test_a_gang_that_cannot_fit_stays_pending_with_no_pod_bound_then_binds_all_a
     mpijobs.wait_condition("gang", "Running", timeout=60)
 
 
+@with_the_api
 def test_a_topology_job_binds_through_the_gang_on_the_gpus_its_placement_chose(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -156,6 +187,7 @@ def test_a_topology_job_binds_through_the_gang_on_the_gpus_its_placement_chose(
     mpijobs.wait_condition("placed", "Succeeded", timeout=90)
 
 
+@with_the_api
 def test_min_available_is_the_quorum_and_the_job_runs_to_the_end(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -181,6 +213,7 @@ def test_min_available_is_the_quorum_and_the_job_runs_to_the_end(
     )
 
 
+@with_the_api
 def test_an_edited_min_available_reaches_the_pod_group_and_the_scheduler(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -216,6 +249,7 @@ def test_an_edited_min_available_reaches_the_pod_group_and_the_scheduler(
     mpijobs.wait_condition("edit", keys.COND_GANG_SCHEDULED, timeout=30)
 
 
+@with_the_api
 def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
@@ -250,6 +284,7 @@ def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
 TENANT = "gang-tenant@example.com"
 
 
+@with_the_api
 def test_a_tenant_can_neither_forge_the_gangs_state_nor_form_it_without_the_scheduler(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
