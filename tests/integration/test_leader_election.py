@@ -195,12 +195,7 @@ def test_a_replica_whose_start_up_fails_exits_in_one_line_and_never_holds_the_le
         taken.listen()
         broken = OperatorProcess(crds.kubeconfig, namespace, ROOT / ".test-logs", *flags(namespace))
         broken.port = taken.getsockname()[1]  # its monitoring port is in use
-        broken.start(wait=False)
-        try:
-            assert broken.proc is not None
-            status = broken.proc.wait(timeout=120)
-        finally:
-            broken.kill()
+        status = broken.exit_status()
     log = broken.logs()
     assert status == 1, log
     assert "Traceback" not in log

@@ -53,12 +53,7 @@ def test_where_the_api_is_not_served_the_mode_stops_the_start_naming_the_fix(
     if served(crds):
         pytest.skip("the API is served here; make test-compat runs this on 1.35")
     refused = OperatorProcess(crds.kubeconfig, namespace, ROOT / ".test-logs", *NATIVE)
-    refused.start(wait=False)
-    try:
-        assert refused.proc is not None
-        status = refused.proc.wait(timeout=120)
-    finally:
-        refused.kill()
+    status = refused.exit_status()
     log = refused.logs()
     assert status == 1, log
     assert "Traceback" not in log
@@ -77,6 +72,17 @@ def get(cluster: Cluster, kind: tuple[str, str], ns: str, name: str) -> dict[str
         lambda: cluster.resource(*kind).get(name=name, namespace=ns).to_dict(),
         what=f"{kind[1]} {name}",
     )
+
+
+def native_with_two_nodes_held(
+    cluster: Cluster, namespace: str, start_operator: Any
+) -> OperatorProcess:
+    """The operator with Kubernetes' own gang, and two of the four nodes' GPUs held whole: room
+    for two 8-GPU workers."""
+    op: OperatorProcess = start_operator(*NATIVE)
+    for node in HELD:
+        hold(cluster, namespace, node)
+    return op
 
 
 def free_held(cluster: Cluster, namespace: str) -> None:
@@ -108,10 +114,8 @@ def schedulable_gang_bound_together(
 def test_a_gang_that_cannot_fit_stays_pending_with_no_pod_bound_then_binds_all_at_once(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
-    op: OperatorProcess = start_operator(*NATIVE)
+    op = native_with_two_nodes_held(crds, namespace, start_operator)
     assert "workload-api (scheduling.k8s.io/v1beta1)" in op.logs()
-    for node in HELD:
-        hold(crds, namespace, node)
     # Three whole nodes for the workers, the launcher anywhere: two nodes are free.
     mpijobs.create(mpijob("gang", workers=3, gpus=8))
 
@@ -153,9 +157,7 @@ def test_a_topology_job_binds_through_the_gang_on_the_gpus_its_placement_chose(
 ) -> None:
     """Our admission chooses the GPUs (3 x 8 on three nodes) once they are free; the native gang
     binds the pods together; each worker lands where its decision says, on exactly its GPUs."""
-    start_operator(*NATIVE)
-    for node in HELD:
-        hold(crds, namespace, node)
+    native_with_two_nodes_held(crds, namespace, start_operator)
     mpijobs.create(
         mpijob(
             "placed",
@@ -219,9 +221,7 @@ def test_an_edited_min_available_reaches_the_pod_group_and_the_scheduler(
 ) -> None:
     """``minCount`` is mutable: the same PodGroup takes the new quorum, and kube-scheduler binds
     the part of the gang that now makes one (two workers and the launcher of three workers)."""
-    start_operator(*NATIVE)
-    for node in HELD:
-        hold(crds, namespace, node)
+    native_with_two_nodes_held(crds, namespace, start_operator)
     mpijobs.create(mpijob("edit", workers=3, gpus=8))
     wait_until(lambda: len(job_pods(crds, namespace, "edit")) == 4, what="the gang's pods")
     wait_all_refused(lambda: job_pods(crds, namespace, "edit"), 4, "the gang of 4")
@@ -253,9 +253,7 @@ def test_an_edited_min_available_reaches_the_pod_group_and_the_scheduler(
 def test_a_gang_not_bound_within_its_timeout_fails_and_leaves_no_pod(
     crds: Cluster, namespace: str, start_operator: Any, mpijobs: MPIJobs
 ) -> None:
-    start_operator(*NATIVE)
-    for node in HELD:
-        hold(crds, namespace, node)
+    native_with_two_nodes_held(crds, namespace, start_operator)
     mpijobs.create(
         mpijob(
             "late",

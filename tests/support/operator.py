@@ -73,6 +73,16 @@ class OperatorProcess:
                 self._spawn()
         return self
 
+    def exit_status(self, timeout: float = 120) -> int:
+        """Start it and wait for it to exit, as a replica whose start-up fails must; killed if it
+        has not within ``timeout`` (the wait's error then says so)."""
+        self._spawn()
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+
     def _port_taken(self) -> bool:
         """Whether this start failed because its monitoring port was taken."""
         with self.log_path.open("rb") as log:
