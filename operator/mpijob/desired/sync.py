@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from mpijob import keys
 from mpijob.api import JSON, MPIJob
 from mpijob.desired import (
     claims,
@@ -83,6 +82,9 @@ class Options:
     """PriorityClass name -> value, for the PodGroup's minResources."""
     gang_topology_key: str = ""
     """With the Workload API, the node label kube-scheduler keeps the gang within."""
+    gang_expired: bool = False
+    """With the Workload API, the gang is past its ``scheduleTimeoutSeconds`` and never formed
+    (:func:`mpijob.gang.native.expired`): once the job is finished, its pods and PodGroup go."""
     admitted: bool = True
     """False while our own gang admission holds the job back: no workers, no launcher."""
     placement: Sequence[PodPlacement] | None = None
@@ -166,7 +168,7 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
     workers = observed.workers_of(job, seen.pods)
 
     if status.finished_with_completion(job.status):
-        if _gang_timed_out(job, options):
+        if options.gang_expired:
             # Its pods never ran together; one left pending would be bound later, alone.
             out.actions += [_delete_pod(p) for p in workers]
             out.actions += _delete_claims(seen)
@@ -231,17 +233,6 @@ def plan(job: MPIJob, seen: Observed, now: datetime, options: Options = Options(
         out.actions += _delete_claims(seen, keep=_kept(job, workers))
         out.actions += _delete_pod_group(job, seen, options)
     return out
-
-
-def _gang_timed_out(job: MPIJob, options: Options) -> bool:
-    """A job Kubernetes' own gang never bound before its ``scheduleTimeoutSeconds``
-    (:mod:`mpijob.gang.native`)."""
-    scheduled = job.status.condition(keys.COND_GANG_SCHEDULED)
-    return (
-        options.gang.kind is GangKind.WORKLOAD_API
-        and scheduled is not None
-        and scheduled.reason == keys.REASON_GANG_SCHEDULE_TIMEOUT
-    )
 
 
 def _launcher_ttl(

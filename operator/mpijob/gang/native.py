@@ -13,9 +13,9 @@ other backends' gangs show theirs, beside upstream's conditions:
 * ``GangScheduled=False`` and ``Failed=True``, reason ``GangScheduleTimeout``, and a Warning
   Event: still not bound ``schedulingPolicy.scheduleTimeoutSeconds`` after the job's creation,
   the deadline our own admission keeps (:func:`mpijob.gang.timeout.admission_deadline`); the
-  Workload API has no such field. The reconciler then removes the job's pods and PodGroup
-  (:func:`mpijob.desired.sync.plan`), whatever its ``cleanPodPolicy``: a pod left pending would
-  be bound later and run without its gang.
+  Workload API has no such field. While such a gang has not formed (:func:`expired`), the
+  reconciler removes the job's pods and PodGroup (:func:`mpijob.desired.sync.plan`), whatever its
+  ``cleanPodPolicy``: a pod left pending would be bound later and run without its gang.
 
 What it believes: which pods are bound (``spec.nodeName``, the scheduler's write, on the pods
 the job and its launcher Job control: a tenant's look-alike pod counts for nothing) and the
@@ -65,8 +65,8 @@ def gang_state(
     if job.status.finished or job.spec.suspended:
         return GangState(None)
     quorum = podgroup.min_member(job)
-    bound = sum(1 for pod in pods if (pod.get("spec") or {}).get("nodeName"))
-    if (quorum > 0 and bound >= quorum) or _scheduled(pod_group):
+    bound = _bound(pods)
+    if formed(job, pod_group, pods):
         message = f"MPIJob {job.key}: kube-scheduler scheduled its gang of {quorum} pods together."
         return GangState(
             AdmissionOutcome(
@@ -103,6 +103,28 @@ def gang_state(
     waiting = ConditionChange(keys.COND_GANG_SCHEDULED, "False", keys.REASON_GANG_WAITING, message)
     left = (deadline - now).total_seconds() if deadline is not None else None
     return GangState(AdmissionOutcome([waiting]), left)
+
+
+def formed(job: MPIJob, pod_group: JSON | None, pods: Sequence[JSON]) -> bool:
+    """Whether the gang was bound: the quorum of ``pods`` (the job's controlled pods) bound, or
+    the PodGroup's condition saying kube-scheduler scheduled it."""
+    quorum = podgroup.min_member(job)
+    return (quorum > 0 and _bound(pods) >= quorum) or _scheduled(pod_group)
+
+
+def expired(job: MPIJob, pod_group: JSON | None, pods: Sequence[JSON], now: datetime) -> bool:
+    """Whether the job's gang is past its ``scheduleTimeoutSeconds`` and never formed, while its
+    PodGroup (not being deleted) still gathers its pods: then its pods and PodGroup go
+    (:func:`mpijob.desired.sync.plan`). From the job's spec and creation, the scheduler's
+    bindings and the PodGroup's condition; never from the job's status, which its tenant may
+    write."""
+    deadline = admission_deadline(job)
+    live = pod_group is not None and not (pod_group.get("metadata") or {}).get("deletionTimestamp")
+    return live and deadline is not None and now >= deadline and not formed(job, pod_group, pods)
+
+
+def _bound(pods: Sequence[JSON]) -> int:
+    return sum(1 for pod in pods if (pod.get("spec") or {}).get("nodeName"))
 
 
 def topology_key(job: MPIJob, fabric: Fabric | None) -> str:

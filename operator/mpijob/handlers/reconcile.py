@@ -96,6 +96,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
         )
         await _replace(rt, key, job, body, replacement)
         return
+    members = observed.gang_members(job, seen.pods, seen.launcher_job)
     options = sync.Options(
         cluster_domain=rt.settings.cluster_domain,
         gang=gang,
@@ -105,6 +106,10 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
             if gang.kind is GangKind.WORKLOAD_API
             and not topology.wants_topology(job, default=rt.settings.gpu_topology_default)
             else ""  # a topology job's pods are pinned where our placement chose
+        ),
+        gang_expired=(
+            gang.kind is GangKind.WORKLOAD_API
+            and native_gang.expired(job, seen.pod_group, members, now)
         ),
         admitted=gate.admitted,
         placement=gate.placement,
@@ -117,12 +122,7 @@ async def reconcile(rt: Runtime, key: JobKey) -> None:
     if gate.release is not None:
         plan.actions.append(gate.release)
     native = (
-        native_gang.gang_state(
-            job,
-            seen.pod_group,
-            observed.gang_members(job, seen.pods, seen.launcher_job),
-            now,
-        )
+        native_gang.gang_state(job, seen.pod_group, members, now)
         if gang.kind is GangKind.WORKLOAD_API and gate.admitted
         else native_gang.GangState(None)  # held back by our admission: its condition says so
     )

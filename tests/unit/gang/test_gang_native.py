@@ -254,12 +254,48 @@ def test_past_the_deadline_the_job_fails_and_its_pods_and_group_go() -> None:
         for i in range(2)
     ]
     group = podgroup.build_pod_group(mpi_job, mode=NATIVE, priority_values={})
+    assert native.expired(mpi_job, group, workers, now)
     launcher = {"metadata": {"name": "test-launcher"}, "spec": {}}
-    plan = _plan(failed, Observed(pods=workers, pod_group=group, launcher_job=launcher))
+    seen = Observed(pods=workers, pod_group=group, launcher_job=launcher)
+    plan = sync.plan(failed, seen, now, sync.Options(gang=NATIVE, gang_expired=True))
     assert len(_actions(plan, "Pod")) == 2  # cleanPodPolicy None would have kept them
     assert len(_actions(plan, "PodGroup")) == 1
     (suspend,) = _actions(plan, "Job")
     assert suspend.patch == {"spec": {"suspend": True}}
+
+
+def test_expiry_is_read_from_the_scheduler_and_the_spec_never_the_status() -> None:
+    """A gang past its deadline that formed, or whose PodGroup is already going, has not
+    expired; and a status a tenant wrote (Failed with reason GangScheduleTimeout) on a job whose
+    gang did not expire removes nothing."""
+    mpi_job = _stored(workers=2, policy={"scheduleTimeoutSeconds": 30})
+    now = T0 + timedelta(seconds=60)
+    group = podgroup.build_pod_group(mpi_job, mode=NATIVE, priority_values={})
+    assert not native.expired(mpi_job, group, [], T0 + timedelta(seconds=29))
+    bound = [_pod("w0", "n0"), _pod("w1", "n1"), _pod("l", "n2")]
+    assert not native.expired(mpi_job, group, bound, now)
+    scheduled = {**group, "status": {"conditions": [
+        {"type": "PodGroupInitiallyScheduled", "status": "True"}
+    ]}}  # fmt: skip
+    assert not native.expired(mpi_job, scheduled, [], now)
+    going = {
+        **group,
+        "metadata": {**group["metadata"], "deletionTimestamp": "2026-11-29T00:00:00Z"},
+    }
+    assert not native.expired(mpi_job, going, [], now)
+    assert not native.expired(mpi_job, None, [], now)
+
+    forged = _stored(workers=2)
+    for type_ in ("GangScheduled", "Failed"):
+        forged.status.conditions.append(
+            JobCondition(type=type_, status="False" if type_ == "GangScheduled" else "True",
+                         reason="GangScheduleTimeout", message="forged")
+        )  # fmt: skip
+    forged.status.completion_time = T0
+    seen = Observed(pod_group=group, pods=[], launcher_job={"metadata": {"name": "test-launcher"}})
+    plan = sync.plan(forged, seen, now, sync.Options(gang=NATIVE))
+    assert not _actions(plan, "PodGroup")
+    assert not _actions(plan, "Job")
 
 
 def test_a_finished_or_suspended_job_has_nothing_to_say() -> None:
