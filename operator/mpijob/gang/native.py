@@ -6,7 +6,7 @@ other backends' gangs show theirs, beside upstream's conditions:
 
 * ``GangScheduled=False``, reason ``GangWaiting``: fewer than the quorum of its pods are bound;
   the message counts them and quotes the scheduler's reason (cut to
-  :data:`SCHEDULER_MESSAGE_LIMIT` characters).
+  :data:`SCHEDULER_MESSAGE_LIMIT` bytes, as upstream cuts Event messages).
 * ``GangScheduled=True``, reason ``GangScheduled``, and a Normal Event once: the quorum is bound,
   or the scheduler's condition says the group was scheduled. It stays True for the rest of the
   job's run (its pods finish and go; the gang was formed).
@@ -34,15 +34,14 @@ from datetime import datetime
 
 from mpijob import keys
 from mpijob.api import JSON
+from mpijob.api.errors import truncate_message
 from mpijob.api.fabric import fabric_level
 from mpijob.api.models import MPIJob
 from mpijob.desired import events, podgroup
 from mpijob.desired.status import AdmissionOutcome, ConditionChange
 from mpijob.gang.timeout import admission_deadline
 from mpijob.placement.fabric import NODE, Fabric
-
-#: The node label of the ``node`` fabric level: every node its own domain.
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+from mpijob.placement.fabric_labels import HOSTNAME_LABEL
 
 #: The most of the scheduler's message a condition quotes: it lists every failed placement.
 SCHEDULER_MESSAGE_LIMIT = 400
@@ -139,7 +138,7 @@ def topology_key(job: MPIJob, fabric: Fabric | None) -> str:
     if level is None or errors or not level.required:
         return ""
     if level.level == NODE:
-        return HOSTNAME_LABEL
+        return HOSTNAME_LABEL  # the node level: every node its own domain
     return next(lv.label for lv in fabric.levels if lv.name == level.level)
 
 
@@ -164,6 +163,5 @@ def _scheduler_says(pod_group: JSON | None) -> str:
     if condition.get("status") != "False":
         return ""
     text = " ".join(str(condition.get("message") or condition.get("reason") or "").split())
-    if len(text) > SCHEDULER_MESSAGE_LIMIT:
-        text = text[: SCHEDULER_MESSAGE_LIMIT - 1] + "…"
+    text = truncate_message(text, SCHEDULER_MESSAGE_LIMIT)
     return f"; the scheduler: {text}" if text else ""
