@@ -265,22 +265,12 @@ def imex_channels() -> None:
 
 
 def gone(namespace: str, name: str) -> bool:
-    out = kubectl(
-        "get", "pods,mpijobs", "-n", namespace, "-l", f"{keys.LABEL_JOB_NAME}={name}", "-o", "name"
-    )  # fmt: skip
-    return (
-        not out.strip()
-        and not kubectl(
-            "get",
-            "mpijobs",
-            "-n",
-            namespace,
-            "--field-selector",
-            f"metadata.name={name}",
-            "-o",
-            "name",
-        ).strip()
+    """Whether the job and every pod of it are gone."""
+    pods = kubectl("get", "pods", "-n", namespace, "-l", f"{keys.LABEL_JOB_NAME}={name}", "-o=name")
+    job = kubectl(
+        "get", "mpijobs", "-n", namespace, f"--field-selector=metadata.name={name}", "-o=name"
     )
+    return not pods.strip() and not job.strip()
 
 
 def run_job(
