@@ -166,10 +166,14 @@ class Cache:
             del self.written[key]
         return body
 
+    def has_job(self, key: JobKey) -> bool:
+        """Whether the MPIJob is filed: it was listed or seen created, and not seen deleted."""
+        return bool(self._all(Index.MPIJOBS_BY_KEY, key))
+
     def wrote_status(self, key: JobKey, replaced_version: str, fresh: JSON) -> None:
         # A write that returns after the job's deletion was seen (and forgotten) must not
         # bring it back: nothing would drop it again.
-        if self._all(Index.MPIJOBS_BY_KEY, key):
+        if self.has_job(key):
             self.written[key] = (replaced_version, fresh)
 
     def is_own_status_write(self, key: JobKey, version: str | None) -> bool:

@@ -10,24 +10,22 @@ Secrets; the reconciler reads a job's by name before it creates a pod that mount
 :data:`CHILD_SYNC_DELAY_SECONDS` later, so a burst of them is one sync. Each index keeps only
 what the reconciler reads.
 
-Every watched kind is one row of :data:`WATCHED`, from which every watch is registered. The
-MPIJob is Kopf's: an index function files it and an event handler (:func:`mpijob_event`) asks
-for its sync. The kinds with most events and those with one object per node (pods, Services,
-ConfigMaps, launcher Jobs, opted-in nodes, and in the dra binding mode ResourceSlices and
-ResourceClaims) are listed and watched by the operator's informers
-(:class:`mpijob.platform.informer.Informer`, docs/informers.md), which give each event to one
-plain function here (:func:`pod_event`, :func:`child_event`, :func:`node_event`,
-:func:`slice_event`, :func:`claim_event`): it asks for the syncs and returns what the index
-files. A pod is filed under every key a reader looks it up by
-(:class:`~mpijob.handlers.cache.PodsBy`): the job it belongs to, the node whose GPUs it holds, the
-node whose room it takes; a claim under its job and the node whose GPUs it was given
-(:class:`~mpijob.handlers.cache.ClaimsBy`). The others (MPIJobs, decisions, quotas,
-priorities, DRA's DeviceClasses, PodGroups) are Kopf's indices and event handlers: a child's
-index function is also its trigger, since Kopf calls an index for every event but a deletion,
-so its event handlers are filtered to deletions (the MPIJob's handler sees every event, after
-the index: its sync must read what the event brought). They are async and never block: Kopf
-would otherwise run each call in a thread. Only low-level handlers are used, so Kopf adds no
-finalizer, progress annotation or diff-base to anyone's objects.
+Every watched kind is one row of :data:`WATCHED`, from which every watch is registered. The MPIJob
+is Kopf's: its index function files it and asks for its sync (:func:`mpijobs_by_key`), and an event
+handler filtered to deletions forgets it (:func:`mpijob_deleted`). The kinds with most events and
+those with one object per node (pods, Services, ConfigMaps, launcher Jobs, opted-in nodes, and in
+the dra binding mode ResourceSlices and ResourceClaims) are listed and watched by the operator's
+informers (:class:`mpijob.platform.informer.Informer`, docs/informers.md), which give each event to
+one plain function here (:func:`pod_event`, :func:`child_event`, :func:`node_event`,
+:func:`slice_event`, :func:`claim_event`): it asks for the syncs and returns what the index files.
+A pod is filed under every key a reader looks it up by (:class:`~mpijob.handlers.cache.PodsBy`):
+the job it belongs to, the node whose GPUs it holds, the node whose room it takes; a claim under
+its job and the node whose GPUs it was given (:class:`~mpijob.handlers.cache.ClaimsBy`). The others
+(MPIJobs, decisions, quotas, priorities, DRA's DeviceClasses, PodGroups) are Kopf's indices and
+event handlers: a child's index function is also its trigger, since Kopf calls an index for every
+event but a deletion, so its event handlers are filtered to deletions, as the MPIJob's is. They are
+async and never block: Kopf would otherwise run each call in a thread. Only low-level handlers are
+used, so Kopf adds no finalizer, progress annotation or diff-base to anyone's objects.
 
 No sync runs before every index is complete: the work queue holds what the events ask for until
 each informer has listed its kind once and Kopf has called :func:`kopf_indexed` (Kopf calls
@@ -192,7 +190,7 @@ def pod_summary(body: Mapping[str, Any]) -> JSON:
 # --- MPIJobs ------------------------------------------------------------------------------------
 
 
-#: How long the first sync of a job created suspended waits (see :func:`mpijob_event`). The
+#: How long the first sync of a job created suspended waits (see :func:`mpijobs_by_key`). The
 #: e2e suite creates, lists the namespace's pods and updates: three round trips, which a busy
 #: API server can stretch past the base delay (50 ms lost that race once in the 8 suite runs
 #: since it was set). A suspended job loses nothing by waiting.
@@ -200,33 +198,19 @@ SUSPENDED_FIRST_SYNC_SECONDS = 1.0
 
 
 async def mpijobs_by_key(
-    body: kopf.Body, namespace: str | None, name: str, **_: Any
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> dict[JobKey, JSON]:
-    """Kopf's index of the MPIJobs: each filed under its key (:func:`job_summary`). The sync
-    its event asks for is :func:`mpijob_event`'s, which Kopf calls once the index holds it."""
-    return {_key(namespace, name): job_summary(dict(body))}
-
-
-async def mpijob_event(
-    type: str | None,
-    body: kopf.Body,
-    namespace: str | None,
-    name: str,
-    memo: OperatorMemo,
-    **_: Any,
-) -> None:
-    """An MPIJob's event (``type`` None: listed), after Kopf has filed it: the sync it asks
-    for, none for the echo of our own status write (whose sync saw this state); every memory
-    of a deleted job goes."""
+    """Kopf's index of the MPIJobs, each filed under its key (:func:`job_summary`), and the
+    sync each event but a deletion asks for (:func:`mpijob_deleted` has those): none for the
+    echo of our own status write, whose sync saw this state. One Kopf handler per event rather
+    than an index and an event handler: Kopf's per-handler work (its arguments, its outcome) was
+    a third of its CPU per job event (docs/scale.md). The sync reads what this returns: Kopf
+    files it before its task next yields to the loop, and the sync runs on another task."""
     rt = _runtime(memo)
     key = _key(namespace, name)
-    if type == "DELETED":
-        rt.forget(key)
-    elif type == "MODIFIED" and rt.cache.is_own_status_write(
-        key, body.metadata.get("resourceVersion")
-    ):
+    if rt.cache.is_own_status_write(key, body.metadata.get("resourceVersion")):
         pass
-    elif type == "ADDED" and (body.spec.get("runPolicy") or {}).get("suspend") is True:
+    elif not rt.cache.has_job(key) and (body.spec.get("runPolicy") or {}).get("suspend") is True:
         # Created suspended: nothing runs for it yet, and whoever made it so (Kueue, a queue,
         # upstream's e2e suite) is about to update the object its create returned. Our first
         # status write would make that update fail with 409 Conflict; the client's update (a
@@ -234,6 +218,12 @@ async def mpijob_event(
         rt.workers.enqueue_after(key, SUSPENDED_FIRST_SYNC_SECONDS)
     else:
         rt.workers.enqueue_rate_limited(key)
+    return {key: job_summary(dict(body))}
+
+
+async def mpijob_deleted(namespace: str | None, name: str, memo: OperatorMemo, **_: Any) -> None:
+    """An MPIJob deleted (Kopf has already unfiled it): every memory of it goes."""
+    _runtime(memo).forget(_key(namespace, name))
 
 
 def job_summary(body: JSON) -> JSON:
@@ -728,7 +718,7 @@ WATCHED: dict[Index, Watched] = {
             Index.MPIJOBS_BY_KEY, keys.KIND, keys.API_VERSION, Source.KOPF,
             f"{_BY_JOB}: spec and status whole, the metadata read (job_summary)",
             "its own, rate-limited; none for the echo of its own status write",
-            index_fn=mpijobs_by_key, on_event=mpijob_event,
+            index_fn=mpijobs_by_key, on_event=mpijob_deleted, when=deleted,
         ),
         Watched(
             Index.PODS, "Pod", "v1", Source.INFORMER,

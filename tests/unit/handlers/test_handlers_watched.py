@@ -62,7 +62,8 @@ def test_kopf_gets_the_kopf_rows_of_the_mode(gang: str | None, dra: bool) -> Non
     assert _kopf_indices(registry) == wanted
     # The MPIJob is reached through Kopf's handlers, as a Kopf user looks for it.
     assert Index.MPIJOBS_BY_KEY.value in wanted
-    assert WATCHED[Index.MPIJOBS_BY_KEY].on_event is watches.mpijob_event
+    assert WATCHED[Index.MPIJOBS_BY_KEY].index_fn is watches.mpijobs_by_key
+    assert WATCHED[Index.MPIJOBS_BY_KEY].on_event is watches.mpijob_deleted
     assert (Index.PODGROUPS_BY_JOB.value in wanted) is bool(gang)
     assert (Index.GPU_CLASSES_BY_NAME.value in wanted) is dra
 

@@ -184,3 +184,54 @@ async def test_kopf_as_the_operator_configures_it_runs_no_handler_in_a_thread() 
     with pytest.raises(TypeError, match=r"never run in a thread: .*plain"):
         await invocation.invoke(plain, settings=settings)
     assert ran == [loop]  # the plain one never ran
+
+
+def test_a_kopf_cause_builds_its_handlers_arguments_once_and_the_same_as_before() -> None:
+    # In a fresh interpreter: the change is to Kopf's classes, for the whole process.
+    script = textwrap.dedent(
+        """
+        import logging
+        from kopf._cogs.structs import bodies, patches, references
+        from kopf._core.intents import causes
+        from mpijob.platform import kopf_tuning
+
+        built = []
+        original = causes.BaseCause._kwargs.fget
+        causes.BaseCause._kwargs = property(lambda self: built.append(1) or original(self))
+        resource = references.Resource("kubeflow.org", "v2beta1", "mpijobs", namespaced=True)
+
+        def cause():
+            raw = {"metadata": {"name": "pi", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+                   "spec": {"slotsPerWorker": 8}, "status": {}}
+            body = bodies.Body(raw)
+            return causes.WatchingCause(
+                resource=resource, indices={"jobs": {"k": 1}}, logger=logging.getLogger("t"),
+                patch=patches.Patch(body=body), memo=None, body=body, type="MODIFIED",
+                event={"type": "MODIFIED", "object": raw},
+            )
+
+        def seen(c):
+            for _ in range(3):  # planning, a `when` filter, the call
+                kwargs, sync, asynchronous = c.kwargs, c.sync_kwargs, c.async_kwargs
+            assert kwargs == sync == asynchronous
+            return {k: (dict(v) if k in ("meta", "spec", "labels") else v)
+                    for k, v in kwargs.items() if k not in ("body", "patch", "status",
+                                                           "annotations", "logger", "event")}
+
+        before = seen(cause())
+        assert len(built) == 9, built
+        kopf_tuning.causes_build_their_arguments_once()
+        built.clear()
+        after = seen(cause())
+        assert len(built) == 1, built
+        assert after == before, (after, before)
+        assert after["name"] == "pi" and after["jobs"] == {"k": 1} and after["type"] == "MODIFIED"
+        assert after["labels"] == {"a": "b"} and after["spec"] == {"slotsPerWorker": 8}
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
