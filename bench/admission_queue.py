@@ -14,9 +14,10 @@ for its own node). Nothing fits, so every pass considers every job, and no decis
 Measured, on the same loop and process as the operator runs them:
 
 - **pass time**: the wall time of each ``run_pass`` (p50, p99, max over ``--passes``);
-- **/healthz**: the operator's own ``/healthz`` server (:func:`mpijob.metrics.serve`, a thread,
-  healthy while the loop's heartbeat is under 30 s old) probed every 50 ms from another thread
-  while the passes run: latency p50/p99/max, and how many answers were not 200;
+- **/healthz**: the liveness probe as the operator serves it, on the event loop (Kopf's probe
+  server, an aiohttp server: here one of its own kind, healthy while the loop's heartbeat is
+  under 30 s old), probed every 50 ms from another thread while the passes run: latency
+  p50/p99/max, which is how long a probe waits for the loop, and how many answers were not 200;
 - **loop stall**: the gaps between two heartbeats of a 50 ms ticker on the loop (p99, max),
   i.e. how long any other work of the operator (an unrelated job's reconcile, its ``Created``)
   waited behind a pass. This bounds, but is not, an unrelated job's time to ``Created`` on a
@@ -38,7 +39,8 @@ the tests' cluster nor ``make bench``'s is touched; the helpers of ``bench/recon
 4. ``--runs`` times (3), one after the other: an unrelated MPIJob (launcher and one worker, no
    GPU, namespace ``bench-cpu``) is POSTed, and its time to ``Created=True`` is taken from an
    admin watch (POST to the event's arrival). Over a window of ``--window`` seconds from the
-   POST, ``/healthz`` is probed every 100 ms (p99 latency, answers not 200), and the pass
+   POST, ``/healthz`` (Kopf's, on ``--health-port``) is probed every 100 ms (p99 latency,
+   answers not 200), and the pass
    time p99 (and p50) is read from the operator's ``mpi_operator_admission_pass_seconds``
    histogram (the passes of the window, interpolated within buckets as
    ``histogram_quantile`` does);
@@ -67,14 +69,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from bench import ours_env
 from hack.common import free_port
-from mpijob import api, keys, metrics
+from mpijob import api, keys
 from mpijob.gang import topology
 from mpijob.gang.service import Admission
 from mpijob.placement import codec, topologies
@@ -181,6 +186,21 @@ def scenario(args: argparse.Namespace) -> Admission:
     return admission
 
 
+async def serve_liveness(port: int, alive: Callable[[], bool]) -> web.AppRunner:
+    """``/healthz`` as the operator's liveness probe is served: an aiohttp server on the event
+    loop the passes run on (Kopf's probe server is one), 200 while ``alive``, else 500."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(status=200 if alive() else 500)
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     admission = scenario(args)
     heartbeat = [time.monotonic()]
@@ -198,7 +218,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.05)
 
     port = free_port()
-    metrics.serve(port, healthy=lambda: time.monotonic() - heartbeat[0] < 30.0)
+    liveness = await serve_liveness(port, lambda: time.monotonic() - heartbeat[0] < 30.0)
     probes: list[tuple[float, int]] = []
     stop = threading.Event()
 
@@ -228,7 +248,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(0.2)
     worst = sorted(stalls, reverse=True)[:3]
     stop.set()
-    thread.join()
+    await asyncio.to_thread(thread.join)  # its last probe is answered on this loop
+    await liveness.cleanup()
     tick.cancel()
     waiting = sum(1 for d in admission.last.values() if type(d).__name__ == "Wait")
     latencies = [p for p, _ in probes]
@@ -493,10 +514,10 @@ def set_up(rc: Any, args: argparse.Namespace, setup: dict[str, float]) -> None:
     rc.say(f"{args.jobs} MPIJobs applied in {setup['apply_jobs_seconds']:.0f} s")
 
 
-def start_operator(rc: Any, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+def start_operator(rc: Any, port: int, health_port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """Ours from source, cluster-wide, as shipped but for the client limits."""
     argv = [sys.executable, "-m", "mpijob", "run", "--lock-namespace", LOCK_NS]
-    argv += ["--monitoring-port", str(port)]
+    argv += ["--monitoring-port", str(port), "--health-port", str(health_port)]
     argv += [a for pair in OPERATOR_LIMITS.items() for a in pair]
     env = ours_env(KUBECONFIG=str(rc.cluster.state_dir() / "kubeconfig"))
     proc: subprocess.Popen[bytes] = rc.launch(argv, port, env, log_path, timeout=300)
@@ -574,8 +595,9 @@ def cluster_bench(args: argparse.Namespace) -> int:
         waits = rc.Watches(QUEUE_NS, kinds=["mpijobs"])
         cpus = rc.Watches(CPU_NS, kinds=["mpijobs"])
         port = rc.free_port()
+        health_port = next(p for p in iter(rc.free_port, None) if p != port)
         t = time.monotonic()
-        proc = start_operator(rc, port, log_path)
+        proc = start_operator(rc, port, health_port, log_path)
         setup["operator_leading_seconds"] = time.monotonic() - t
         waiting = wait_all_waiting(rc, waits, args.jobs, args.timeout, proc, progress)
         setup["operator_to_all_waiting_seconds"] = time.monotonic() - t
@@ -591,7 +613,7 @@ def cluster_bench(args: argparse.Namespace) -> int:
             "after the operator started"
         )
         time.sleep(args.settle)
-        prober = Prober(port)
+        prober = Prober(health_port)
         for i in range(args.runs):
             runs.append(measure_run(rc, cpus, prober, port, f"cpu-{i}", args))
             rc.say(f"run {i + 1}: {json.dumps(runs[-1])}")

@@ -79,7 +79,7 @@ def run(mode: str, index: int, args: argparse.Namespace, kubeconfig: Path) -> di
     port = free_port()
     log = (CLUSTER_DIR / "logs" / f"operator-{ns}.log").open("wb")
     argv = [sys.executable, "-m", "mpijob", "run", "-n", ns, "--no-leader-elect"]
-    argv += ["--monitoring-port", str(port), "--kubeconfig", str(kubeconfig)]
+    argv += ["--monitoring-port", str(port), "--health-port", "0", "--kubeconfig", str(kubeconfig)]
     argv += ["--gpu-binding", mode, *LIMITS]
     operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ours_env())
     workers = args.jobs * args.workers

@@ -90,7 +90,8 @@ class Replica:
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--leader-elect"]
-        argv += ["--lock-namespace", NAMESPACE, "--monitoring-port", "0", "--kube-api-qps", "0"]
+        argv += ["--lock-namespace", NAMESPACE, "--monitoring-port", "0", "--health-port", "0"]
+        argv += ["--kube-api-qps", "0"]
         argv += ["--kubeconfig", str(self.kubeconfig)]
         env = ours_env(POD_NAME=self.name)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)

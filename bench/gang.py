@@ -65,6 +65,8 @@ def run(mode: str, index: int, kubeconfig: Path) -> float:
             "--no-leader-elect",
             "--monitoring-port",
             "0",
+            "--health-port",
+            "0",
             "--kube-api-qps",
             "0",
             "--kubeconfig",

@@ -93,7 +93,7 @@ class Operator:
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "mpijob", "run", "-n", NAMESPACE, "--no-leader-elect"]
-        argv += ["--monitoring-port", "0", "--kube-api-qps", "0"]
+        argv += ["--monitoring-port", "0", "--health-port", "0", "--kube-api-qps", "0"]
         argv += ["--kubeconfig", str(self.kubeconfig), "--gpu-binding", self.binding]
         self.proc = subprocess.Popen(
             argv, stdout=self.log, stderr=subprocess.STDOUT, env=ours_env()

@@ -34,7 +34,8 @@ def operator(core: client.CoreV1Api, namespace: str, *flags: str) -> Iterator[No
     log = (cluster.state_dir() / "logs" / f"operator-{namespace}.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mpijob", "run", "-n", namespace, "--no-leader-elect",
-         "--monitoring-port", "0", "--kubeconfig", str(kubeconfig), *flags],
+         "--monitoring-port", "0", "--health-port", "0", "--kubeconfig", str(kubeconfig),
+         *flags],
         stdout=log, stderr=subprocess.STDOUT, env=ours_env(),
     )  # fmt: skip
     try:

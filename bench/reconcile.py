@@ -293,7 +293,8 @@ def operator_argv(run: str, namespace: str, port: int, kubeconfig: Path) -> list
     flags |= {"--monitoring-port": str(port), **LIMITS, **RUNS[run]}
     args = [a for pair in flags.items() for a in pair]
     if run == "ours":
-        return [sys.executable, "-m", "mpijob", "run", *args]
+        # No liveness probe (nothing probes it here): its default port stays free.
+        return [sys.executable, "-m", "mpijob", "run", *args, "--health-port", "0"]
     return [str(upstream_binary()), "--kubeConfig", str(kubeconfig), *args]
 
 

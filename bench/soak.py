@@ -191,7 +191,7 @@ def start_operator(port: int, trace: Path | None) -> subprocess.Popen[bytes]:
     BENCH.mkdir(exist_ok=True)
     run = ["-m", "bench.memtrace", str(trace)] if trace else ["-m", "mpijob"]
     argv = [sys.executable, *run, "run", "--namespace", NAMESPACE]
-    argv += ["--monitoring-port", str(port), "--no-leader-elect"]
+    argv += ["--monitoring-port", str(port), "--health-port", "0", "--no-leader-elect"]
     kubeconfig = str(cluster.state_dir() / "kubeconfig")
     with (BENCH / "soak-operator.log").open("wb") as log:
         proc = subprocess.Popen(

@@ -57,6 +57,8 @@ BOLD, DIM, GREEN, RESET = (
 #: The demo operator's /metrics: not 8080, the operator's default, which upstream's binary takes
 #: for its health server whatever its flags say (``make bench`` runs it after the demo).
 MONITORING_PORT = 8090
+#: The demo operator's liveness probe (Kopf's): beside its /metrics, not the default 8081.
+HEALTH_PORT = 8091
 
 
 def start_operator(kubeconfig: Path) -> int:
@@ -90,6 +92,8 @@ def start_operator(kubeconfig: Path) -> int:
                 NAMESPACE,
                 "--monitoring-port",
                 str(MONITORING_PORT),
+                "--health-port",
+                str(HEALTH_PORT),
                 "--kubeconfig",
                 str(kubeconfig),
             ],

@@ -77,7 +77,15 @@ def main(ctx: click.Context) -> None:
     default=DEFAULTS.monitoring_port,
     show_default=True,
     type=int,
-    help="Port serving /metrics (Prometheus) and /healthz. 0 turns it off.",
+    help="Port serving /metrics (Prometheus) and the readiness probe /readyz. 0 turns it off.",
+)
+@click.option(
+    "--health-port",
+    default=DEFAULTS.health_port,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port where Kopf's probe server answers the liveness probe /healthz (the event loop "
+    "beat within 30 s), on the event loop itself. 0 turns it off.",
 )
 @click.option(
     "--lock-namespace",

@@ -4,7 +4,8 @@ Upstream mpi-operator's names are kept unchanged (``mpi_operator_jobs_created_to
 rest), so existing dashboards and alerts keep working; our additions share the prefix. No metric
 carries a per-job label except upstream's ``mpi_operator_job_info``: jobs come and go, series
 would not. Metrics live in the default registry next to the process collector (memory, CPU), and
-``serve`` exposes them with ``/healthz`` on one port.
+``serve`` exposes them on one port beside the probes its caller names: the operator's readiness
+(its liveness is Kopf's, on ``--health-port``), the node agent's liveness and readiness.
 
 The per-GPU share gauges (``mpi_operator_gpu_share_*``) are labelled by node and GPU index: one
 series per GPU of a ``core_mem`` node, a bounded set (the opted-in fleet), removed with the node.
@@ -18,7 +19,7 @@ series of it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
@@ -177,21 +178,19 @@ GPU_SHARE_CLIENTS: Final = Gauge(
 
 def serve(
     port: int,
-    healthy: Callable[[], bool],
-    ready: Callable[[], bool] | None = None,
+    probes: Mapping[str, Callable[[], bool]],
     registry: CollectorRegistry = REGISTRY,
 ) -> ThreadingHTTPServer:
-    """Serve ``/metrics``, ``/healthz`` (and ``/livez``: ``healthy``) and ``/readyz``
-    (``ready``; ``healthy`` when None) on 0.0.0.0:``port`` from a daemon thread. OSError when
-    the port cannot be bound."""
+    """Serve ``/metrics`` and each of ``probes`` (path: whether it answers 200, else 500) on
+    0.0.0.0:``port`` from a daemon thread. OSError when the port cannot be bound."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.startswith("/metrics"):
+            path = self.path.partition("?")[0]
+            if path.startswith("/metrics"):
                 body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith(("/healthz", "/readyz", "/livez")):
-                probe = ready if ready is not None and self.path.startswith("/readyz") else healthy
-                ok = probe()
+            elif path in probes:
+                ok = probes[path]()
                 body, ctype = (b"ok" if ok else b"unhealthy"), "text/plain"
                 code = 200 if ok else 500
             else:

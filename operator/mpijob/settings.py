@@ -25,7 +25,11 @@ class OperatorSettings:
     """``""`` off, ``volcano``, or the schedulerName of a Coscheduling scheduler."""
 
     monitoring_port: int = 8080
-    """Port of ``/metrics`` and ``/healthz``; 0 turns the server off."""
+    """Port of ``/metrics`` and the readiness probe, ``/readyz``; 0 turns the server off."""
+
+    health_port: int = 8081
+    """Port of the liveness probe, ``/healthz``, which Kopf's probe server answers on the event
+    loop; 0 turns it off. Another port than ``monitoring_port``."""
 
     lock_namespace: str = "mpi-operator"
     """Namespace of the leader-election Lease."""

@@ -75,6 +75,7 @@ def test_overlay_builds(overlay: str, namespace: str, gang: str) -> None:
     assert params["lock_namespace"] == namespace
     assert params["gang_scheduling"] == gang
     assert params["monitoring_port"] == 8080
+    assert params["health_port"] == 8081
     namespaced = [d for d in docs if "namespace" in d["metadata"]]
     assert {d["metadata"]["namespace"] for d in namespaced} == {namespace}
     for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):

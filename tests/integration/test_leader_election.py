@@ -193,20 +193,28 @@ def test_a_replica_whose_start_up_fails_exits_in_one_line_and_never_holds_the_le
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
+        port = taken.getsockname()[1]
+        # One replica's monitoring port is in use, another's health port (Kopf's probe server,
+        # which Kopf itself would bind only after the manager had started).
         broken = OperatorProcess(crds.kubeconfig, namespace, ROOT / ".test-logs", *flags(namespace))
-        broken.port = taken.getsockname()[1]  # its monitoring port is in use
-        status = broken.exit_status()
-    log = broken.logs()
-    assert status == 1, log
-    assert "Traceback" not in log
-    failing = [line for line in log.splitlines() if "fail" in line.lower()]
-    # One klog line at error level (E<mmdd> <time> ...] "<message>"), naming what and where.
-    assert len(failing) == 1, failing
-    assert failing[0].startswith("E"), failing
-    assert (
-        f'] "Start-up failed: serving /metrics, /healthz and /readyz on port {broken.port}: '
-        '[Errno 98] Address already in use"'
-    ) in failing[0], failing
+        broken.port = port
+        lame = OperatorProcess(crds.kubeconfig, namespace, ROOT / ".test-logs", *flags(namespace))
+        lame.health_port = port
+        ended = [
+            (broken, broken.exit_status(), "serving /metrics and /readyz"),
+            (lame, lame.exit_status(), "serving the liveness probe /healthz"),
+        ]
+    for replica, status, what in ended:
+        log = replica.logs()
+        assert status == 1, log
+        assert "Traceback" not in log
+        failing = [line for line in log.splitlines() if "fail" in line.lower()]
+        # One klog line at error level (E<mmdd> <time> ...] "<message>"), naming what and where.
+        assert len(failing) == 1, failing
+        assert failing[0].startswith("E"), failing
+        assert (
+            f'] "Start-up failed: {what} on port {port}: [Errno 98] Address already in use"'
+        ) in failing[0], failing
     healthy = start_operator(*flags(namespace))
     started = time.monotonic()
     wait_until(

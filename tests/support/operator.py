@@ -20,8 +20,17 @@ ADMISSION_PASSES = "mpi_operator_admission_pass_seconds_count"
 SYNCS = "mpi_operator_reconcile_duration_seconds_count"
 
 
+def two_free_ports() -> tuple[int, int]:
+    """Two free ports, never one twice (the operator refuses one port for both)."""
+    first = free_port()
+    while (second := free_port()) == first:
+        pass
+    return first, second
+
+
 class OperatorProcess:
-    """``python -m mpijob run`` scoped to one namespace, with its own metrics port and log."""
+    """``python -m mpijob run`` scoped to one namespace, with its own metrics and health ports
+    and log."""
 
     logged: ClassVar[set[Path]] = set()
     """The log files of this test session's processes."""
@@ -40,7 +49,9 @@ class OperatorProcess:
         self.namespace = namespace
         self.args = list(args)
         self.env = dict(env or {})
-        self.port = free_port()
+        self.port, self.health_port = two_free_ports()
+        """``--monitoring-port`` (/metrics and /readyz) and ``--health-port`` (the liveness
+        probe, Kopf's)."""
         self.log_path = log_dir / f"operator-{namespace}.log"
         for n in range(2, 100):  # a second replica in one namespace logs to a file of its own
             if self.log_path not in OperatorProcess.logged:
@@ -64,12 +75,12 @@ class OperatorProcess:
                 self.wait_healthy()
                 return self
             except AssertionError:
-                # The port was free when chosen, and other tests' listeners (xdist workers,
+                # The ports were free when chosen, and other tests' listeners (xdist workers,
                 # clusters' components, real nodes' pods) come and go: another may have taken
-                # it since. That is the harness's race, not the operator's: a new port, again.
+                # one since. That is the harness's race, not the operator's: new ports, again.
                 if attempt == 2 or not self._port_taken():
                     raise
-                self.port = free_port()
+                self.port, self.health_port = two_free_ports()
                 self._spawn()
         return self
 
@@ -84,11 +95,14 @@ class OperatorProcess:
             self.kill()
 
     def _port_taken(self) -> bool:
-        """Whether this start failed because its monitoring port was taken."""
+        """Whether this start failed because its monitoring or health port was taken."""
         with self.log_path.open("rb") as log:
             log.seek(self._log_from)
             text = log.read().decode(errors="replace")
-        return f"on port {self.port}: [Errno 98] Address already in use" in text
+        return any(
+            f"on port {port}: [Errno 98] Address already in use" in text
+            for port in (self.port, self.health_port)
+        )
 
     def _spawn(self) -> None:
         argv = [
@@ -100,6 +114,8 @@ class OperatorProcess:
             self.namespace,
             "--monitoring-port",
             str(self.port),
+            "--health-port",
+            str(self.health_port),
             "--kube-api-qps",
             "0",
             *self.args,
@@ -114,15 +130,17 @@ class OperatorProcess:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def healthy(self) -> bool:
-        return self._probe("/healthz")
+        """The liveness probe (Kopf's probe server, up once Kopf runs): the loop beats."""
+        return self._probe("/healthz", self.health_port)
 
     def ready(self) -> bool:
         """``/readyz``: started, its caches filled, campaigning or leading."""
         return self._probe("/readyz")
 
-    def _probe(self, path: str) -> bool:
+    def _probe(self, path: str, port: int | None = None) -> bool:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=1) as r:
+            url = f"http://127.0.0.1:{port or self.port}{path}"
+            with urllib.request.urlopen(url, timeout=1) as r:
                 return r.status == 200
         except OSError:
             return False

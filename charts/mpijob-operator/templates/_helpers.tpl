@@ -11,6 +11,7 @@
 - run
 - --lock-namespace={{ .Release.Namespace }}
 - --monitoring-port=8080
+- --health-port=8081
 {{- with .Values.gangScheduler }}
 - --gang-scheduling={{ . }}
 {{- end }}
@@ -44,6 +45,9 @@
 {{- define "mpijob-operator.ports" -}}
 - name: metrics
   containerPort: 8080
+  protocol: TCP
+- name: health
+  containerPort: 8081
   protocol: TCP
 {{- if .Values.gpuShares.enabled }}
 - name: webhooks

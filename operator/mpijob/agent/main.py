@@ -207,7 +207,10 @@ def main(
         from mpijob import metrics
 
         # A reading takes well under a second; two missed turns mean the loop is stuck.
-        metrics.serve(health_port, lambda: time.monotonic() - last[0] < 2 * interval + 30)
+        def turning() -> bool:
+            return time.monotonic() - last[0] < 2 * interval + 30
+
+        metrics.serve(health_port, {"/healthz": turning, "/readyz": turning})
     nvml = _nvml(simulate, node, simulate_memory)
     steps = []
     if share_gpus:

@@ -6,7 +6,8 @@ credentials, :func:`preflight` (the API server answers, the CRDs are served, the
 (:mod:`mpijob.platform.kopf_tuning`), the leader elector and its own client, the API adapter
 fenced by it, with ``--fractional-gpus`` the share service (its ledger, certificate, webhook
 server and configurations), Kopf's registry and indexers, the cache over their indices, the
-workers, the admission, the runtime, the monitoring server; then hands the work to
+workers, the admission, the runtime, the monitoring server (``/metrics``, ``/readyz``) and the
+liveness probe (Kopf's probe server, :func:`liveness_probe`); then hands the work to
 :class:`~mpijob.platform.manager.Manager`, which campaigns for the Lease only now, and runs
 Kopf. Any step that fails is :class:`StartupFailed`: one line naming what and where, exit
 status 1, and no Lease was ever asked for.
@@ -21,7 +22,7 @@ import gc
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -185,13 +186,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
 
     kopf.on.cleanup(registry=registry)(stop_our_work)
 
-    if ours.monitoring_port:
-        with step(f"serving /metrics, /healthz and /readyz on port {ours.monitoring_port}"):
-            metrics.serve(
-                ours.monitoring_port,
-                healthy=lambda: workers.alive(HEALTHY_WITHIN_SECONDS),
-                ready=lambda: manager.ready() and workers.alive(HEALTHY_WITHIN_SECONDS),
-            )
+    liveness = serve_probes(ours, registry, manager, workers)
     memo = OperatorMemo(settings=ours, gpu_binding=binding, fabric=fabric, runtime=rt)
     log.info(
         "Started mpijob-operator",
@@ -212,6 +207,7 @@ async def main(ours: OperatorSettings, fabric: Fabric | None) -> None:
             indexers=indexers,
             memo=memo,
             standalone=True,
+            liveness_endpoint=liveness,
             clusterwide=ours.cluster_wide,
             namespaces=list(ours.namespaces),
         )
@@ -314,7 +310,78 @@ async def start_shares(
     return shares
 
 
+def serve_probes(
+    ours: OperatorSettings, registry: kopf.OperatorRegistry, manager: Manager, workers: Workers
+) -> str | None:
+    """Serve ``/metrics`` and ``/readyz`` on ``--monitoring-port`` now, and register the
+    liveness probe for Kopf to serve on ``--health-port``: its endpoint (None: off).
+
+    Readiness stays on our own server, a thread: it must turn false the moment the Lease is
+    lost or the caches are not filled, where Kopf's probe server keeps an answer for 10 s."""
+    if ours.monitoring_port:
+        with step(f"serving /metrics and /readyz on port {ours.monitoring_port}"):
+            metrics.serve(
+                ours.monitoring_port,
+                {"/readyz": lambda: manager.ready() and workers.alive(HEALTHY_WITHIN_SECONDS)},
+            )
+    if not ours.health_port:
+        return None
+    with step(f"serving the liveness probe /healthz on port {ours.health_port}"):
+        endpoint = liveness_endpoint(ours)
+    liveness_probe(registry, workers)
+    return endpoint
+
+
 HEALTHY_WITHIN_SECONDS = 30.0
+"""How long the event loop may go without a heartbeat before the operator is not alive (the
+liveness probe fails) nor ready."""
+#: The probe handler's id: the key of its result in the liveness probe's JSON answer.
+LIVENESS_PROBE_ID = "heartbeat_age_seconds"
+
+
+def liveness_probe(
+    registry: kopf.OperatorRegistry, workers: Workers
+) -> Callable[..., Awaitable[float]]:
+    """Register, and return, the ``kopf.on.probe`` handler behind ``/healthz`` on
+    ``--health-port``: the seconds since the event loop last beat, or
+    :class:`kopf.PermanentError` once that is :data:`HEALTHY_WITHIN_SECONDS` or more, which
+    makes the probe answer 500.
+
+    Kopf's probe server runs on the event loop it probes: a loop stuck for good does not answer
+    at all, which the kubelet counts as a failure once its probe times out, and this handler
+    catches a loop that was stuck and is not any more (or whose heartbeat task is gone).
+    A coroutine, as every handler (:class:`~mpijob.platform.kopf_tuning.NoThreads`); the error
+    is permanent because Kopf retries an activity handler's other errors after a backoff,
+    holding that request, and every later one, until the handler succeeds."""
+
+    async def heartbeat_age(**_: Any) -> float:
+        age = workers.since_beat()
+        if not workers.alive(HEALTHY_WITHIN_SECONDS):
+            raise kopf.PermanentError(
+                f"the event loop last beat {age:.0f} s ago "
+                f"(alive within {HEALTHY_WITHIN_SECONDS:.0f} s)"
+            )
+        return round(age, 3)
+
+    kopf.on.probe(registry=registry, id=LIVENESS_PROBE_ID)(heartbeat_age)
+    return heartbeat_age
+
+
+def liveness_endpoint(ours: OperatorSettings) -> str:
+    """Kopf's liveness endpoint, ``http://0.0.0.0:<--health-port>/healthz``, once that port is
+    known to be free and not the monitoring port: Kopf binds it only once it runs, after the
+    manager has started (and may campaign for the Lease), where a failure is a traceback in its
+    log that stops the operator, rather than one line before the Lease was ever asked for.
+    OSError when it cannot be bound, ValueError when both ports are one."""
+    if ours.health_port == ours.monitoring_port:
+        raise ValueError(
+            f"--health-port and --monitoring-port are both {ours.health_port}; "
+            "Kopf's liveness probe and our /metrics and /readyz need a port each"
+        )
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("0.0.0.0", ours.health_port))
+    return f"http://0.0.0.0:{ours.health_port}/healthz"
 
 
 async def detect_gpu_binding(kube: KubeApi, flag: str) -> Choice:

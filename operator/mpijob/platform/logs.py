@@ -157,6 +157,13 @@ class ZapJsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+#: Loggers whose info lines are routine, one per pod event or per probe: Kopf's per-object
+#: lines ("Handler ... succeeded."), its probe activity's ("Activity ... succeeded." at every
+#: liveness probe) and aiohttp's access log (a line per request that Kopf's probe and webhook
+#: servers answer). Shown only with ``verbose``; their warnings and errors always.
+QUIET_UNLESS_VERBOSE = ("kopf.objects", "kopf.activities.probe", "aiohttp.access")
+
+
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """The operator's handler, recognised when :func:`configure` runs again (tests)."""
 
@@ -165,12 +172,14 @@ def configure(
     *, verbose: bool = False, json_lines: bool = False, stream: TextIO | None = None
 ) -> None:
     """Every logger's lines to ``stream`` (stderr) in the text or JSON format; debug lines only
-    with ``verbose``, and Kopf's per-object success lines (one per pod event) only then too."""
+    with ``verbose``, and the routine lines of :data:`QUIET_UNLESS_VERBOSE` (one per pod event
+    or per probe) only then too."""
     handler = _Handler(stream or sys.stderr)
     handler.setFormatter(ZapJsonFormatter() if json_lines else KlogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Handler)]
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.getLogger("kopf.objects").setLevel(logging.NOTSET if verbose else logging.WARNING)
+    for name in QUIET_UNLESS_VERBOSE:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
     logging.captureWarnings(True)  # Python's warnings as lines of the same format (py.warnings)

@@ -4,9 +4,9 @@ Workers take nothing before every cache is full (:meth:`Workers.open`: Kopf's in
 watch handlers see, and each informer's first list; the manager awaits :meth:`Workers.synced`,
 within :data:`CACHE_SYNC_SECONDS`, before it campaigns), run only on the leader (the manager
 starts :meth:`Workers.serve` once this replica holds the Lease), retry a failed reconcile with
-the queue's per-key backoff, and prove the event loop is alive to ``/healthz`` through a
-heartbeat that the metrics thread reads. Also :func:`on_wake`, the loop of the background
-passes (gang admission, waiting GPU shares).
+the queue's per-key backoff, and prove the event loop is alive through a heartbeat: the
+liveness probe (Kopf's, on the loop) and ``/readyz`` (the metrics thread) read it. Also
+:func:`on_wake`, the loop of the background passes (gang admission, waiting GPU shares).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Workers:
     """What must be full before any sync (each calls :meth:`open` with its name)."""
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
     clock: Clock = SYSTEM
-    """What the heartbeat is read on (:meth:`alive` is asked from the metrics server's thread:
-    the real clock reads ``time.monotonic()`` there, the loop's own clock)."""
+    """What the heartbeat is read on (:meth:`alive` is asked from the metrics server's thread
+    too: the real clock reads ``time.monotonic()`` there, the loop's own clock)."""
     heartbeat: float = field(init=False)
     """When the event loop last beat (:meth:`beat`); at first, when this was made."""
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -129,9 +129,13 @@ class Workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    def since_beat(self) -> float:
+        """Seconds since the event loop last beat."""
+        return self.clock.monotonic() - self.heartbeat
+
     def alive(self, within: float) -> bool:
         """Whether the event loop beat less than ``within`` seconds ago."""
-        return self.clock.monotonic() - self.heartbeat < within
+        return self.since_beat() < within
 
     async def beat(self) -> None:
         while True:

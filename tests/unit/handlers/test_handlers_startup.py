@@ -103,6 +103,7 @@ def test_sigterm_while_starting_ends_the_process_at_once(tmp_path: Path) -> None
     port = server.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "mpijob", "run", "--no-leader-elect", "--monitoring-port", "0",
+         "--health-port", "0",
          "--kubeconfig", str(kubeconfig(tmp_path, f"https://127.0.0.1:{port}"))],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -72,11 +72,28 @@ def test_operator_deployment() -> None:
     assert spec["template"]["spec"]["serviceAccountName"] == "mpijob-operator"
     c = container(DEPLOYMENT)
     assert "command" not in c  # the image's entrypoint: mpijob-operator
-    assert c["args"] == ["run", "--lock-namespace=mpi-operator", "--monitoring-port=8080"]
+    assert c["args"] == [
+        "run",
+        "--lock-namespace=mpi-operator",
+        "--monitoring-port=8080",
+        "--health-port=8081",
+    ]
     assert field_env(c) == {"POD_NAME": "metadata.name"}
-    assert c["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["ports"] == [
+        {"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+    ]
+    # Liveness is Kopf's probe server's; readiness stays on our metrics server.
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_operator_liveness_outlasts_a_loop_held_by_an_admission_pass() -> None:
+    """Kopf answers on the event loop, which a pass may hold for a second or two: the probe
+    waits longer than the kubelet's default second for the answer."""
+    probe = container(DEPLOYMENT)["livenessProbe"]
+    assert probe["timeoutSeconds"] == 5
+    assert probe["failureThreshold"] == 3
 
 
 def test_operator_args_are_flags_the_operator_accepts() -> None:
@@ -86,6 +103,9 @@ def test_operator_args_are_flags_the_operator_accepts() -> None:
     ctx = cli.run.make_context("run", args[1:])
     assert ctx.params["lock_namespace"] == "mpi-operator"
     assert ctx.params["monitoring_port"] == 8080
+    assert ctx.params["health_port"] == 8081
+    ports = {p["name"]: p["containerPort"] for p in container(DEPLOYMENT)["ports"]}
+    assert ports == {"metrics": ctx.params["monitoring_port"], "health": ctx.params["health_port"]}
 
 
 def test_metrics_service_selects_the_operator_port() -> None:

@@ -23,13 +23,15 @@ KLOG = re.compile(r'^([IWEF])(\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +(\d+) ([\w.]+):(\d
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:
     root = logging.getLogger()
-    saved = root.handlers[:], root.level, logging.getLogger("kopf.objects").level
+    quiet = [logging.getLogger(name) for name in logs.QUIET_UNLESS_VERBOSE]
+    saved = root.handlers[:], root.level, [q.level for q in quiet]
     out = io.StringIO()
     yield out
-    root.handlers[:], level, kopf_level = saved
+    root.handlers[:], level, levels = saved
     root.setLevel(level)
     logging.captureWarnings(False)
-    logging.getLogger("kopf.objects").setLevel(kopf_level)
+    for q, was in zip(quiet, levels, strict=True):
+        q.setLevel(was)
 
 
 def pairs(rest: str) -> dict[str, str]:
@@ -124,17 +126,26 @@ def test_kopf_object_lines_name_their_object_and_drop_kopfs_internals(
     assert "k8s_ref" not in line
 
 
-def test_quiet_by_default_verbose_shows_debug_and_kopfs_object_lines(
+def test_quiet_by_default_verbose_shows_debug_and_kopfs_object_and_probe_lines(
     stream: io.StringIO,
 ) -> None:
+    routine = {
+        "kopf.objects": "Handler 'x' succeeded.",
+        "kopf.activities.probe": "Activity 'heartbeat_age_seconds' succeeded.",
+        "aiohttp.access": '127.0.0.1 "GET /healthz HTTP/1.1" 200',
+    }
     logs.configure(stream=stream)
     logging.getLogger("mpijob.x").debug("hidden")
-    logging.getLogger("kopf.objects").info("Handler 'x' succeeded.")
+    for name, line in routine.items():
+        logging.getLogger(name).info(line)
     assert stream.getvalue() == ""
+    logging.getLogger("kopf.activities.probe").error("Activity 'x' failed permanently")
+    assert len(stream.getvalue().splitlines()) == 1
     logs.configure(verbose=True, stream=stream)
     logging.getLogger("mpijob.x").debug("shown")
-    logging.getLogger("kopf.objects").info("Handler 'x' succeeded.")
-    assert len(stream.getvalue().splitlines()) == 2
+    for name, line in routine.items():
+        logging.getLogger(name).info(line)
+    assert len(stream.getvalue().splitlines()) == 1 + 1 + len(routine)
 
 
 def test_configuring_again_replaces_the_handler(stream: io.StringIO) -> None:
