@@ -21,7 +21,7 @@ KUBE_VERSION := $(shell sed -n 's/^KUBE_VERSION_$(subst .,_,$(K8S_VERSION))=//p'
 KUBECTL := $(CACHE)/bin/kubernetes-v$(KUBE_VERSION)/kubectl
 
 .PHONY: help install bins cluster cluster-down cluster-status test test-unit test-integration \
-        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-tas bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards test-compat
+        lint reference modules demo run crds image install-manifest chart deploy-local undeploy-local bench bench-scale bench-gang bench-placement bench-tas bench-soak bench-bigjob bench-storm bench-failover bench-apiserver-restart bench-dra bench-fractional bench-kopf-events bench-queue bench-queue-cluster bench-train bench-launch bench-train-gpu kind-e2e clean dashboards test-compat
 
 help: ## Show this help
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  \033[1m%-18s\033[0m %s\n", $$1, $$2}'
@@ -184,6 +184,9 @@ bench-placement: install ## Placement quality and latency benchmark (pure, no cl
 
 bench-fractional: install ## Fractional-GPU admission latency per pod at 1,000 opted-in nodes (pure, no cluster)
 	$(PY) -m bench.fractional
+
+bench-kopf-events: install ## CPU per MPIJob event through Kopf's path, tuned and not, against the handler alone (pure, no cluster)
+	$(PY) -m bench.kopf_events
 
 bench-queue: install ## Admission passes over 10,000 waiting topology jobs on 1,000 nodes: pass time, /healthz, loop stall (pure, no cluster)
 	$(PY) -m bench.admission_queue

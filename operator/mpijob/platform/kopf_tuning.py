@@ -6,19 +6,21 @@ upstream's source component), its finalizer and storage keys use our prefix so t
 is ever stored it is ours, no diff-base is kept, node watches are filtered server-side to
 opted-in nodes, and no handler runs in Kopf's threads (:class:`NoThreads`).
 
-Four changes reach into Kopf's private ``kopf._cogs`` modules, which no setting covers: watch
-lines decoded by orjson (:func:`decode_watch_events_with_orjson`), event bodies without
-reference cycles (:func:`views_without_cycles`), index filling that wakes the objects waiting
-for it once rather than at every object indexed (:func:`toggle_sets_wake_on_change`), and a
-list after a broken watch that deletes what it no longer finds
-(:func:`relists_delete_what_is_gone`). Two more read Kopf's internals: its namespace patterns,
-for the informers (:func:`namespace_matcher`), and its indexers, made before Kopf starts, among
-which the informers' indices are kept, so that every reader reads one cache, Kopf's
+Six changes reach into Kopf's private modules, which no setting covers: watch lines decoded by
+orjson (:func:`decode_watch_events_with_orjson`), event bodies without reference cycles
+(:func:`views_without_cycles`), index filling that wakes the objects waiting for it once rather
+than at every object indexed (:func:`toggle_sets_wake_on_change`), a list after a broken watch that
+deletes what it no longer finds (:func:`relists_delete_what_is_gone`), handler arguments built once
+per event rather than at every use (:func:`causes_build_their_arguments_once`), and index stores
+that replace a value without first comparing it with the one they hold
+(:func:`index_stores_replace_without_comparing`). Two more read Kopf's internals: its namespace
+patterns, for the informers (:func:`namespace_matcher`), and its indexers, made before Kopf starts,
+among which the informers' indices are kept, so that every reader reads one cache, Kopf's
 (:func:`indexers_for`, :class:`InformedIndexer`, ``kopf._core``). This is the only module that
-imports any of Kopf's private packages (``kopf._cogs``, ``kopf._core``, ``kopf._kits``: an
-import contract says so), and ``pyproject.toml`` pins Kopf to the minor version these were
-written against; each change checks that what it replaces is there, and leaves Kopf as it is,
-with a warning, where it is not.
+imports any of Kopf's private packages (``kopf._cogs``, ``kopf._core``, ``kopf._kits``: an import
+contract says so), and ``pyproject.toml`` pins Kopf to the minor version these were written
+against; each change checks that what it replaces is there, and leaves Kopf as it is, with a
+warning, where it is not.
 """
 
 from __future__ import annotations
@@ -408,6 +410,23 @@ def causes_build_their_arguments_once() -> None:
     causes.ResourceCause._kwargs = once("_kwargs", resource_cause_kwargs)  # type: ignore[method-assign,assignment]
 
 
+def index_stores_replace_without_comparing() -> None:
+    """Kopf's index store compares an object's new value with the one it holds before it
+    replaces it, to spare a dict update. The values are the caches' summaries (a pod's, a job's
+    whole spec and status): the comparison walks both, at every event of every indexed object,
+    where the update it spares costs one assignment. It assigns now."""
+    store = indexing.Store
+    if not callable(vars(store).get("_replace")):
+        log.warning("Kopf's index store was not found; it compares before it replaces")
+        return
+    items = f"_{store.__name__}__items"  # the store's private dict, by Python's name mangling
+
+    def _replace(self: Any, acckey: Any, obj: Any) -> None:
+        getattr(self, items)[acckey] = obj
+
+    store._replace = _replace  # type: ignore[method-assign]
+
+
 def patch_kopf() -> None:
     """Every change to Kopf's private classes; once per process, before Kopf starts."""
     decode_watch_events_with_orjson()
@@ -415,6 +434,7 @@ def patch_kopf() -> None:
     toggle_sets_wake_on_change()
     relists_delete_what_is_gone()
     causes_build_their_arguments_once()
+    index_stores_replace_without_comparing()
 
 
 def namespace_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:

@@ -235,3 +235,38 @@ def test_a_kopf_cause_builds_its_handlers_arguments_once_and_the_same_as_before(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_kopfs_index_stores_replace_and_discard_as_before_without_comparing() -> None:
+    # In a fresh interpreter: the change is to Kopf's classes, for the whole process.
+    script = textwrap.dedent(
+        """
+        from kopf._core.engines import indexing
+        from mpijob.platform import kopf_tuning
+
+        def filled():
+            index = indexing.Index()
+            index._replace(("ns", "a", "u1"), {"k1": {"v": 1}, "k2": {"v": 1}})
+            index._replace(("ns", "b", "u2"), {"k1": {"v": 2}})
+            index._replace(("ns", "a", "u1"), {"k1": {"v": 3}})  # no longer under k2
+            index._discard(("ns", "b", "u2"))
+            return {key: list(index[key]) for key in index}
+
+        compared = []
+        before = filled()
+        kopf_tuning.index_stores_replace_without_comparing()
+        watched = type("Watched", (dict,), {"__ne__": lambda s, o: compared.append(1) or True})
+        after = filled()
+        index = indexing.Index()
+        index._replace(("ns", "a", "u1"), {"k1": watched(v=1)})
+        index._replace(("ns", "a", "u1"), {"k1": watched(v=1)})
+        assert before == after == {"k1": [{"v": 3}]}, (before, after)
+        assert compared == [], compared  # the value held was never compared with the new one
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
