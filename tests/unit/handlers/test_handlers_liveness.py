@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 
@@ -30,6 +29,7 @@ from mpijob.handlers.startup import (
 from mpijob.platform import kopf_tuning, logs
 from mpijob.platform.workers import Workers
 from mpijob.settings import OperatorSettings
+from support.log_lines import restored_logging
 from support.virtual_time import FakeClock
 
 pytestmark = pytest.mark.unit
@@ -70,17 +70,9 @@ def test_the_probe_is_one_coroutine_handler_of_the_registry() -> None:
 @pytest.fixture
 def kopf_lines() -> Iterator[io.StringIO]:
     """The operator's log set-up, its lines here; restored after."""
-    root = logging.getLogger()
-    quiet = [logging.getLogger(name) for name in logs.QUIET_UNLESS_VERBOSE]
-    saved = root.handlers[:], root.level, [q.level for q in quiet]
-    out = io.StringIO()
-    logs.configure(stream=out)
-    yield out
-    root.handlers[:], level, levels = saved
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    for q, was in zip(quiet, levels, strict=True):
-        q.setLevel(was)
+    with restored_logging() as out:
+        logs.configure(stream=out)
+        yield out
 
 
 @pytest.fixture

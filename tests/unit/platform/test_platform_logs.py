@@ -13,6 +13,7 @@ import pytest
 
 from mpijob.objects import about
 from mpijob.platform import logs
+from support.log_lines import restored_logging
 
 pytestmark = pytest.mark.unit
 
@@ -22,16 +23,8 @@ KLOG = re.compile(r'^([IWEF])(\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +(\d+) ([\w.]+):(\d
 
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    quiet = [logging.getLogger(name) for name in logs.QUIET_UNLESS_VERBOSE]
-    saved = root.handlers[:], root.level, [q.level for q in quiet]
-    out = io.StringIO()
-    yield out
-    root.handlers[:], level, levels = saved
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    for q, was in zip(quiet, levels, strict=True):
-        q.setLevel(was)
+    with restored_logging() as out:
+        yield out
 
 
 def pairs(rest: str) -> dict[str, str]:
