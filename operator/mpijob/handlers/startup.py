@@ -356,7 +356,7 @@ def liveness_probe(
 
     async def heartbeat_age(**_: Any) -> float:
         age = workers.since_beat()
-        if not workers.alive(HEALTHY_WITHIN_SECONDS):
+        if age >= HEALTHY_WITHIN_SECONDS:  # not alive (Workers.alive), from the one reading
             raise kopf.PermanentError(
                 f"the event loop last beat {age:.0f} s ago "
                 f"(alive within {HEALTHY_WITHIN_SECONDS:.0f} s)"

@@ -394,6 +394,9 @@ def causes_build_their_arguments_once() -> None:
         setattr(invocation.Kwargable, name, once(name, prop.fget))
 
     def resource_cause_kwargs(self: Any) -> dict[str, Any]:
+        # Kopf's own arguments, unchanged (``status`` among them: Kopf gives every handler the
+        # body's status view; no handler of the operator takes it, and what a job's status says
+        # decides nothing of GPUs or of whether a job runs, docs/trust.md).
         meta = self.body.metadata  # a view built on access (views_without_cycles): once here
         return dict(
             super(causes.ResourceCause, self)._kwargs,

@@ -270,3 +270,19 @@ def test_kopfs_index_stores_replace_and_discard_as_before_without_comparing() ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("gang", ["", keys.VOLCANO_SCHEDULER_NAME])
+def test_no_kopf_handler_of_the_operator_takes_the_bodys_status(gang: str) -> None:
+    """Kopf offers every handler ``status``; a job's is tenant-writable (the MPIJob role grants
+    ``mpijobs/status``), so no handler takes it: what reaches the reconcile goes through the
+    cache, whose readers the trust tests cover."""
+    import inspect
+
+    ours = OperatorSettings(gang_scheduling=gang, fractional_gpus=True)
+    registry = startup.registry_for(ours, GpuBinding.ANNOTATIONS, ShareService())
+    kinds = (registry._activities, registry._indexing, registry._watching, registry._webhooks)
+    handlers = [handler for kind in kinds for handler in kind.get_all_handlers()]
+    assert len(handlers) > 10
+    taking = [str(h.id) for h in handlers if "status" in inspect.signature(h.fn).parameters]
+    assert taking == []
