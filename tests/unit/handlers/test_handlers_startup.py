@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mpijob.handlers import startup
+from mpijob.desired import sync
+from mpijob.handlers import reconcile, startup
 from mpijob.handlers.cache import Index
 from mpijob.handlers.startup import StartupFailed, step
 from mpijob.platform import kopf_tuning
@@ -133,3 +134,13 @@ def test_the_cache_reads_kopfs_indices_as_kopf_makes_them_when_it_starts() -> No
     assert indices[Index.PODS] is pods.index
     assert set(indices) == {Index.PODS, *(h.id for h in registry._indexing.get_all_handlers())}
     assert type(next(iter(filings))) is str  # Kopf formats ids with repr at every call
+
+
+@pytest.mark.parametrize("threadiness", [1, 2, 8, 32, 64])
+def test_the_writing_client_has_a_connection_for_each_creation_of_a_batch(threadiness: int) -> None:
+    """aiohttp sends one request at a time per connection: with fewer connections than a
+    batch's creations, the batch waits on the API server's latency, not on the rate limit."""
+    pod = sync.Create({"kind": "Pod"})
+    largest = max(len(batch) for batch in reconcile._batches([pod] * 1024))
+    assert startup.write_connections(threadiness) >= largest
+    assert startup.write_connections(threadiness) >= threadiness * 2  # two per sync worker
