@@ -9,9 +9,11 @@ webhook client certificate, Kueue's webhook) come from the same :func:`issue`.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import datetime as dt
 import ipaddress
+import shutil
 import tempfile
 import urllib.parse
 from collections.abc import Sequence
@@ -119,7 +121,9 @@ def serving_certificate(
     (and the host of ``url``, when the API server calls a URL instead).
 
     Made at every start, so nothing secret is stored in the cluster; the configurations are
-    re-applied with the new bundle at the same start.
+    re-applied with the new bundle at the same start. Without ``directory`` the files go to a
+    directory of their own, removed when the process exits: each start's key is worthless
+    after it, and a machine that runs the operator many times would keep them all.
     """
     names = [
         service_name,
@@ -128,7 +132,10 @@ def serving_certificate(
     ]
     host = urllib.parse.urlsplit(url).hostname if url else None
     made = issue(names[-1], ca=True, hosts=[*names, *([host] if host else [])])
-    where = directory or Path(tempfile.mkdtemp(prefix="mpijob-webhook-"))
+    where = directory
+    if where is None:
+        where = Path(tempfile.mkdtemp(prefix="mpijob-webhook-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
     certfile, keyfile = where / "tls.crt", where / "tls.key"
     pem = made.cert_pem()
     certfile.write_bytes(pem)

@@ -7,6 +7,9 @@ import asyncio
 import base64
 import itertools
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -282,6 +285,21 @@ def test_the_serving_certificate_names_the_service(tmp_path: Any) -> None:
     assert "mpijob-operator-webhook.mpi-operator.svc" in names.get_values_for_type(x509.DNSName)
     assert base64.b64decode(cert.ca_bundle) == cert.certfile.read_bytes()
     assert oct(cert.keyfile.stat().st_mode)[-3:] == "600"
+
+
+def test_a_certificate_made_without_a_directory_is_gone_when_the_process_exits() -> None:
+    """A start without ``--webhook-cert-dir`` writes its key to a directory of its own; the
+    process leaves none behind."""
+    code = (
+        "from mpijob.platform import tls\n"
+        "cert = tls.serving_certificate('ns', 'svc')\n"
+        "assert cert.keyfile.exists()\n"
+        "print(cert.keyfile.parent)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    made = Path(done.stdout.strip())
+    assert made.name.startswith("mpijob-webhook-")
+    assert not made.exists()
 
 
 def test_the_configurations_fail_closed_for_share_pods_only_and_spare_the_operator() -> None:
