@@ -51,7 +51,7 @@ from mpijob.platform.kube_api import KubeApi
 from mpijob.platform.leader import LeaderElector
 from mpijob.platform.manager import Manager, Runnable
 from mpijob.platform.recorder import Recorder
-from mpijob.platform.workers import KOPF_INDICES, Workers
+from mpijob.platform.workers import KOPF_INDICES, Workers, beat_in_time
 from mpijob.settings import OperatorSettings
 from mpijob.shares import service as share_service
 from mpijob.shares import webhook
@@ -365,7 +365,7 @@ def liveness_probe(
 
     async def heartbeat_age(**_: Any) -> float:
         age = workers.since_beat()
-        if age >= HEALTHY_WITHIN_SECONDS:  # not alive (Workers.alive), from the one reading
+        if not beat_in_time(age, HEALTHY_WITHIN_SECONDS):  # judged from the one reading
             raise kopf.PermanentError(
                 f"the event loop last beat {age:.0f} s ago "
                 f"(alive within {HEALTHY_WITHIN_SECONDS:.0f} s)"

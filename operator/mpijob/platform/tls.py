@@ -122,8 +122,10 @@ def serving_certificate(
 
     Made at every start, so nothing secret is stored in the cluster; the configurations are
     re-applied with the new bundle at the same start. Without ``directory`` the files go to a
-    directory of their own, removed when the process exits: each start's key is worthless
-    after it, and a machine that runs the operator many times would keep them all.
+    directory of their own, removed when the interpreter exits: each start's key is worthless
+    after it, and a machine that runs the operator many times would keep them all. A process
+    ended at once (killed, or :func:`~mpijob.platform.manager.exit_at_once`, which runs no exit
+    handler) leaves it.
     """
     names = [
         service_name,

@@ -65,6 +65,12 @@ class OwnershipError(Exception):
     """A child's name is taken by an object this MPIJob does not control."""
 
 
+def beat_in_time(age: float, within: float) -> bool:
+    """Whether a heartbeat ``age`` seconds old counts as alive: the one rule of readiness's and
+    liveness's checks."""
+    return age < within
+
+
 @dataclass
 class Workers:
     """The work queue and its reconcile workers; :meth:`serve` is the runnable that needs the
@@ -135,7 +141,7 @@ class Workers:
 
     def alive(self, within: float) -> bool:
         """Whether the event loop beat less than ``within`` seconds ago."""
-        return self.since_beat() < within
+        return beat_in_time(self.since_beat(), within)
 
     async def beat(self) -> None:
         while True:

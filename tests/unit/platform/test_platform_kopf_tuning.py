@@ -3,6 +3,7 @@ reference cycles; and that no handler of the operator runs in Kopf's threads."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -277,8 +278,6 @@ def test_no_kopf_handler_of_the_operator_takes_the_bodys_status(gang: str) -> No
     """Kopf offers every handler ``status``; a job's is tenant-writable (the MPIJob role grants
     ``mpijobs/status``), so no handler takes it: what reaches the reconcile goes through the
     cache, whose readers the trust tests cover."""
-    import inspect
-
     ours = OperatorSettings(gang_scheduling=gang, fractional_gpus=True)
     registry = startup.registry_for(ours, GpuBinding.ANNOTATIONS, ShareService())
     kinds = (registry._activities, registry._indexing, registry._watching, registry._webhooks)
